@@ -1,0 +1,34 @@
+"""jax-ipu: run JAX on Graphcore IPUs (the IPU Model by default).
+
+Install it and JAX finds the `ipu` platform by itself:
+
+    import jax
+    ipu = jax.devices("ipu")[0]
+    y = jax.jit(f)(jax.device_put(x, ipu))
+
+This module holds the small public API; nothing heavy is imported here.
+"""
+__version__ = "0.1.0"
+
+from jax_ipu.errors import (IpuCompileError, IpuError, IpuInvalidArgument,  # noqa: F401
+                            IpuOutOfMemoryError, IpuRuntimeError, IpuUnimplementedError)
+
+
+def _client():
+    from jax_ipu.pjrt import client
+    if client.CURRENT is None:
+        import jax
+        jax.devices("ipu")  # creates the client
+    return client.CURRENT
+
+
+def transfer_stats(device=None) -> dict[str, int]:
+    """Bytes moved over the host link to and from an IPU device (all IPUs
+    summed when `device` is None). Donated state that stays on the device
+    never appears here."""
+    devices = _client().devices if device is None else [_client().device(device.id)]
+    total = {"host_to_device_bytes": 0, "device_to_host_bytes": 0}
+    for d in devices:
+        for key, value in d.transfers.as_dict().items():
+            total[key] += value
+    return total

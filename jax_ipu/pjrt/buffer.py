@@ -1,0 +1,125 @@
+"""An array resident on an IPU device (its tiles' SRAM, in the Model: a
+numpy array owned by the device)."""
+from __future__ import annotations
+
+import numpy as np
+
+from jax_ipu.errors import IpuInvalidArgument
+from jax_ipu.model.targets import IPU_DTYPES
+from jax_ipu.pjrt._capi import Event
+
+# PJRT_Buffer_Type codes <-> numpy dtypes (codes from the PJRT C API enum).
+_PJRT_TYPES = {1: np.bool_, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64,
+               6: np.uint8, 7: np.uint16, 8: np.uint32, 9: np.uint64,
+               10: np.float16, 11: np.float32, 12: np.float64, 14: np.complex64,
+               15: np.complex128}
+_NUMPY_TYPES = {np.dtype(t): code for code, t in _PJRT_TYPES.items()}
+
+
+def numpy_dtype(pjrt_type: int) -> np.dtype:
+    if pjrt_type == 13:
+        raise IpuInvalidArgument("bfloat16 arrays cannot be placed on an IPU (Mk1/Mk2 have no "
+                                 "bf16); use float16 or float32")
+    try:
+        return np.dtype(_PJRT_TYPES[pjrt_type])
+    except KeyError:
+        raise IpuInvalidArgument(f"PJRT element type {pjrt_type} is not supported by jax-ipu") from None
+
+
+def pjrt_type(dtype: np.dtype) -> int:
+    return _NUMPY_TYPES[np.dtype(dtype)]
+
+
+def check_ipu_dtype(dtype: np.dtype) -> None:
+    if np.dtype(dtype) not in IPU_DTYPES:
+        raise IpuInvalidArgument(
+            f"the IPU has no {np.dtype(dtype).name} type; it holds float32, float16, int32, "
+            f"uint32, int16, uint16, int8, uint8 and bool. Convert the array first (and keep "
+            f"JAX_ENABLE_X64 off)")
+
+
+class DeviceBuffer:
+    __slots__ = ("device", "dtype", "shape", "dims", "pjrt_type", "nbytes", "ready",
+                 "_array", "_error")
+
+    def __init__(self, device, dtype: np.dtype, shape: tuple[int, ...], array=None):
+        self.device = device
+        self.dtype = np.dtype(dtype)
+        self.shape = tuple(shape)
+        self.dims = np.asarray(self.shape, dtype=np.int64)
+        self.pjrt_type = pjrt_type(self.dtype)
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        self.ready = Event()
+        self._array = None
+        self._error = None
+        if array is not None:
+            self.fulfil(array)
+
+    @property
+    def device_id(self) -> int:
+        return self.device.id
+
+    # -- completion, by the device worker --
+    def fulfil(self, array: np.ndarray) -> None:
+        self._array = array
+        self.ready.set()
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+        self.ready.set(error)
+
+    def array(self) -> np.ndarray:
+        """The contents, once ready (the caller waits on `ready` first)."""
+        if self._error is not None:
+            raise self._error
+        if self._array is None:
+            raise IpuInvalidArgument("the IPU buffer has been deleted or donated")
+        return self._array
+
+    def take(self) -> np.ndarray:
+        """The contents, handing their ownership over (donation)."""
+        array = self.array()
+        self._array = None
+        return array
+
+    def delete(self) -> None:
+        self._array = None
+
+    # -- transfers --
+    def copy_to_host(self, dst: memoryview, offset: int = 0, order=None) -> Event:
+        """Copies bytes [offset, offset+len(dst)) into dst once ready;
+        `order` permutes the dimensions (major to minor) for the host."""
+        done = Event()
+        if self.ready.is_ready:
+            self._copy(dst, offset, order, done)
+        else:
+            self.device.worker.submit(lambda: self._copy(dst, offset, order, done))
+        return done
+
+    def _copy(self, dst: memoryview, offset: int, order, done: Event) -> None:
+        self.ready.wait()
+        try:
+            data = self.array() if order is None else np.ascontiguousarray(self.array().transpose(order))
+            flat = data.reshape(-1).view(np.uint8)
+            np.frombuffer(dst, dtype=np.uint8)[:] = flat[offset:offset + len(dst)]
+            self.device.transfers.device_to_host += len(dst)
+            done.set()
+        except BaseException as exc:  # reported through the event
+            done.set(exc)
+
+    def copy_to_device(self, device) -> "DeviceBuffer":
+        """An on-chip copy to another IPU of the same client (over IPU-Links,
+        not the host link)."""
+        if device is self.device:
+            raise IpuInvalidArgument(f"the buffer is already on {device.to_string}")
+        out = DeviceBuffer(device, self.dtype, self.shape)
+
+        def copy():
+            self.ready.wait()
+            try:
+                out.fulfil(self.array().copy())
+            except BaseException as exc:
+                out.fail(exc)
+        self.device.worker.submit(copy)
+        return out
+

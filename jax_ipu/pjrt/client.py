@@ -1,0 +1,80 @@
+"""The IPU client: devices, compilation, host transfers."""
+from __future__ import annotations
+
+import numpy as np
+
+import jax_ipu
+from jax_ipu import config as config_lib
+from jax_ipu.errors import IpuInvalidArgument
+from jax_ipu.model.targets import get_target
+from jax_ipu.pjrt.buffer import DeviceBuffer, check_ipu_dtype
+from jax_ipu.pjrt.device import Device
+from jax_ipu.pjrt.executable import Executable, device_assignment_ids, fingerprint
+
+# The live client, for jax_ipu's public helpers (transfer counters, profiles).
+CURRENT = None
+
+
+class Client:
+    platform_name = "ipu"
+
+    def __init__(self, config: config_lib.Config):
+        self.config = config
+        self.target = get_target(config.target, num_tiles=config.num_tiles)
+        self.platform_version = f"jax-ipu {jax_ipu.__version__}, {self.target.describe()}"
+        self.devices = [Device(i, self.target) for i in range(config.device_count)]
+        self.keepalive: list = []  # what the C structs point at
+
+    def device(self, device_id: int) -> Device:
+        try:
+            return self.devices[device_id]
+        except IndexError:
+            raise IpuInvalidArgument(f"no IPU device {device_id}: {len(self.devices)} configured "
+                                     f"(JAX_IPU_DEVICE_COUNT)") from None
+
+    def compile(self, code: bytes, fmt: str, options: bytes) -> Executable:
+        from jaxlib._jax import CompileOptions
+        from jax_ipu.compiler import compile_module
+        from jax_ipu.stablehlo import import_module
+
+        if fmt != "mlir":
+            raise IpuInvalidArgument(f"jax-ipu compiles StableHLO ('mlir') programs, not {fmt!r}")
+        parsed = CompileOptions.ParseFromString(options)
+        module = import_module(code)
+        program = compile_module(module, self.target)
+        assignment_proto = parsed.executable_build_options.device_assignment
+        if assignment_proto is not None:
+            serialized = assignment_proto.serialize()
+            assignment = device_assignment_ids(serialized)
+        else:
+            from jaxlib._jax import DeviceAssignment
+            n_r, n_p = max(parsed.num_replicas, 1), max(parsed.num_partitions, 1)
+            ids = np.arange(n_r * n_p, dtype=np.int32).reshape(n_r, n_p)
+            serialized = DeviceAssignment.create(ids).serialize()
+            assignment = ids.tolist()
+        for row in assignment:
+            for device_id in row:
+                self.device(device_id)
+        name = module.main.name if module.entry == "main" else module.entry
+        return Executable(self, program, name, fingerprint(code, options, self.target),
+                          assignment, serialized)
+
+    def buffer_from_host(self, array: np.ndarray, device_id: int) -> DeviceBuffer:
+        check_ipu_dtype(array.dtype)
+        device = self.device(device_id)
+        data = np.array(array, order="C", copy=True)  # the caller's memory is only lent
+        device.transfers.host_to_device += data.nbytes
+        return DeviceBuffer(device, data.dtype, data.shape, data)
+
+    def copy_buffer(self, buffer: DeviceBuffer, device_id: int) -> DeviceBuffer:
+        return buffer.copy_to_device(self.device(device_id))
+
+    def close(self) -> None:
+        for device in self.devices:
+            device.worker.close()
+
+
+def create_client(options: dict) -> Client:
+    global CURRENT
+    CURRENT = Client(config_lib.from_environment(overrides=options))
+    return CURRENT

@@ -1,0 +1,148 @@
+"""A compiled IPU program, loaded on its devices, and its execution."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from jax_ipu.errors import IpuInvalidArgument
+from jax_ipu.pjrt._capi import Event
+from jax_ipu.pjrt.buffer import DeviceBuffer, pjrt_type
+
+
+def _varints(data: bytes):
+    """(field number, wire type, value) of a protobuf message, one level."""
+    i = 0
+    while i < len(data):
+        key, i = _varint(data, i)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _varint(data, i)
+        elif wire == 2:
+            size, i = _varint(data, i)
+            value, i = data[i:i + size], i + size
+        else:
+            raise ValueError(f"unexpected protobuf wire type {wire}")
+        yield field, wire, value
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, i
+
+
+def device_assignment_ids(serialized: bytes) -> list[list[int]]:
+    """DeviceAssignmentProto -> ids[replica][partition]. jaxlib exposes no
+    reader for it, and it is three fields: replica_count (1),
+    computation_count (2), computation_devices (3, each a list of device ids
+    per replica)."""
+    replicas, columns = 0, []
+    for field, wire, value in _varints(serialized):
+        if field == 1:
+            replicas = value
+        elif field == 3:
+            ids = []
+            for f, w, v in _varints(value):
+                if w == 2:  # packed
+                    pos = 0
+                    while pos < len(v):
+                        x, pos = _varint(v, pos)
+                        ids.append(x)
+                else:
+                    ids.append(v)
+            columns.append(ids)
+    return [[column[r] for column in columns] for r in range(replicas)]
+
+
+class Executable:
+    def __init__(self, client, program, name: str, fingerprint: bytes,
+                 assignment: list[list[int]], serialized_assignment: bytes):
+        self.client = client
+        self.program = program
+        self.name = name
+        self.fingerprint = fingerprint
+        self.num_replicas = len(assignment)
+        self.num_partitions = len(assignment[0])
+        self.logical_ids = [(r, p) for r in range(self.num_replicas) for p in range(self.num_partitions)]
+        self.device_ids = [assignment[r][p] for r, p in self.logical_ids]
+        self.serialized_device_assignment = serialized_assignment
+        self.output_types = [pjrt_type(t.dtype) for t in program.output_types]
+        self.output_shapes = [tuple(t.shape) for t in program.output_types]
+        self.num_params = len(program.input_types)
+        self.cost_analysis = {k: float(v) for k, v in program.cost_analysis().items()}
+        self.memory_stats = program.memory_stats()
+        self.keepalive: list = []  # what the C structs point at
+
+    # -- execution --
+    def execute(self, args: list[list[DeviceBuffer]], device_id: int | None,
+                non_donatable: set[int]):
+        """Enqueues the program on each device; returns at once with the
+        (pending) outputs, a completion event per device and the indices of
+        the donated arguments."""
+        ids = [device_id] if device_id is not None else self.device_ids
+        if len(args) != len(ids):
+            raise IpuInvalidArgument(f"{self.name} runs on {len(ids)} IPUs but got argument "
+                                     f"lists for {len(args)}")
+        donated = sorted(set(self.program.aliases.values()) - non_donatable)
+        outputs, events = [], []
+        for device_id, row in zip(ids, args):
+            device = self.client.device(device_id)
+            self._check_arguments(row, device)
+            outs = [DeviceBuffer(device, t.dtype, t.shape) for t in self.program.output_types]
+            done = Event()
+            device.worker.submit(_Run(self.program, device, row, donated, outs, done))
+            outputs.append(outs)
+            events.append(done)
+        return outputs, events, donated
+
+    def _check_arguments(self, row: list[DeviceBuffer], device) -> None:
+        types = self.program.input_types
+        if len(row) != len(types):
+            raise IpuInvalidArgument(f"{self.name} takes {len(types)} arguments, got {len(row)}")
+        for i, (buf, t) in enumerate(zip(row, types)):
+            if buf.shape != tuple(t.shape) or buf.dtype != t.dtype:
+                raise IpuInvalidArgument(
+                    f"argument {i} of {self.name}: expected {t}, got {buf.dtype}{list(buf.shape)}")
+            if buf.device is not device:
+                raise IpuInvalidArgument(f"argument {i} of {self.name} is on {buf.device.to_string}, "
+                                         f"not on {device.to_string}")
+
+
+class _Run:
+    """One execution on one device's worker."""
+
+    __slots__ = ("program", "device", "args", "donated", "outputs", "done")
+
+    def __init__(self, program, device, args, donated, outputs, done):
+        self.program, self.device, self.args = program, device, args
+        self.donated, self.outputs, self.done = donated, outputs, done
+
+    def __call__(self) -> None:
+        try:
+            for buf in self.args:
+                buf.ready.wait()
+            inputs = [buf.array() for buf in self.args]
+            for i in self.donated:
+                self.args[i].take()
+            results = self.device.engine.run(self.program, inputs, frozenset(self.donated))
+        except BaseException as exc:  # reaches the user at the next sync point
+            for out in self.outputs:
+                out.fail(exc)
+            self.done.set(exc)
+            return
+        for out, result in zip(self.outputs, results):
+            out.fulfil(result)
+        self.done.set()
+
+
+def fingerprint(code: bytes, options: bytes, target) -> bytes:
+    digest = hashlib.sha256(code)
+    digest.update(options)
+    digest.update(repr(target).encode())
+    return digest.hexdigest()[:32].encode()
