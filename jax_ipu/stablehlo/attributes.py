@@ -1,0 +1,120 @@
+"""MLIR attributes as plain Python values.
+
+Builtin attributes map by their Python class (the bindings hand out the
+concrete class); StableHLO's structured attributes become the frozen
+dataclasses below, with the StableHLO spec's field names; StableHLO enums
+become their name ("GT", "FLOAT", "DEFAULT"). Anything else keeps its
+printed form, so an unusual attribute never stops an import.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Callable
+
+from jaxlib.mlir import ir as mlir
+from jaxlib.mlir.dialects import stablehlo
+
+from jax_ipu.stablehlo import constants
+
+
+@dataclasses.dataclass(frozen=True)
+class DotDimensionNumbers:
+    lhs_batching_dimensions: tuple[int, ...]
+    rhs_batching_dimensions: tuple[int, ...]
+    lhs_contracting_dimensions: tuple[int, ...]
+    rhs_contracting_dimensions: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class GatherDimensionNumbers:
+    offset_dims: tuple[int, ...]
+    collapsed_slice_dims: tuple[int, ...]
+    operand_batching_dims: tuple[int, ...]
+    start_indices_batching_dims: tuple[int, ...]
+    start_index_map: tuple[int, ...]
+    index_vector_dim: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ScatterDimensionNumbers:
+    update_window_dims: tuple[int, ...]
+    inserted_window_dims: tuple[int, ...]
+    input_batching_dims: tuple[int, ...]
+    scatter_indices_batching_dims: tuple[int, ...]
+    scatter_dims_to_operand_dims: tuple[int, ...]
+    index_vector_dim: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvDimensionNumbers:
+    input_batch_dimension: int
+    input_feature_dimension: int
+    input_spatial_dimensions: tuple[int, ...]
+    kernel_input_feature_dimension: int
+    kernel_output_feature_dimension: int
+    kernel_spatial_dimensions: tuple[int, ...]
+    output_batch_dimension: int
+    output_feature_dimension: int
+    output_spatial_dimensions: tuple[int, ...]
+
+
+# Our dataclass -> (its binding class, binding property names that differ
+# from the spec's).
+_STRUCTURED: dict[type, tuple[type, dict[str, str]]] = {
+    DotDimensionNumbers: (stablehlo.DotDimensionNumbers, {}),
+    GatherDimensionNumbers: (stablehlo.GatherDimensionNumbers, {}),
+    ScatterDimensionNumbers: (stablehlo.ScatterDimensionNumbers,
+                              {"scatter_dims_to_operand_dims": "scattered_dims_to_operand_dims"}),
+    ConvDimensionNumbers: (stablehlo.ConvDimensionNumbers, {}),
+}
+
+# Enums have no common binding class; their printed form is uniform:
+# "#stablehlo<comparison_direction GT>".
+_ENUM = re.compile(r"#(?:stablehlo|chlo)<\w+ (\w+)>")
+
+
+def _structured(ours: type, binding: type, renames: dict[str, str], attr) -> Any:
+    typed = binding(attr)
+    values = {}
+    for field in dataclasses.fields(ours):
+        value = getattr(typed, renames.get(field.name, field.name))
+        values[field.name] = tuple(value) if isinstance(value, list) else value
+    return ours(**values)
+
+
+def _dict(attr: mlir.DictAttr) -> dict[str, Any]:
+    # Indexing, not NamedAttribute.attr: the latter aborts the process on a
+    # complex constant instead of raising.
+    return {named.name: convert(attr[named.name]) for named in attr}
+
+
+_BUILTIN: dict[type, Callable[[Any], Any]] = {
+    mlir.BoolAttr: lambda a: a.value,
+    mlir.IntegerAttr: lambda a: a.value,
+    mlir.FloatAttr: lambda a: a.value,
+    mlir.StringAttr: lambda a: a.value,
+    mlir.FlatSymbolRefAttr: lambda a: a.value,
+    mlir.UnitAttr: lambda a: True,
+    mlir.ArrayAttr: lambda a: tuple(convert(x) for x in a),
+    mlir.DictAttr: _dict,
+    **{array: tuple for array in (
+        mlir.DenseBoolArrayAttr, mlir.DenseI8ArrayAttr, mlir.DenseI16ArrayAttr,
+        mlir.DenseI32ArrayAttr, mlir.DenseI64ArrayAttr,
+        mlir.DenseF32ArrayAttr, mlir.DenseF64ArrayAttr)},
+    **{dense: constants.to_numpy for dense in (
+        mlir.DenseElementsAttr, mlir.DenseIntElementsAttr, mlir.DenseFPElementsAttr)},
+}
+
+
+def convert(attr) -> Any:
+    """`attr` is a jaxlib MLIR attribute."""
+    builtin = _BUILTIN.get(type(attr))
+    if builtin is not None:
+        return builtin(attr)
+    for ours, (binding, renames) in _STRUCTURED.items():
+        if binding.isinstance(attr):
+            return _structured(ours, binding, renames, attr)
+    text = str(attr)
+    enum = _ENUM.fullmatch(text)
+    return enum[1] if enum else text
