@@ -1,0 +1,74 @@
+"""The IPU compiler: ir.Module -> graph.Program, in passes (one module each):
+legalize (dtypes, calls) -> fuse (element-wise clusters) -> lower with plans
+(tile mappings, matmul and reduction partitioning) -> cost (cycles) ->
+schedule (BSP steps, streams) -> memory plan (per tile, liveness)."""
+from __future__ import annotations
+
+from jax_ipu import ir
+from jax_ipu.compiler.builder import Builder
+from jax_ipu.compiler.cost import cost_steps
+from jax_ipu.compiler.fuse import fuse
+from jax_ipu.compiler.legalize import legalize
+from jax_ipu.compiler.lower import lower
+from jax_ipu.compiler.memory import check_fits, plan_memory
+from jax_ipu.compiler.options import CompileOptions
+from jax_ipu.compiler.schedule import in_place_outputs, lifetimes, schedule
+from jax_ipu.errors import IpuCompileError, IpuUnimplementedError
+from jax_ipu.graph.program import Program
+from jax_ipu.graph.views import View
+from jax_ipu.model.targets import Target
+
+__all__ = ["CompileOptions", "compile_module"]
+
+
+def _aliases(function: ir.Function, results: list) -> dict[int, int]:
+    """output index -> input index: JAX's tf.aliasing_output, then each
+    plain donor paired with the first free output of its exact type."""
+    aliases = {out: i for i, out in enumerate(function.arg_aliases) if out is not None}
+    for i, donor in enumerate(function.arg_donors):
+        if donor and i not in aliases.values():
+            arg_type = function.body.args[i].type
+            free = next((o for o, v in enumerate(results) if o not in aliases and v.type == arg_type), None)
+            if free is not None:
+                aliases[free] = i
+    return aliases
+
+
+def compile_module(module: ir.Module, target: Target, options: CompileOptions = CompileOptions()) -> Program:
+    if options.f64_policy != "error":
+        raise IpuCompileError(f"f64_policy={options.f64_policy!r} is not supported; use 'error'")
+    if module.num_replicas * module.num_partitions != 1:
+        raise IpuUnimplementedError(
+            f"programs over {module.num_replicas} replicas x {module.num_partitions} partitions are not "
+            f"supported yet; run on one IPU (no pmap/sharding over several devices)")
+    main = module.main
+    for where, types in (("argument", main.arg_types), ("result", main.result_types)):
+        for i, t in enumerate(types):
+            if isinstance(t, ir.TokenType):
+                raise IpuUnimplementedError(f"{where} {i} of the program is a token; side effects are "
+                                            "not supported yet")
+    flat = legalize(module)
+    nodes = fuse(flat.ops)
+    b = Builder(target, options)
+    inputs = []
+    for i, arg in enumerate(flat.args):
+        t = b.tensor(f"argument {i}", arg.type.shape, arg.type.dtype)
+        inputs.append(t)
+        b.values[arg] = View(t)
+    lower(b, flat, nodes)
+    outputs = [b.view(v, f"result {i}") for i, v in enumerate(flat.results)]
+    received = cost_steps(target, b.steps)
+    body, host_cycles = schedule(target, b.steps, inputs, outputs)
+    first, last = lifetimes(b.steps, len(b.tensors))
+    aliases = _aliases(main, flat.results)
+    memory = plan_memory(target, b.tensors, b.steps, inputs, outputs, received, first, last,
+                         sum(inputs[i].nbytes for i in aliases.values()))
+    if not options.allow_out_of_memory:
+        check_fits(memory, b.tensors, target)
+    return Program(
+        name=main.name, target_name=target.name, tensors=b.tensors, body=body, inputs=inputs,
+        outputs=outputs, input_types=[a.type for a in flat.args], output_types=[v.type for v in flat.results],
+        aliases=aliases, in_place=in_place_outputs(b.steps, inputs, outputs, aliases, first, last),
+        cycles=sum(getattr(s, "cycles", 0) for s in b.steps), host_cycles=host_cycles, memory=memory,
+        flops=b.flops, transcendentals=b.transcendentals,
+        bytes_accessed=float(sum(t.nbytes for t in b.tensors if t.constant is None)))

@@ -1,0 +1,116 @@
+"""The state of one compilation while ops are lowered: the graph's tensors,
+the steps emitted so far, and what each IR value became.
+
+An IR value becomes a graph View, or stays unmaterialised when it is a
+scalar seen at a bigger shape (a Splat of a constant, or a ScalarBroadcast
+of a one-element tensor): element-wise vertices read those as immediates or
+as one broadcast element, and nothing is stored at the big shape."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jax_ipu import ir
+from jax_ipu.compiler import mapping
+from jax_ipu.compiler.options import CompileOptions
+from jax_ipu.graph import codelets
+from jax_ipu.graph.compute import ComputeSet, Region, Vertex
+from jax_ipu.graph.mapping import TileMapping
+from jax_ipu.graph.programs import Copy, Execute
+from jax_ipu.graph.tensors import Tensor
+from jax_ipu.graph.views import Concat, View
+from jax_ipu.model.targets import Target
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Splat:
+    value: np.ndarray              # 0-d, of the value's dtype
+    shape: tuple[int, ...]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.value.dtype
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ScalarBroadcast:
+    scalar: View                   # shape ()
+    shape: tuple[int, ...]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.scalar.dtype
+
+
+Lowered = View | Splat | ScalarBroadcast
+
+
+class Builder:
+    def __init__(self, target: Target, options: CompileOptions):
+        self.target = target
+        self.options = options
+        self.tensors: list[Tensor] = []
+        self.steps: list = []
+        self.values: dict[ir.Value, Lowered] = {}
+        self.flops = 0.0
+        self.transcendentals = 0.0
+        self._mappings: dict = {}
+
+    # -- tensors --
+    def linear_mapping(self, size: int, dtype: np.dtype) -> TileMapping:
+        key = (size, np.dtype(dtype).itemsize)
+        if key not in self._mappings:
+            self._mappings[key] = mapping.linear(self.target, size, dtype)
+        return self._mappings[key]
+
+    def tensor(self, name: str, shape, dtype, tile_mapping: TileMapping | None = None,
+               constant: np.ndarray | None = None) -> Tensor:
+        shape, dtype = tuple(int(d) for d in shape), np.dtype(dtype)
+        size = int(np.prod(shape, dtype=np.int64))
+        t = Tensor(len(self.tensors), name, shape, dtype,
+                   tile_mapping or self.linear_mapping(size, dtype), constant)
+        self.tensors.append(t)
+        return t
+
+    def constant(self, name: str, value: np.ndarray) -> View:
+        value = np.ascontiguousarray(value)
+        value.setflags(write=False)
+        return View(self.tensor(name, value.shape, value.dtype, constant=value))
+
+    # -- values --
+    def view(self, value: ir.Value, name: str = "") -> View:
+        """The value in a tensor, materialising a Splat or ScalarBroadcast."""
+        lowered = self.values[value]
+        if isinstance(lowered, View):
+            return lowered
+        t = self.tensor(name or "broadcast", lowered.shape, lowered.dtype)
+        if isinstance(lowered, Splat):
+            self.execute(f"{t.name}/fill", codelets.Fill(t, lowered.value),
+                         self.vertices_over(f"Fill<{t.dtype.name}>", t, [], lambda n: 11 + n))
+        else:
+            src = lowered.scalar.then("broadcast", lowered.shape, ())
+            self.copy(src, t)
+        return View(t)
+
+    # -- steps --
+    def execute(self, name: str, kernel, vertices: list[Vertex]) -> None:
+        self.steps.append(Execute(ComputeSet(name, vertices, kernel)))
+
+    def copy(self, src: View | Concat, dst: Tensor) -> None:
+        self.steps.append(Copy(src, dst))
+
+    def vertices_over(self, codelet: str, out: Tensor, inputs: list[View], cycles) -> list[Vertex]:
+        """One vertex per tile of `out`'s mapping, writing that tile's part
+        of `out` and reading the same elements of each whole-tensor input
+        (or the one element of a scalar input). cycles(n) -> cycles of a
+        vertex over n elements."""
+        m = out.mapping
+        vertices = []
+        for tile in m.tiles_used():
+            intervals = m.intervals_on(tile)
+            n = int((intervals[:, 1] - intervals[:, 0]).sum())
+            reads = tuple(Region(v.tensor, intervals if v.size == out.size else np.array([[0, 1]]))
+                          for v in inputs)
+            vertices.append(Vertex(codelet, int(tile), reads, (Region(out, intervals),), int(cycles(n))))
+        return vertices

@@ -1,0 +1,132 @@
+"""Cycle estimates: vertices (workers, vector and AMP rates, supervisor
+overhead), exchanges (busiest tile's bytes over the exchange rate plus a
+fixed cost) and syncs. A compute set takes as long as its slowest tile."""
+from __future__ import annotations
+
+import numpy as np
+
+from jax_ipu.graph.programs import Copy, Execute
+from jax_ipu.graph.views import source_elements
+from jax_ipu.model.targets import Target
+
+# Issue cycles per vector (per element for integers) of each element-wise
+# op; those not named take one. Transcendentals run as short sequences.
+CYCLES_PER_VECTOR = {
+    "divide": 4, "remainder": 8, "power": 20, "sqrt": 4, "rsqrt": 4, "cbrt": 20,
+    "exponential": 8, "exponential_minus_one": 10, "log": 8, "log_plus_one": 10,
+    "logistic": 10, "tanh": 8, "sine": 12, "cosine": 12, "tan": 16, "atan2": 20,
+    "popcnt": 2, "count_leading_zeros": 2, "round_nearest_afz": 2, "convert": 1,
+}
+TRANSCENDENTAL = frozenset({"power", "sqrt", "rsqrt", "cbrt", "exponential", "exponential_minus_one",
+                            "log", "log_plus_one", "logistic", "tanh", "sine", "cosine", "tan",
+                            "atan2"})
+
+
+def worker_cycles(target: Target, n: int, per_vector: float, vector_width: int) -> int:
+    """Cycles for n elements split over the tile's workers: each worker
+    issues once every `workers` cycles (round robin), so work on fewer than
+    six workers leaves issue slots empty."""
+    if n <= 0:
+        return 0
+    w = target.workers_per_tile
+    per_worker = -(-n // w)
+    return int(-(-per_worker // vector_width) * per_vector * w)
+
+
+def elementwise_cycles(target: Target, n: int, dtype: np.dtype, ops: list[str]) -> int:
+    per_vector = sum(CYCLES_PER_VECTOR.get(op, 1) for op in ops)
+    return target.supervisor_cycles + worker_cycles(target, n, per_vector, target.vector_width(dtype))
+
+
+def matmul_cycles(target: Target, macs: float, dtype: np.dtype) -> float:
+    """AMP: about amp_fixed_cycles + macs / (flops per cycle / 2); integers
+    have no AMP and go one multiply-add a cycle per worker."""
+    if dtype.kind == "f":
+        rate = target.fp16_flops_per_cycle if dtype.itemsize == 2 else target.fp32_flops_per_cycle
+        return target.amp_fixed_cycles + macs / (rate / 2)
+    return target.supervisor_cycles + macs
+
+
+def reduce_cycles(target: Target, n: int, dtype: np.dtype) -> int:
+    return target.supervisor_cycles + worker_cycles(target, n, 1, target.vector_width(dtype))
+
+
+def exchange_cycles(target: Target, sent: np.ndarray, received: np.ndarray) -> int:
+    busiest = max(int(sent.max(initial=0)), int(received.max(initial=0)))
+    if busiest == 0:
+        return 0
+    return target.exchange_fixed_cycles + -(-busiest // target.exchange_bytes_per_cycle)
+
+
+def _remote(target: Target, readers: np.ndarray, owners: np.ndarray, itemsize: int):
+    remote = readers != owners
+    sent = np.bincount(owners[remote], minlength=target.num_tiles) * itemsize
+    received = np.bincount(readers[remote], minlength=target.num_tiles) * itemsize
+    return sent, received
+
+
+def _expand(intervals: np.ndarray) -> np.ndarray:
+    """Flat element indices of [k, 2] intervals."""
+    lengths = intervals[:, 1] - intervals[:, 0]
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.repeat(intervals[:, 0] - np.cumsum(lengths) + lengths, lengths)
+    return offsets + np.arange(total)
+
+
+def cost_execute(target: Target, step: Execute) -> np.ndarray:
+    """Fills step.cycles / exchange_bytes; returns bytes received per tile."""
+    vertices = step.compute_set.vertices
+    compute = np.bincount([v.tile for v in vertices], weights=[v.cycles for v in vertices],
+                          minlength=target.num_tiles) if vertices else np.zeros(target.num_tiles)
+    by_tensor: dict = {}
+    for v in vertices:
+        for region in v.reads:
+            by_tensor.setdefault(region.tensor, []).append((v.tile, region.intervals))
+    sent = np.zeros(target.num_tiles, dtype=np.int64)
+    received = np.zeros(target.num_tiles, dtype=np.int64)
+    for tensor, parts in by_tensor.items():
+        intervals = np.concatenate([iv for _, iv in parts])
+        lengths = intervals[:, 1] - intervals[:, 0]
+        readers = np.repeat(np.repeat([t for t, _ in parts], [len(iv) for _, iv in parts]), lengths)
+        owners = tensor.mapping.element_tiles()[_expand(intervals)]
+        s, r = _remote(target, readers, owners, tensor.dtype.itemsize)
+        sent += s
+        received += r
+    step.exchange_bytes = int(received.sum())
+    step.cycles = int(exchange_cycles(target, sent, received) + compute.max(initial=0) + target.sync_cycles)
+    return received
+
+
+def cost_copy(target: Target, step: Copy) -> np.ndarray:
+    which, flat = source_elements(step.src)
+    tensors = step.src.tensors
+    owners = np.zeros(len(flat), dtype=np.int64)
+    for i, t in enumerate(tensors):
+        pick = which == i
+        owners[pick] = t.mapping.element_tiles()[flat[pick]]
+    readers = step.dst.mapping.element_tiles()
+    itemsize = step.dst.dtype.itemsize
+    sent, received = _remote(target, readers, owners, itemsize)
+    # Elements staying on their tile still move through the tile's memory.
+    local = np.bincount(readers[readers == owners], minlength=target.num_tiles) * itemsize
+    on_tile = -(-local.max(initial=0) // target.sram_write_bytes_per_cycle)
+    step.exchange_bytes = int(received.sum())
+    step.cycles = int(exchange_cycles(target, sent, received) + on_tile + target.sync_cycles)
+    return received
+
+
+def cost_steps(target: Target, steps: list) -> list[np.ndarray]:
+    """Costs every Execute and Copy; per step, bytes received per tile (the
+    exchange buffers the memory plan counts while the step runs)."""
+    none = np.zeros(target.num_tiles, dtype=np.int64)
+    out = []
+    for step in steps:
+        if isinstance(step, Execute):
+            out.append(cost_execute(target, step))
+        elif isinstance(step, Copy):
+            out.append(cost_copy(target, step))
+        else:
+            out.append(none)
+    return out

@@ -1,0 +1,55 @@
+"""Lowers the fused op list to graph tensors and steps, one rule per op
+name (layout, matmul, reduce tables) plus fused element-wise clusters."""
+from __future__ import annotations
+
+from jax_ipu import ir
+from jax_ipu.compiler import layout, matmul, reduce
+from jax_ipu.compiler.builder import Builder
+from jax_ipu.compiler.elementwise import lower_cluster
+from jax_ipu.compiler.fuse import Cluster
+from jax_ipu.compiler.legalize import FlatFunction
+from jax_ipu.errors import IpuUnimplementedError
+
+RULES = {**layout.RULES, **matmul.RULES, **reduce.RULES}
+
+
+def _used_outside(nodes, results) -> dict[int, set]:
+    """Per cluster (by id), the values it makes that others read."""
+    owner = {}
+    for node in nodes:
+        if isinstance(node, Cluster):
+            for op in node.ops:
+                owner[op.results[0]] = node
+    outside: dict[int, set] = {id(n): set() for n in nodes if isinstance(n, Cluster)}
+    for node in nodes:
+        ops = node.ops if isinstance(node, Cluster) else [node]
+        for op in ops:
+            for v in op.operands:
+                c = owner.get(v)
+                if c is not None and c is not node:
+                    outside[id(c)].add(v)
+            for region in op.regions:   # nested bodies read enclosing values
+                for inner in region.ops:
+                    for v in inner.operands:
+                        if v in owner:
+                            outside[id(owner[v])].add(v)
+    for v in results:
+        if v in owner:
+            outside[id(owner[v])].add(v)
+    return outside
+
+
+def lower(b: Builder, flat: FlatFunction, nodes: list) -> None:
+    outside = _used_outside(nodes, flat.results)
+    for node in nodes:
+        if isinstance(node, Cluster):
+            lower_cluster(b, node, outside[id(node)])
+            continue
+        rule = RULES.get(node.name)
+        if rule is None:
+            raise IpuUnimplementedError.for_op(node, "this op is not supported by jax-ipu yet",
+                                               "File an issue, or avoid the op in this program")
+        if any(isinstance(v.type, ir.TokenType) for v in node.operands + node.results):
+            raise IpuUnimplementedError.for_op(node, "tokens (side effects) are not supported yet",
+                                               "File an issue")
+        rule(b, node)

@@ -1,0 +1,66 @@
+"""What the vertices of one compute set compute together. Each kernel is
+the vectorised equivalent of running every vertex of its compute set; the
+engine has one executor per kernel class (model.kernels)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jax_ipu.graph.tensors import Tensor
+from jax_ipu.graph.views import View
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+    """One element-wise op of a fused chain: `op` is the StableHLO op name,
+    `args` index the chain's registers (inputs first, then results)."""
+    op: str
+    args: tuple[int, ...]
+    dtype: np.dtype
+    attrs: tuple = ()              # sorted (name, value) pairs
+
+
+@dataclasses.dataclass(eq=False)
+class ElementwiseChain:
+    """A fused chain of element-wise ops. Inputs are views (read on each
+    tile) or numpy scalars (immediates held in vertex state); every output
+    has the chain's shape."""
+    inputs: tuple[View | np.ndarray, ...]
+    instructions: tuple[Instruction, ...]
+    outputs: tuple[tuple[int, Tensor], ...]   # (register, tensor written)
+    shape: tuple[int, ...]
+
+
+@dataclasses.dataclass(eq=False)
+class Fill:
+    out: Tensor
+    value: np.ndarray
+
+
+@dataclasses.dataclass(eq=False)
+class MatMulPartials:
+    """out[k, b, m, n] = sum over the k-th K-chunk of lhs[b, m, :] rhs[b, :, n],
+    accumulated in out.dtype (fp32 partials for fp16 inputs)."""
+    lhs: View                      # [B, M, K]
+    rhs: View                      # [B, K, N]
+    out: Tensor                    # [k_chunks, B, M, N]
+
+
+@dataclasses.dataclass(eq=False)
+class ReducePartials:
+    """out[o, j] = op-reduction of input[o, j, :], accumulated in out.dtype."""
+    input: View                    # [O, chunks, chunk_size]
+    op: str                        # "add" | "multiply" | "maximum" | "minimum" | "and" | "or"
+    out: Tensor                    # [O, chunks]
+
+
+@dataclasses.dataclass(eq=False)
+class ReduceCombine:
+    """out = init op (partials reduced over `axis` in a fixed order),
+    converted to out.dtype."""
+    partials: View
+    axis: int
+    op: str
+    init: View | np.ndarray | None   # a scalar tensor, an immediate, or None
+    out: Tensor

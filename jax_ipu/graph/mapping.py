@@ -1,0 +1,68 @@
+"""Tile mappings: which tile holds each element of a tensor (Poplar's
+Graph::setTileMapping), as sorted intervals of the flattened elements."""
+from __future__ import annotations
+
+import numpy as np
+
+
+class TileMapping:
+    """Intervals [starts[i], stops[i]) of a tensor's flattened elements held
+    by tiles[i]; sorted, touching, covering every element exactly once for a
+    valid mapping (graph.validate checks that)."""
+
+    __slots__ = ("size", "tiles", "starts", "stops", "_element_tiles")
+
+    def __init__(self, size: int, tiles, starts, stops):
+        self.size = size
+        self.tiles = np.asarray(tiles, dtype=np.int64)
+        self.starts = np.asarray(starts, dtype=np.int64)
+        self.stops = np.asarray(stops, dtype=np.int64)
+        self._element_tiles = None
+
+    @classmethod
+    def linear(cls, size: int, num_tiles: int, grain: int = 1, min_elements_per_tile: int = 1,
+               first_tile: int = 0) -> "TileMapping":
+        """Poplar's mapTensorLinearly: equal runs of whole grains on
+        consecutive tiles, none smaller than min_elements_per_tile (so that a
+        tile's six workers get enough to do)."""
+        per_tile = -(-size // max(num_tiles, 1))
+        per_tile = max(per_tile, min_elements_per_tile, 1)
+        per_tile = -(-per_tile // grain) * grain
+        starts = np.arange(0, size, per_tile, dtype=np.int64)
+        stops = np.minimum(starts + per_tile, size)
+        tiles = (first_tile + np.arange(len(starts))) % num_tiles
+        return cls(size, tiles, starts, stops)
+
+    @classmethod
+    def from_element_tiles(cls, element_tiles: np.ndarray) -> "TileMapping":
+        """Run-length encodes a tile number per element."""
+        element_tiles = np.asarray(element_tiles, dtype=np.int64).ravel()
+        size = len(element_tiles)
+        if size == 0:
+            return cls(0, [], [], [])
+        breaks = np.flatnonzero(np.diff(element_tiles)) + 1
+        starts = np.concatenate(([0], breaks))
+        stops = np.concatenate((breaks, [size]))
+        mapping = cls(size, element_tiles[starts], starts, stops)
+        mapping._element_tiles = element_tiles
+        return mapping
+
+    def element_tiles(self) -> np.ndarray:
+        """The tile of every element (cached: mappings never change)."""
+        if self._element_tiles is None:
+            self._element_tiles = np.repeat(self.tiles, self.stops - self.starts)
+        return self._element_tiles
+
+    def elements_per_tile(self, num_tiles: int) -> np.ndarray:
+        return np.bincount(self.tiles, weights=self.stops - self.starts, minlength=num_tiles).astype(np.int64)
+
+    def tiles_used(self) -> np.ndarray:
+        return np.unique(self.tiles)
+
+    def intervals_on(self, tile: int) -> np.ndarray:
+        """[k, 2] array of this tile's intervals."""
+        on = self.tiles == tile
+        return np.stack([self.starts[on], self.stops[on]], axis=1)
+
+    def __repr__(self) -> str:
+        return f"TileMapping({self.size} elements, {len(self.tiles)} intervals on {len(self.tiles_used())} tiles)"

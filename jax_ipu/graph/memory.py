@@ -1,0 +1,45 @@
+"""The per-tile memory report of a Program (Poplar's memory profile, in
+brief): always-live bytes and the peak of not-always-live bytes."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass(eq=False)
+class MemoryReport:
+    bytes_per_tile: int                  # the target's SRAM per tile
+    always_live: np.ndarray              # [tiles] inputs, outputs, constants, code, vertex state
+    not_always_live_peak: np.ndarray     # [tiles] peak of temporaries over program steps
+    code: np.ndarray                     # [tiles] the part of always_live that is code + vertex state
+    argument_bytes: int
+    output_bytes: int
+    aliased_bytes: int
+    temporary_bytes: int                 # sum over tiles of the temporaries' peaks
+
+    @property
+    def peak(self) -> np.ndarray:
+        """[tiles] always-live + peak not-always-live bytes."""
+        return self.always_live + self.not_always_live_peak
+
+    @property
+    def max_tile(self) -> int:
+        return int(np.argmax(self.peak)) if len(self.peak) else 0
+
+    @property
+    def max_bytes(self) -> int:
+        return int(self.peak.max()) if len(self.peak) else 0
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.peak.sum())
+
+    @property
+    def fits(self) -> bool:
+        return self.max_bytes <= self.bytes_per_tile
+
+    def describe(self) -> str:
+        return (f"memory: peak {self.max_bytes} B on tile {self.max_tile} "
+                f"(of {self.bytes_per_tile} B), {self.total_bytes} B in all tiles, "
+                f"always-live max {int(self.always_live.max(initial=0))} B")

@@ -1,0 +1,65 @@
+"""A compiled program: its graph (tensors, program tree) and the compiler's
+estimates of its cycles, memory and work."""
+from __future__ import annotations
+
+import dataclasses
+
+from jax_ipu import ir
+from jax_ipu.graph.memory import MemoryReport
+from jax_ipu.graph.programs import Copy, Execute, Sequence, leaves
+from jax_ipu.graph.tensors import Tensor
+from jax_ipu.graph.views import View
+
+
+@dataclasses.dataclass(eq=False)
+class Program:
+    name: str
+    target_name: str
+    tensors: list[Tensor]              # tensors[i].id == i
+    body: Sequence                     # streams in, compute and exchange, streams out
+    inputs: list[Tensor]
+    outputs: list[View]
+    input_types: list[ir.TensorType]
+    output_types: list[ir.TensorType]
+    aliases: dict[int, int]            # output index -> input index it may reuse
+    # The aliases whose output can be written into the donated input's
+    # buffer: the input is dead by the time the output is written.
+    in_place: dict[int, int] = dataclasses.field(default_factory=dict)
+    cycles: int = 0                    # one run, host transfers excluded
+    host_cycles: int = 0
+    memory: MemoryReport | None = None
+    flops: float = 0.0
+    bytes_accessed: float = 0.0
+    transcendentals: float = 0.0
+
+    def cost_analysis(self) -> dict[str, float]:
+        return {"flops": float(self.flops), "bytes accessed": float(self.bytes_accessed),
+                "transcendentals": float(self.transcendentals),
+                "estimated_cycles": float(self.cycles)}
+
+    def memory_stats(self) -> dict[str, int]:
+        """The figures PJRT's compiled-memory-stats call reports."""
+        m = self.memory
+        return {"code": int(m.code.sum()), "arguments": m.argument_bytes, "outputs": m.output_bytes,
+                "aliased": m.aliased_bytes, "temporary": m.temporary_bytes, "peak": m.total_bytes}
+
+    def summary(self) -> str:
+        steps = list(leaves(self.body))
+        compute_sets = [s for s in steps if isinstance(s, Execute)]
+        copies = [s for s in steps if isinstance(s, Copy)]
+        exchanged = sum(s.exchange_bytes for s in compute_sets + copies)
+        lines = [
+            f"program {self.name} on {self.target_name}: {len(self.tensors)} tensors, "
+            f"{len(compute_sets)} compute sets, {len(copies)} copies",
+            f"estimated {self.cycles} cycles (host transfers: {self.host_cycles} more), "
+            f"{exchanged} B exchanged",
+            self.memory.describe() if self.memory else "memory: not planned",
+        ]
+        for step in steps:
+            if isinstance(step, Execute):
+                cs = step.compute_set
+                lines.append(f"  Execute {cs.name}: {len(cs.vertices)} vertices on "
+                             f"{len(cs.tiles())} tiles, {step.cycles} cycles")
+            elif isinstance(step, Copy):
+                lines.append(f"  Copy -> {step.dst.name}: {step.exchange_bytes} B, {step.cycles} cycles")
+        return "\n".join(lines)

@@ -1,0 +1,129 @@
+"""Tensor expressions that move no data by themselves (Poplar's reshape,
+dimShuffle, slice, broadcast, concat). Programs read tensors through them;
+a Copy of a view into a new tensor is how layouts change, at a cost."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+from jax_ipu.graph.tensors import Tensor
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class View:
+    """`tensor` seen through `ops`, applied in order: ("reshape", shape),
+    ("transpose", perm), ("slice", starts, limits, strides),
+    ("broadcast", shape, dims) with StableHLO's broadcast_in_dim meaning."""
+    tensor: Tensor
+    ops: tuple = ()
+    shape: tuple[int, ...] = None
+
+    def __post_init__(self):
+        if self.shape is None:
+            object.__setattr__(self, "shape", _shape_after(self.tensor.shape, self.ops))
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.tensor.dtype
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def tensors(self) -> tuple[Tensor, ...]:
+        return (self.tensor,)
+
+    @property
+    def is_whole_tensor(self) -> bool:
+        """Reads the tensor's elements in their own order, once each."""
+        return all(op[0] == "reshape" for op in self.ops)
+
+    def then(self, *op) -> "View":
+        return View(self.tensor, self.ops + (op,))
+
+    def apply(self, lookup: Callable[[Tensor], np.ndarray]) -> np.ndarray:
+        return apply_ops(lookup(self.tensor).reshape(self.tensor.shape), self.ops)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Concat:
+    parts: tuple[View, ...]
+    axis: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        shape = list(self.parts[0].shape)
+        shape[self.axis] = sum(p.shape[self.axis] for p in self.parts)
+        return tuple(shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.parts[0].dtype
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def tensors(self) -> tuple[Tensor, ...]:
+        return tuple(p.tensor for p in self.parts)
+
+    is_whole_tensor = False
+
+    def apply(self, lookup: Callable[[Tensor], np.ndarray]) -> np.ndarray:
+        return np.concatenate([p.apply(lookup) for p in self.parts], axis=self.axis)
+
+
+def apply_ops(array: np.ndarray, ops: tuple) -> np.ndarray:
+    for op in ops:
+        array = _APPLY[op[0]](array, *op[1:])
+    return array
+
+
+def _broadcast(array: np.ndarray, shape, dims) -> np.ndarray:
+    expanded = [1] * len(shape)
+    for i, d in enumerate(dims):
+        expanded[d] = array.shape[i]
+    return np.broadcast_to(array.reshape(expanded), shape)
+
+
+_APPLY = {
+    "reshape": lambda a, shape: a.reshape(shape),
+    "transpose": lambda a, perm: a.transpose(perm),
+    "slice": lambda a, starts, limits, strides: a[tuple(map(slice, starts, limits, strides))],
+    "broadcast": _broadcast,
+}
+
+
+_SHAPE = {
+    "reshape": lambda shape, new: tuple(new),
+    "transpose": lambda shape, perm: tuple(shape[p] for p in perm),
+    "slice": lambda shape, starts, limits, strides: tuple(
+        len(range(a, b, c)) for a, b, c in zip(starts, limits, strides)),
+    "broadcast": lambda shape, new, dims: tuple(new),
+}
+
+
+def _shape_after(shape: tuple[int, ...], ops: tuple) -> tuple[int, ...]:
+    shape = tuple(shape)
+    for op in ops:
+        shape = _SHAPE[op[0]](shape, *op[1:])
+    return shape
+
+
+def source_elements(view: View | Concat) -> tuple[np.ndarray, np.ndarray]:
+    """For each element a view reads, in the view's order: (the index of its
+    tensor among view.tensors, its flat index in that tensor). Used to cost
+    the exchange a Copy needs."""
+    def index_of(tensor):
+        return np.arange(tensor.size, dtype=np.int64)
+    if isinstance(view, View):
+        flat = view.apply(index_of).ravel()
+        return np.zeros(len(flat), dtype=np.int64), flat
+    parts = [np.broadcast_to(np.int64(i), p.shape) for i, p in enumerate(view.parts)]
+    which = np.concatenate(parts, axis=view.axis).ravel()
+    flat = view.apply(index_of).ravel()
+    return which, flat

@@ -1,0 +1,171 @@
+"""The IPU Model's engine: runs a compiled graph.Program on one device.
+
+Loading a Program turns its tree into a list of closures once (kept per
+Program); a run binds the inputs, calls the closures and collects the
+outputs, and records the steps' estimated cycles and exchanged bytes."""
+from __future__ import annotations
+
+import dataclasses
+import weakref
+
+import numpy as np
+
+from jax_ipu.errors import IpuRuntimeError
+from jax_ipu.graph import programs as p
+from jax_ipu.graph.program import Program
+from jax_ipu.model import kernels
+from jax_ipu.model.targets import Target
+
+
+@dataclasses.dataclass
+class RunRecord:
+    """What one run did, for profiles: (kind, name, cycles, exchange bytes)
+    per executed step, in order."""
+    steps: list[tuple[str, str, int, int]]
+
+    @property
+    def cycles(self) -> int:
+        return sum(s[2] for s in self.steps)
+
+    @property
+    def compute_sets(self) -> list[str]:
+        return [s[1] for s in self.steps if s[0] == "Execute"]
+
+    @property
+    def exchange_bytes(self) -> int:
+        return sum(s[3] for s in self.steps)
+
+
+def _describe(step) -> tuple[str, str, int, int]:
+    if isinstance(step, p.Execute):
+        return ("Execute", step.compute_set.name, step.cycles, step.exchange_bytes)
+    if isinstance(step, p.Copy):
+        return ("Copy", step.dst.name, step.cycles, step.exchange_bytes)
+    return (type(step).__name__, str(step.index), step.cycles, 0)
+
+
+class _Loaded:
+    """A Program made ready to run: closures, storage template, checks."""
+
+    def __init__(self, program: Program):
+        self.template: list = [t.constant for t in program.tensors]
+        self.has_control = any(isinstance(s, p.CONTROL) for s in program.body.steps)
+        self.trace: list | None = [] if self.has_control else None
+        self.steps = self._sequence(program.body)
+        self.inputs = [(t.id, tuple(t.shape), t.dtype) for t in program.inputs]
+        owned_elsewhere = {t.id for t in program.inputs} | {t.id for t in program.tensors
+                                                             if t.constant is not None}
+        self.outputs = []
+        for view in program.outputs:
+            copy = view.tensor.id in owned_elsewhere or not view.is_whole_tensor
+            owned_elsewhere.add(view.tensor.id)
+            self.outputs.append((kernels.reader(view), copy))
+        self.in_place = [(i, program.inputs[i].id, program.outputs[o].tensor.id)
+                         for o, i in program.in_place.items()]
+        self.static_record = None if self.has_control else RunRecord(
+            [_describe(s) for s in p.leaves(program.body)
+             if not isinstance(s, (p.HostToDevice, p.DeviceToHost))])
+
+    def _sequence(self, seq: p.Sequence) -> list:
+        return [fn for step in seq.steps if (fn := self._step(step)) is not None]
+
+    def _step(self, step):
+        fn = self._leaf(step) if not isinstance(step, p.CONTROL) else self._control(step)
+        if self.trace is not None and not isinstance(step, p.CONTROL) and fn is not None:
+            info, trace, inner = _describe(step), self.trace, fn
+
+            def fn(state):
+                trace.append(info)
+                inner(state)
+        return fn
+
+    def _leaf(self, step):
+        if isinstance(step, p.Execute):
+            return kernels.build(step.compute_set.kernel)
+        if isinstance(step, p.Copy):
+            src, tid, dtype, shape = step.src, step.dst.id, step.dst.dtype, step.dst.shape
+
+            def copy(state):
+                state[tid] = np.array(src.apply(lambda t: state[t.id]), dtype=dtype).reshape(shape)
+            return copy
+        return None   # host streams: run() binds inputs and collects outputs
+
+    def _control(self, step):
+        run = _run_steps
+        if isinstance(step, p.Sequence):
+            body = self._sequence(step)
+            return lambda state: run(body, state)
+        if isinstance(step, p.Call):
+            body = self._sequence(step.function)
+            return lambda state: run(body, state)
+        if isinstance(step, p.Repeat):
+            body, count = self._sequence(step.body), step.count
+
+            def repeat(state):
+                for _ in range(count):
+                    run(body, state)
+            return repeat
+        if isinstance(step, p.RepeatWhileTrue):
+            cond, body, pred = self._sequence(step.condition), self._sequence(step.body), step.predicate.id
+
+            def repeat_while(state):
+                run(cond, state)
+                while state[pred]:
+                    run(body, state)
+                    run(cond, state)
+            return repeat_while
+        if isinstance(step, p.If):
+            then, other, pred = self._sequence(step.then_body), self._sequence(step.else_body), step.predicate.id
+            return lambda state: run(then if state[pred] else other, state)
+        if isinstance(step, p.Switch):
+            cases = {k: self._sequence(v) for k, v in step.cases.items()}
+            default, control = self._sequence(step.default), step.control.id
+            return lambda state: run(cases.get(int(state[control]), default), state)
+        raise IpuRuntimeError(f"the IPU Model cannot run a {type(step).__name__} step")
+
+
+def _run_steps(steps, state) -> None:
+    for fn in steps:
+        fn(state)
+
+
+class Engine:
+    """One per device."""
+
+    def __init__(self, target: Target):
+        self.target = target
+        self.last_run: RunRecord | None = None
+        self._loaded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def load(self, program: Program) -> _Loaded:
+        if program.target_name != self.target.name:
+            raise IpuRuntimeError(f"program {program.name} was compiled for {program.target_name}, "
+                                  f"not for this {self.target.describe()}")
+        loaded = self._loaded.get(program)
+        if loaded is None:
+            loaded = self._loaded[program] = _Loaded(program)
+        return loaded
+
+    def run(self, program: Program, inputs: list[np.ndarray], donated=frozenset()) -> list[np.ndarray]:
+        loaded = self._loaded.get(program) or self.load(program)
+        if len(inputs) != len(loaded.inputs):
+            raise IpuRuntimeError(f"program {program.name} takes {len(loaded.inputs)} inputs, "
+                                  f"got {len(inputs)}")
+        state = loaded.template.copy()
+        for i, ((tid, shape, dtype), array) in enumerate(zip(loaded.inputs, inputs)):
+            if type(array) is not np.ndarray or array.dtype != dtype or array.shape != shape:
+                raise IpuRuntimeError(
+                    f"input {i} of {program.name}: expected {dtype.name}{list(shape)}, got "
+                    f"{getattr(array, 'dtype', type(array).__name__)}{list(getattr(array, 'shape', ()))}")
+            state[tid] = array
+        if donated:
+            for i, input_id, output_id in loaded.in_place:
+                if i in donated and state[input_id].flags.writeable:
+                    state[output_id] = state[input_id]
+        if loaded.trace is not None:
+            loaded.trace.clear()
+        with np.errstate(all="ignore"):
+            for fn in loaded.steps:
+                fn(state)
+        self.last_run = loaded.static_record or RunRecord(list(loaded.trace))
+        return [np.array(get(state)) if copy else get(state) for get, copy in loaded.outputs]

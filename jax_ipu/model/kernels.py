@@ -1,0 +1,153 @@
+"""Executors of compute-set kernels (graph.codelets): each runs all the
+vertices of one compute set at once with vectorised numpy, in the
+partitioned form the compiler planned (K-chunk partial products, partial
+reductions, then a fixed-order combine), so rounding follows the plan.
+
+build(kernel) -> fn(state), `state` being the engine's list of arrays by
+tensor id. Everything that can be decided before a run is decided here."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from jax_ipu.graph import codelets
+from jax_ipu.graph.views import View
+from jax_ipu.model import elementwise
+
+REDUCE_UFUNCS = {"add": np.add, "multiply": np.multiply, "maximum": np.maximum,
+                 "minimum": np.minimum, "and": np.bitwise_and, "or": np.bitwise_or,
+                 "xor": np.bitwise_xor}
+
+
+def reader(view: View) -> Callable:
+    """fn(state) -> the view's array, with the cheapest path for plain reads."""
+    tid, shape = view.tensor.id, view.shape
+    if not view.ops or view.is_whole_tensor:
+        if shape == view.tensor.shape:
+            return lambda state: state[tid]
+        return lambda state: state[tid].reshape(shape)
+    return lambda state: view.apply(lambda t: state[t.id])
+
+
+def _build_chain(k: codelets.ElementwiseChain):
+    shape = k.shape
+    n_inputs = len(k.inputs)
+    fetch = []            # (register, fn(state))
+    full = []             # register holds a chain-shaped array
+    constants = {}
+    for reg, source in enumerate(k.inputs):
+        if isinstance(source, View):
+            fetch.append((reg, reader(source)))
+            full.append(source.shape == shape)
+        else:
+            constants[reg] = source
+            full.append(False)
+    dtypes = [s.dtype for s in k.inputs] + [i.dtype for i in k.instructions]
+    output_regs = {reg for reg, _ in k.outputs}
+    last_use = {}
+    for i, ins in enumerate(k.instructions):
+        for a in ins.args:
+            last_use[a] = i
+    plan = []             # (fn, args, dest, reusable register or None)
+    for i, ins in enumerate(k.instructions):
+        dest = n_inputs + i
+        full.append(any(full[a] for a in ins.args))
+        ufunc = elementwise.ufunc_for(ins.op, dtypes[ins.args[0]])
+        if ufunc is not None:
+            reuse = next((a for a in ins.args if a >= n_inputs and full[a] and a not in output_regs
+                          and last_use[a] == i and dtypes[a] == ins.dtype), None) if full[-1] else None
+            plan.append((ufunc, ins.args, dest, reuse))
+        else:
+            fn, attrs, dtype = elementwise.function_for(ins.op), dict(ins.attrs), ins.dtype
+            plan.append((lambda *a, _f=fn, _d=dtype, _at=attrs: _f(*a, dtype=_d, attrs=_at),
+                         ins.args, dest, None))
+    outputs = [(reg, t.id, t.dtype, full[reg] and reg >= n_inputs) for reg, t in k.outputs]
+    template = [constants.get(r) for r in range(n_inputs + len(k.instructions))]
+
+    def run(state):
+        regs = template.copy()
+        for reg, get in fetch:
+            regs[reg] = get(state)
+        for fn, args, dest, reuse in plan:
+            if reuse is None:
+                regs[dest] = fn(*[regs[a] for a in args])
+            else:
+                regs[dest] = fn(*[regs[a] for a in args], out=regs[reuse])
+        for reg, tid, dtype, computed in outputs:
+            value = regs[reg]
+            target = state[tid]
+            if target is not None:            # a donated buffer, written in place
+                np.copyto(target, value, casting="unsafe")
+            elif computed and type(value) is np.ndarray and value.base is None and value.dtype == dtype:
+                state[tid] = value
+            else:                             # an input, a view or a scalar: give it its own data
+                state[tid] = np.array(np.broadcast_to(value, shape), dtype=dtype)
+    return run
+
+
+def _build_fill(k: codelets.Fill):
+    tid, shape, value = k.out.id, k.out.shape, k.value
+
+    def run(state):
+        state[tid] = np.full(shape, value, dtype=value.dtype)
+    return run
+
+
+def _build_matmul(k: codelets.MatMulPartials):
+    lhs, rhs, tid = reader(k.lhs), reader(k.rhs), k.out.id
+    chunks, batch, m, n = k.out.shape
+    kdim = k.lhs.shape[2]
+    acc = k.out.dtype
+    size = kdim // chunks if chunks else 0
+
+    def run(state):
+        a = lhs(state).astype(acc, copy=False)
+        b = rhs(state).astype(acc, copy=False)
+        if chunks == 1:
+            state[tid] = np.matmul(a, b)[None]
+        else:
+            a = a.reshape(batch, m, chunks, size).transpose(2, 0, 1, 3)
+            b = b.reshape(batch, chunks, size, n).transpose(1, 0, 2, 3)
+            state[tid] = np.matmul(a, b)
+    return run
+
+
+def _build_reduce_partials(k: codelets.ReducePartials):
+    get, tid, ufunc, acc = reader(k.input), k.out.id, REDUCE_UFUNCS[k.op], k.out.dtype
+
+    def run(state):
+        state[tid] = ufunc.reduce(get(state), axis=2, dtype=acc)
+    return run
+
+
+def _build_reduce_combine(k: codelets.ReduceCombine):
+    get, tid, ufunc, axis = reader(k.partials), k.out.id, REDUCE_UFUNCS[k.op], k.axis
+    if isinstance(k.init, View):
+        init = reader(k.init)
+    elif k.init is not None:
+        init = lambda state, value=k.init: value  # noqa: E731  (an immediate)
+    else:
+        init = None
+    dtype, shape = k.out.dtype, k.out.shape
+    acc = k.partials.dtype
+
+    def run(state):
+        value = ufunc.reduce(get(state), axis=axis, dtype=acc)
+        if init is not None:
+            value = ufunc(init(state).astype(acc, copy=False), value)
+        state[tid] = np.asarray(value).astype(dtype).reshape(shape)
+    return run
+
+
+BUILDERS = {
+    codelets.ElementwiseChain: _build_chain,
+    codelets.Fill: _build_fill,
+    codelets.MatMulPartials: _build_matmul,
+    codelets.ReducePartials: _build_reduce_partials,
+    codelets.ReduceCombine: _build_reduce_combine,
+}
+
+
+def build(kernel) -> Callable:
+    return BUILDERS[type(kernel)](kernel)

@@ -1,0 +1,71 @@
+"""The IPUs the Model simulates, every figure a named field (see IPU.md for
+sources; figures marked unverified there are parameters, not truths)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jax_ipu.errors import IpuInvalidArgument
+
+# The element types IPU tiles hold; no 64-bit, bfloat16 or complex types.
+IPU_DTYPES: frozenset[np.dtype] = frozenset(np.dtype(t) for t in (
+    np.float32, np.float16, np.int32, np.uint32, np.int16, np.uint16, np.int8, np.uint8, np.bool_))
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    name: str
+    num_tiles: int
+    bytes_per_tile: int
+    clock_hz: float
+    workers_per_tile: int = 6
+    fp32_flops_per_cycle: int = 32          # per tile, AMP, fp32 inputs
+    fp16_flops_per_cycle: int = 128         # per tile, AMP, fp16 inputs
+    vector_bytes: int = 8                   # 64-bit SIMD: float2 or half4 a cycle
+    int_elements_per_cycle: int = 1         # the integer unit is scalar
+    sram_read_bytes_per_cycle: int = 16
+    sram_write_bytes_per_cycle: int = 8
+    exchange_bytes_per_cycle: int = 4       # per tile, each way (unverified)
+    exchange_fixed_cycles: int = 30         # per exchange: code setup and latency
+    sync_cycles: int = 600                  # global sync (unverified; a parameter)
+    host_link_bytes_per_second: float = 64e9
+    supervisor_cycles: int = 11             # element-wise vertex overhead
+    amp_cycles_per_row: int = 4             # AMP [N,16]x[16,16]: 4N + 330 cycles
+    amp_fixed_cycles: int = 330
+    amp_block: int = 16
+    vertex_state_bytes: int = 32            # per vertex, always-live
+    code_bytes_per_codelet: int = 1024      # per codelet kind on a tile
+
+    def describe(self) -> str:
+        return (f"IPU Model {self.name} ({self.num_tiles} tiles, {self.bytes_per_tile // 1024} KiB/tile, "
+                f"{self.clock_hz / 1e9:.3g} GHz)")
+
+    def vector_width(self, dtype: np.dtype) -> int:
+        """Elements one vector instruction handles."""
+        dtype = np.dtype(dtype)
+        if dtype.kind == "f":
+            return self.vector_bytes // dtype.itemsize
+        return self.int_elements_per_cycle
+
+
+_TARGETS = {
+    "ipu1": Target("ipu1", num_tiles=1216, bytes_per_tile=256 * 1024, clock_hz=1.6e9,
+                   fp32_flops_per_cycle=16, fp16_flops_per_cycle=64),
+    "ipu2": Target("ipu2", num_tiles=1472, bytes_per_tile=624 * 1024, clock_hz=1.33e9),
+    "ipu21": Target("ipu21", num_tiles=1472, bytes_per_tile=624 * 1024, clock_hz=1.85e9,
+                    host_link_bytes_per_second=100e9 / 8),
+}
+
+
+def get_target(name: str = "ipu2", num_tiles: int | None = None) -> Target:
+    """`num_tiles` shrinks the IPU, as the IPU Model's tile option does."""
+    try:
+        target = _TARGETS[name]
+    except KeyError:
+        raise IpuInvalidArgument(f"unknown IPU target {name!r}: expected one of {', '.join(_TARGETS)}") from None
+    if num_tiles is not None:
+        if not 1 <= num_tiles <= target.num_tiles:
+            raise IpuInvalidArgument(f"{name} has 1 to {target.num_tiles} tiles, not {num_tiles}")
+        target = dataclasses.replace(target, num_tiles=num_tiles)
+    return target
