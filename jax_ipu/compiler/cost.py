@@ -65,14 +65,17 @@ def _remote(target: Target, readers: np.ndarray, owners: np.ndarray, itemsize: i
     return sent, received
 
 
-def _expand(intervals: np.ndarray) -> np.ndarray:
-    """Flat element indices of [k, 2] intervals."""
-    lengths = intervals[:, 1] - intervals[:, 0]
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    offsets = np.repeat(intervals[:, 0] - np.cumsum(lengths) + lengths, lengths)
-    return offsets + np.arange(total)
+def _owners(mapping, intervals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Splits read intervals by the tiles that hold them: (index of the read
+    interval, owning tile, element count) per piece."""
+    first = np.searchsorted(mapping.stops, intervals[:, 0], side="right")
+    last = np.searchsorted(mapping.starts, intervals[:, 1], side="left")
+    pieces = np.maximum(last - first, 0)
+    which = np.repeat(np.arange(len(intervals)), pieces)
+    held = np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces) + first[which]
+    lengths = (np.minimum(intervals[which, 1], mapping.stops[held])
+               - np.maximum(intervals[which, 0], mapping.starts[held]))
+    return which, mapping.tiles[held], lengths
 
 
 def cost_execute(target: Target, step: Execute) -> np.ndarray:
@@ -88,12 +91,13 @@ def cost_execute(target: Target, step: Execute) -> np.ndarray:
     received = np.zeros(target.num_tiles, dtype=np.int64)
     for tensor, parts in by_tensor.items():
         intervals = np.concatenate([iv for _, iv in parts])
-        lengths = intervals[:, 1] - intervals[:, 0]
-        readers = np.repeat(np.repeat([t for t, _ in parts], [len(iv) for _, iv in parts]), lengths)
-        owners = tensor.mapping.element_tiles()[_expand(intervals)]
-        s, r = _remote(target, readers, owners, tensor.dtype.itemsize)
-        sent += s
-        received += r
+        readers = np.repeat([t for t, _ in parts], [len(iv) for _, iv in parts])
+        which, owners, lengths = _owners(tensor.mapping, intervals)
+        readers = readers[which]
+        remote = readers != owners
+        nbytes = lengths[remote] * tensor.dtype.itemsize
+        sent += np.bincount(owners[remote], weights=nbytes, minlength=target.num_tiles).astype(np.int64)
+        received += np.bincount(readers[remote], weights=nbytes, minlength=target.num_tiles).astype(np.int64)
     step.exchange_bytes = int(received.sum())
     step.cycles = int(exchange_cycles(target, sent, received) + compute.max(initial=0) + target.sync_cycles)
     return received
