@@ -103,7 +103,8 @@ def _shift_right_arithmetic(a, b, dtype, attrs):
 
 
 def _popcnt(a, dtype, attrs):
-    return np.bitwise_count(a).astype(dtype)
+    # numpy counts the bits of |a| for signed types; XLA of the two's complement.
+    return np.bitwise_count(np.asarray(a).astype(dtype, copy=False).view(_unsigned(dtype))).astype(dtype)
 
 
 def _count_leading_zeros(a, dtype, attrs):

@@ -55,8 +55,9 @@ def _build_chain(k: codelets.ElementwiseChain):
         full.append(any(full[a] for a in ins.args))
         ufunc = elementwise.ufunc_for(ins.op, dtypes[ins.args[0]])
         if ufunc is not None:
+            # 0-d results are numpy scalars, which cannot be `out` buffers.
             reuse = next((a for a in ins.args if a >= n_inputs and full[a] and a not in output_regs
-                          and last_use[a] == i and dtypes[a] == ins.dtype), None) if full[-1] else None
+                          and last_use[a] == i and dtypes[a] == ins.dtype), None) if full[-1] and shape else None
             plan.append((ufunc, ins.args, dest, reuse))
         else:
             fn, attrs, dtype = elementwise.function_for(ins.op), dict(ins.attrs), ins.dtype

@@ -1,0 +1,139 @@
+"""jax_ipu.compiler end to end on the IPU Model: real JAX programs, lowered
+and imported, compiled, validated and run, against JAX's CPU backend.
+
+The helpers here serve the other test_compiler_* files too."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from jax_ipu.compiler import CompileOptions, compile_module
+from jax_ipu.errors import IpuUnimplementedError
+from jax_ipu.graph.validate import validate
+from jax_ipu.model.engine import Engine
+from jax_ipu.model.targets import get_target
+from jax_ipu.stablehlo import import_module
+
+# A small IPU: tensors of a few hundred elements already spread over tiles.
+SMALL = get_target("ipu2", num_tiles=16)
+CPU = jax.devices("cpu")[0]
+
+
+def lower(f, *args):
+    return import_module(jax.jit(f).lower(*args).as_text(debug_info=True))
+
+
+def compile_fn(f, *args, target=SMALL, **options):
+    program = compile_module(lower(f, *args), target, CompileOptions(**options))
+    validate(program, target.num_tiles)
+    return program
+
+
+def run_ipu(f, *args, target=SMALL, **options) -> list[np.ndarray]:
+    program = compile_fn(f, *args, target=target, **options)
+    return Engine(target).run(program, [np.asarray(a) for a in args])
+
+
+def run_cpu(f, *args) -> list[np.ndarray]:
+    out = jax.jit(f)(*[jax.device_put(a, CPU) for a in args])
+    return [np.asarray(o) for o in (out if isinstance(out, (tuple, list)) else [out])]
+
+
+def tolerance(dtype) -> dict:
+    dtype = np.dtype(dtype)
+    if dtype == np.float16:
+        return {"rtol": 2e-3, "atol": 2e-3}
+    if dtype == np.float32:
+        return {"rtol": 2e-6, "atol": 1e-6}
+    return {"rtol": 0, "atol": 0}
+
+
+def assert_matches_cpu(f, *args, target=SMALL, rtol=None, atol=None) -> None:
+    got, want = run_ipu(f, *args, target=target), run_cpu(f, *args)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, g.shape, w.dtype, w.shape)
+        tol = tolerance(w.dtype)
+        np.testing.assert_allclose(g, w, rtol=rtol if rtol is not None else tol["rtol"],
+                                   atol=atol if atol is not None else tol["atol"], equal_nan=True)
+
+
+def test_scale_and_shift_runs_as_one_compute_set():
+    program = compile_fn(lambda x: x * 2 + 1, np.zeros(4, np.float32))
+    out = Engine(SMALL).run(program, [np.arange(4, dtype=np.float32)])
+    np.testing.assert_array_equal(out[0], [1, 3, 5, 7])
+    assert "1 compute sets" in program.summary()
+
+
+def test_program_interface():
+    x = np.ones((3, 4), np.float32)
+    program = compile_fn(lambda x, y: (x @ y.T, x + 1), x, x)
+    assert [str(t) for t in program.input_types] == ["tensor<3x4xf32>"] * 2
+    assert [str(t) for t in program.output_types] == ["tensor<3x3xf32>", "tensor<3x4xf32>"]
+    costs = program.cost_analysis()
+    assert set(costs) == {"flops", "bytes accessed", "transcendentals", "estimated_cycles"}
+    assert costs["flops"] >= 2 * 3 * 3 * 4 and costs["estimated_cycles"] == program.cycles > 0
+    assert program.memory.max_bytes <= SMALL.bytes_per_tile
+    assert set(program.memory_stats()) == {"code", "arguments", "outputs", "aliased", "temporary", "peak"}
+    assert "matmul" in program.summary()
+
+
+def test_inlined_calls_and_identities():
+    @jax.jit
+    def inner(x):
+        return jnp.sin(x) + 1
+
+    def f(x):
+        y = lax.optimization_barrier(inner(x) * 2)
+        return inner(y), jnp.where(x > 0, x, -x)
+    assert_matches_cpu(f, np.linspace(-3, 3, 11, dtype=np.float32), rtol=1e-5)
+
+
+def test_outputs_that_are_inputs_or_repeated():
+    x = np.arange(5, dtype=np.int32)
+    out = run_ipu(lambda x: (x, x + 1, x + 1, jnp.int32(7)), x)
+    np.testing.assert_array_equal(out[0], x)
+    assert out[0] is not x
+    np.testing.assert_array_equal(out[1], x + 1)
+    assert out[1] is not out[2]
+    assert out[3] == 7
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int64, np.uint64, "bfloat16", np.complex64])
+def test_types_the_ipu_lacks_fail_naming_op_and_type(dtype):
+    import ml_dtypes
+    dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    with jax.enable_x64(True) if dtype.itemsize == 8 and dtype.kind != "c" else _nothing():
+        module = lower(lambda x: x + x, np.ones(3, dtype))
+    with pytest.raises(IpuUnimplementedError) as info:
+        compile_module(module, SMALL)
+    message = str(info.value)
+    assert "stablehlo.add at" in message and "test_compiler.py" in message
+    if dtype.itemsize == 8 and dtype.kind in "fiu":
+        assert "JAX_ENABLE_X64" in message
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_unsupported_op_names_op_location_and_advice():
+    module = lower(lambda x: lax.reduce_precision(x, 5, 10), np.ones(5, np.float32))
+    with pytest.raises(IpuUnimplementedError) as info:
+        compile_module(module, SMALL)
+    message = str(info.value)
+    assert message.startswith("stablehlo.reduce_precision at ") and "test_compiler.py" in message
+    assert "not supported by jax-ipu yet" in message and "issue" in message
+
+
+def test_variadic_reduce_is_a_clear_error():
+    module = lower(lambda x: jnp.argmax(x), np.ones(5, np.float32))
+    with pytest.raises(IpuUnimplementedError, match=r"stablehlo.reduce at .*test_compiler.py.*2 operand"):
+        compile_module(module, SMALL)
