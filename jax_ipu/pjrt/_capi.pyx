@@ -21,6 +21,7 @@ from libc.string cimport memcpy, memset, strlen
 
 cdef extern from "Python.h" nogil:
     int _Py_IsFinalizing()
+    int PyGILState_Check()
 
 cdef extern from "pthread.h" nogil:
     ctypedef struct pthread_mutex_t:
@@ -583,14 +584,59 @@ cdef inline void py_leave(SavedError s) noexcept:
 cdef inline bint python_is_gone() noexcept nogil:
     return _Py_IsFinalizing() != 0
 
+
+# References released on threads that do not hold the GIL wait here until a
+# thread that does drains them. Taking the GIL on a framework thread is what
+# must never happen: during interpreter shutdown it ends that thread through
+# a C++ destructor, and the process aborts.
+cdef struct Released:
+    void* obj
+    Released* next
+
+cdef pthread_mutex_t RELEASED_LOCK
+pthread_mutex_init(&RELEASED_LOCK, NULL)
+cdef Released* RELEASED = NULL
+
 cdef void py_release(void* obj) noexcept nogil:
     """Drops a reference the C side holds, safely from any thread."""
+    global RELEASED
+    cdef Released* r
     if obj == NULL or python_is_gone():
         return
-    with gil:
-        saved = py_enter()
-        Py_DECREF(<object>obj)
-        py_leave(saved)
+    if PyGILState_Check():
+        with gil:
+            saved = py_enter()
+            Py_DECREF(<object>obj)
+            py_leave(saved)
+        return
+    r = <Released*>malloc(sizeof(Released))
+    r.obj = obj
+    pthread_mutex_lock(&RELEASED_LOCK)
+    r.next = RELEASED
+    RELEASED = r
+    pthread_mutex_unlock(&RELEASED_LOCK)
+
+cdef void drain_released_now() noexcept:
+    """With the GIL held: drops the references other threads released."""
+    global RELEASED
+    cdef Released* r
+    cdef Released* nxt
+    with nogil:
+        pthread_mutex_lock(&RELEASED_LOCK)
+        r = RELEASED
+        RELEASED = NULL
+        pthread_mutex_unlock(&RELEASED_LOCK)
+    while r != NULL:
+        nxt = r.next
+        Py_DECREF(<object>r.obj)
+        free(r)
+        r = nxt
+
+
+def drain_released():
+    """Drops references the framework released on its own threads (the
+    device workers call this between jobs)."""
+    drain_released_now()
 
 
 # ---------------------------------------------------------------- events --
@@ -924,6 +970,7 @@ cdef PJRT_Error* e_client_create(PJRT_Client_Create_Args* a) noexcept nogil:
     with gil:
         saved = py_enter()
         try:
+            drain_released_now()
             from jax_ipu.pjrt.client import create_client
             options = read_named_values(a.create_options, a.num_options)
             a.client = build_client(create_client(options))
@@ -1304,6 +1351,7 @@ cdef PJRT_Error* e_client_buffer_from_host(PJRT_Client_BufferFromHostBuffer_Args
             if a.device_layout != NULL:
                 raise NotImplementedError("jax-ipu keeps arrays in the default (row-major) layout; "
                                           "custom device layouts are not supported")
+            drain_released_now()
             py_buffer = (<object>a.client.py).buffer_from_host(host_array(a), dev.id)
             a.buffer = wrap_buffer(a.client, py_buffer)
             # The data was copied during the call: the host buffer is free now.
@@ -1388,6 +1436,7 @@ cdef PJRT_Error* e_client_compile(PJRT_Client_Compile_Args* a) noexcept nogil:
     with gil:
         saved = py_enter()
         try:
+            drain_released_now()
             code = a.program.code[:a.program.code_size]
             fmt = a.program.format[:a.program.format_size].decode()
             options = a.compile_options[:a.compile_options_size]
@@ -1525,6 +1574,7 @@ cdef PJRT_Error* e_loaded_executable_execute(PJRT_LoadedExecutable_Execute_Args*
     with gil:
         saved = py_enter()
         try:
+            drain_released_now()
             args = []
             for d in range(a.num_devices):
                 row = []

@@ -5,6 +5,7 @@ import queue
 import threading
 
 from jax_ipu.model.engine import Engine
+from jax_ipu.pjrt._capi import drain_released
 from jax_ipu.model.targets import Target
 
 
@@ -41,6 +42,7 @@ class DeviceWorker:
     def _loop(self) -> None:
         while (job := self._jobs.get()) is not None:
             job()  # jobs report their own errors through events
+            drain_released()
 
 
 class Device:

@@ -1,0 +1,51 @@
+"""Shared fixtures. The tests run against the installed plugin, as a user
+would: JAX discovers it through its jax_plugins entry point."""
+import os
+
+# Two modelled IPUs, so that device-to-device copies and placement on a
+# second device are tested; tests of the defaults run in subprocesses.
+os.environ.setdefault("JAX_IPU_DEVICE_COUNT", "2")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+# Every dtype the IPU holds.
+IPU_DTYPES = [np.float32, np.float16, np.int32, np.uint32, np.int16, np.uint16,
+              np.int8, np.uint8, np.bool_]
+
+
+@pytest.fixture(scope="session")
+def ipus():
+    return jax.devices("ipu")
+
+
+@pytest.fixture(scope="session")
+def ipu(ipus):
+    return ipus[0]
+
+
+@pytest.fixture(scope="session")
+def cpu():
+    return jax.devices("cpu")[0]
+
+
+def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.random(shape) < 0.5
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(max(info.min, -100), min(info.max, 100), size=shape, endpoint=True).astype(dtype)
+
+
+def run_python(code: str, **env) -> "subprocess.CompletedProcess":
+    """Runs `code` in a fresh interpreter with extra environment variables."""
+    import subprocess
+    import sys
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_IPU", "TF_POPLAR"))}
+    full_env.pop("JAX_PLATFORMS", None)
+    full_env.update(env)
+    return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True,
+                          text=True, timeout=240)
