@@ -12,7 +12,7 @@ import dataclasses
 import numpy as np
 
 from jax_ipu import ir
-from jax_ipu.compiler import mapping
+from jax_ipu.compiler import cost, mapping
 from jax_ipu.compiler.options import CompileOptions
 from jax_ipu.graph import codelets
 from jax_ipu.graph.compute import ComputeSet, Region, Vertex
@@ -87,7 +87,8 @@ class Builder:
         t = self.tensor(name or "broadcast", lowered.shape, lowered.dtype)
         if isinstance(lowered, Splat):
             self.execute(f"{t.name}/fill", codelets.Fill(t, lowered.value),
-                         self.vertices_over(f"Fill<{t.dtype.name}>", t, [], lambda n: 11 + n))
+                         self.vertices_over(f"Fill<{t.dtype.name}>", [t], [],
+                                            lambda n: cost.elementwise_cycles(self.target, n, t.dtype, [])))
         else:
             src = lowered.scalar.then("broadcast", lowered.shape, ())
             self.copy(src, t)
@@ -100,17 +101,18 @@ class Builder:
     def copy(self, src: View | Concat, dst: Tensor) -> None:
         self.steps.append(Copy(src, dst))
 
-    def vertices_over(self, codelet: str, out: Tensor, inputs: list[View], cycles) -> list[Vertex]:
-        """One vertex per tile of `out`'s mapping, writing that tile's part
-        of `out` and reading the same elements of each whole-tensor input
-        (or the one element of a scalar input). cycles(n) -> cycles of a
-        vertex over n elements."""
-        m = out.mapping
+    def vertices_over(self, codelet: str, outs: list[Tensor], inputs: list[View], cycles) -> list[Vertex]:
+        """One vertex per tile of the outputs' (shared) mapping, writing that
+        tile's part of each output and reading the same elements of each
+        whole-tensor input (or the one element of a scalar input).
+        cycles(n) -> cycles of a vertex over n elements."""
+        m = outs[0].mapping
         vertices = []
         for tile in m.tiles_used():
             intervals = m.intervals_on(tile)
             n = int((intervals[:, 1] - intervals[:, 0]).sum())
-            reads = tuple(Region(v.tensor, intervals if v.size == out.size else np.array([[0, 1]]))
+            reads = tuple(Region(v.tensor, intervals if v.size == m.size else np.array([[0, 1]]))
                           for v in inputs)
-            vertices.append(Vertex(codelet, int(tile), reads, (Region(out, intervals),), int(cycles(n))))
+            writes = tuple(Region(out, intervals) for out in outs)
+            vertices.append(Vertex(codelet, int(tile), reads, writes, int(cycles(n))))
         return vertices

@@ -12,7 +12,6 @@ from jax_ipu.compiler.builder import Builder, ScalarBroadcast, Splat
 from jax_ipu.compiler.fuse import Cluster
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
-from jax_ipu.graph.compute import Region, Vertex
 from jax_ipu.graph.views import View
 from jax_ipu.model import elementwise
 
@@ -20,7 +19,7 @@ from jax_ipu.model import elementwise
 _ATTRS = ("comparison_direction", "compare_type")
 
 
-def _check(b: Builder, op: ir.Op) -> None:
+def _check(op: ir.Op) -> None:
     if op.name == "bitcast_convert":
         src, dst = op.operands[0].type, op.results[0].type
         if src.dtype.itemsize != dst.dtype.itemsize:
@@ -41,9 +40,9 @@ def evaluate(op: str, args: list, dtype: np.dtype, attrs: dict):
 def lower_cluster(b: Builder, cluster: Cluster, used_outside: set) -> None:
     shape = cluster.shape
     size = int(np.prod(shape, dtype=np.int64))
-    inputs: list = []
+    inputs: list = []                     # views read on each tile, then immediates
     input_index: dict = {}
-    instructions: list[codelets.Instruction] = []
+    instructions: list[tuple] = []        # (op, args, dtype, attrs); args are refs
     refs: dict[ir.Value, tuple] = {}      # ("imm", array) | ("in", i) | ("ins", j)
 
     def operand(v: ir.Value) -> tuple:
@@ -62,48 +61,35 @@ def lower_cluster(b: Builder, cluster: Cluster, used_outside: set) -> None:
         return ("in", input_index[key])
 
     for op in cluster.ops:
-        _check(b, op)
+        _check(op)
         args = [operand(v) for v in op.operands]
         dtype = op.results[0].type.dtype
         attrs = tuple(sorted((k, op.attrs[k]) for k in _ATTRS if k in op.attrs))
-        if all(kind == "imm" for kind, _ in args):
+        if all(kind == "imm" for kind, _ in args):   # fold ops on constants
             refs[op.results[0]] = ("imm", evaluate(op.name, [a for _, a in args], dtype, dict(attrs)))
-            continue
-        instructions.append((op.name, args, dtype, attrs))
-        refs[op.results[0]] = ("ins", len(instructions) - 1)
+        else:
+            instructions.append((op.name, args, dtype, attrs))
+            refs[op.results[0]] = ("ins", len(instructions) - 1)
 
-    # Registers: inputs, then immediates, then instruction results.
-    immediates = []
+    views = list(inputs)
+    immediates = [a for _, args, _, _ in instructions for kind, a in args if kind == "imm"]
+    first_result = len(views) + len(immediates)
+    next_immediate = iter(range(len(views), first_result))
 
-    def register(ref) -> int:
-        kind, x = ref
-        if kind == "in":
-            return x
-        if kind == "imm":
-            immediates.append(x)
-            return -len(immediates)       # renumbered below
-        return ("ins", x)
-
-    raw = [(name, [register(a) for a in args], dtype, attrs) for name, args, dtype, attrs in instructions]
-    n_in, n_imm = len(inputs), len(immediates)
-
-    def final(r) -> int:
-        if isinstance(r, tuple):
-            return n_in + n_imm + r[1]
-        return r if r >= 0 else n_in + (-r - 1)
-    program = tuple(codelets.Instruction(name, tuple(final(r) for r in args), np.dtype(dtype), attrs)
-                    for name, args, dtype, attrs in raw)
+    def register(kind, x) -> int:
+        return {"in": lambda: x, "imm": lambda: next(next_immediate), "ins": lambda: first_result + x}[kind]()
+    program = tuple(codelets.Instruction(name, tuple(register(*a) for a in args), np.dtype(dtype), attrs)
+                    for name, args, dtype, attrs in instructions)
 
     outputs = []
     for op in cluster.ops:
         value = op.results[0]
-        if value not in used_outside:
-            continue
-        kind, x = refs[value]
-        if kind == "imm":
-            b.values[value] = Splat(np.asarray(x), shape)
-        else:
-            outputs.append((value, n_in + n_imm + x, op))
+        if value in used_outside:
+            kind, x = refs[value]
+            if kind == "imm":
+                b.values[value] = Splat(np.asarray(x), shape)
+            else:
+                outputs.append((value, first_result + x, op))
     if not outputs:
         return
     tile_mapping = b.linear_mapping(size, outputs[0][0].type.dtype)
@@ -112,19 +98,13 @@ def lower_cluster(b: Builder, cluster: Cluster, used_outside: set) -> None:
         t = b.tensor(f"{op.name}@{op.loc}", shape, value.type.dtype, tile_mapping)
         b.values[value] = View(t)
         tensors.append((reg, t))
-    kernel = codelets.ElementwiseChain(tuple(inputs) + tuple(np.asarray(i) for i in immediates),
-                                       program, tuple(tensors), shape)
     names = [i.op for i in program]
     dtype = tensors[0][1].dtype
-    codelet = f"ElementwiseChain<{dtype.name}>[{','.join(names)}]"
-    vertices = []
-    for tile in tile_mapping.tiles_used():
-        intervals = tile_mapping.intervals_on(tile)
-        n = int((intervals[:, 1] - intervals[:, 0]).sum())
-        reads = tuple(Region(v.tensor, intervals if v.size == size else np.array([[0, 1]])) for v in inputs)
-        writes = tuple(Region(t, intervals) for _, t in tensors)
-        vertices.append(Vertex(codelet, int(tile), reads, writes,
-                               cost.elementwise_cycles(b.target, n, dtype, names)))
+    kernel = codelets.ElementwiseChain(tuple(views) + tuple(np.asarray(i) for i in immediates),
+                                       program, tuple(tensors), shape)
+    vertices = b.vertices_over(f"ElementwiseChain<{dtype.name}>[{','.join(names)}]",
+                               [t for _, t in tensors], views,
+                               lambda n: cost.elementwise_cycles(b.target, n, dtype, names))
     b.flops += size * len(program)
     b.transcendentals += size * sum(name in cost.TRANSCENDENTAL for name in names)
     b.execute(f"fused {'+'.join(dict.fromkeys(names))} @{cluster.ops[-1].loc}", kernel, vertices)

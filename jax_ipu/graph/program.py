@@ -14,7 +14,8 @@ from jax_ipu.graph.views import View
 @dataclasses.dataclass(eq=False)
 class Program:
     name: str
-    target_name: str
+    target_name: str                   # the Target it was compiled for: name and tile count
+    num_tiles: int
     tensors: list[Tensor]              # tensors[i].id == i
     body: Sequence                     # streams in, compute and exchange, streams out
     inputs: list[Tensor]

@@ -138,9 +138,9 @@ class Engine:
         self._loaded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def load(self, program: Program) -> _Loaded:
-        if program.target_name != self.target.name:
-            raise IpuRuntimeError(f"program {program.name} was compiled for {program.target_name}, "
-                                  f"not for this {self.target.describe()}")
+        if (program.target_name, program.num_tiles) != (self.target.name, self.target.num_tiles):
+            raise IpuRuntimeError(f"program {program.name} was compiled for {program.target_name} with "
+                                  f"{program.num_tiles} tiles, not for this {self.target.describe()}")
         loaded = self._loaded.get(program)
         if loaded is None:
             loaded = self._loaded[program] = _Loaded(program)

@@ -92,6 +92,27 @@ def test_inlined_calls_and_identities():
     assert_matches_cpu(f, np.linspace(-3, 3, 11, dtype=np.float32), rtol=1e-5)
 
 
+@pytest.mark.parametrize("shardy", [True, False], ids=["sdy", "gspmd"])
+def test_sharding_constraints_are_identities(shardy):
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    mesh = Mesh(np.array(jax.devices("cpu")[:1]), ("x",))
+    sharding = NamedSharding(mesh, PartitionSpec("x"))
+
+    def f(a):
+        return lax.with_sharding_constraint(a * 2, sharding) + 1
+    previous = jax.config.jax_use_shardy_partitioner
+    jax.config.update("jax_use_shardy_partitioner", shardy)
+    try:
+        module = lower(f, np.ones(8, np.float32))
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", previous)
+    names = {op.name for op in module.main.body.ops}
+    assert names & {"sdy.sharding_constraint", "custom_call"}
+    program = compile_module(module, SMALL)
+    out = Engine(SMALL).run(program, [np.arange(8, dtype=np.float32)])
+    np.testing.assert_array_equal(out[0], np.arange(8) * 2 + 1)
+
+
 def test_outputs_that_are_inputs_or_repeated():
     x = np.arange(5, dtype=np.int32)
     out = run_ipu(lambda x: (x, x + 1, x + 1, jnp.int32(7)), x)

@@ -43,8 +43,9 @@ def test_inputs_are_checked():
         engine.run(program, [np.zeros((2, 3), np.int32)])
     with pytest.raises(IpuRuntimeError, match=r"expected float32\[2, 3\], got float32\[3, 2\]"):
         engine.run(program, [np.zeros((3, 2), np.float32)])
-    with pytest.raises(IpuRuntimeError, match="compiled for ipu2"):
-        Engine(get_target("ipu1", num_tiles=16)).run(program, [np.zeros((2, 3), np.float32)])
+    for other in (get_target("ipu1", num_tiles=16), get_target("ipu2", num_tiles=32)):
+        with pytest.raises(IpuRuntimeError, match="compiled for ipu2 with 16 tiles"):
+            Engine(other).run(program, [np.zeros((2, 3), np.float32)])
 
 
 def test_last_run_records_steps_cycles_and_exchange():
@@ -74,14 +75,14 @@ def _chain(b: Builder, name, inputs, ops, out):
     kernel = codelets.ElementwiseChain(tuple(inputs), instructions,
                                        ((len(inputs) + len(ops) - 1, out),), out.shape)
     views = [i for i in inputs if isinstance(i, View)]
-    b.execute(name, kernel, b.vertices_over("Chain", out, views, lambda n: 11 + n))
+    b.execute(name, kernel, b.vertices_over("Chain", [out], views, lambda n: 11 + n))
     return b.steps.pop()
 
 
 def _program(b: Builder, inputs, outputs, steps) -> Program:
     body = Sequence([HostToDevice(i, t) for i, t in enumerate(inputs)] + steps
                     + [DeviceToHost(i, v) for i, v in enumerate(outputs)])
-    return Program("hand-built", SMALL.name, b.tensors, body, inputs, outputs,
+    return Program("hand-built", SMALL.name, SMALL.num_tiles, b.tensors, body, inputs, outputs,
                    [None] * len(inputs), [None] * len(outputs), aliases={})
 
 
