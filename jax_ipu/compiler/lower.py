@@ -47,7 +47,10 @@ def lower(b: Builder, flat: FlatFunction, nodes: list) -> None:
             continue
         rule = RULES.get(node.name)
         if rule is None:
-            raise IpuUnimplementedError.for_op(node, "this op is not supported by jax-ipu yet",
+            what = "this op"
+            if node.name == "custom_call":
+                what = f"custom_call @{node.attrs.get('call_target_name')}"
+            raise IpuUnimplementedError.for_op(node, f"{what} is not supported by jax-ipu yet",
                                                "File an issue, or avoid the op in this program")
         if any(isinstance(v.type, ir.TokenType) for v in node.operands + node.results):
             raise IpuUnimplementedError.for_op(node, "tokens (side effects) are not supported yet",

@@ -54,7 +54,7 @@ _TARGETS = {
                    fp32_flops_per_cycle=16, fp16_flops_per_cycle=64),
     "ipu2": Target("ipu2", num_tiles=1472, bytes_per_tile=624 * 1024, clock_hz=1.33e9),
     "ipu21": Target("ipu21", num_tiles=1472, bytes_per_tile=624 * 1024, clock_hz=1.85e9,
-                    host_link_bytes_per_second=100e9 / 8),
+                    host_link_bytes_per_second=100e9 / 8),   # 100 GbE RoCE (Bow-2000; unverified)
 }
 
 

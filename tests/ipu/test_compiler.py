@@ -154,6 +154,14 @@ def test_unsupported_op_names_op_location_and_advice():
     assert "not supported by jax-ipu yet" in message and "issue" in message
 
 
+def test_unknown_custom_call_is_named():
+    module = lower(lambda x: x + 1, np.ones(3, np.float32))
+    op = module.main.body.ops[-1]
+    op.name, op.attrs = "custom_call", {"call_target_name": "lapack_sgesdd"}
+    with pytest.raises(IpuUnimplementedError, match="custom_call @lapack_sgesdd is not supported"):
+        compile_module(module, SMALL)
+
+
 def test_variadic_reduce_is_a_clear_error():
     module = lower(lambda x: jnp.argmax(x), np.ones(5, np.float32))
     with pytest.raises(IpuUnimplementedError, match=r"stablehlo.reduce at .*test_compiler.py.*2 operand"):
