@@ -665,14 +665,13 @@ cdef PJRT_Error* event_error(PJRT_Event* ev) noexcept nogil:
         return NULL
     return make_error(ev.code, ev.message, ev.message_size)
 
-cdef void event_set(PJRT_Event* ev, int code, const char* msg, size_t size) noexcept nogil:
-    """Completes the event once; waiters run on this thread, without the GIL."""
+cdef Waiter* event_complete(PJRT_Event* ev, int code, const char* msg, size_t size) noexcept nogil:
+    """Completes the event once; returns the waiters the caller must run."""
     cdef Waiter* w
-    cdef Waiter* nxt
     pthread_mutex_lock(&ev.lock)
     if ev.ready:
         pthread_mutex_unlock(&ev.lock)
-        return
+        return NULL
     if code != CODE_OK:
         ev.message = <char*>malloc(size + 1)
         memcpy(ev.message, msg, size)
@@ -684,11 +683,18 @@ cdef void event_set(PJRT_Event* ev, int code, const char* msg, size_t size) noex
     ev.waiters = NULL
     pthread_cond_broadcast(&ev.done)
     pthread_mutex_unlock(&ev.lock)
+    return w
+
+cdef void run_waiters(PJRT_Event* ev, Waiter* w) noexcept nogil:
+    cdef Waiter* nxt
     while w != NULL:
         nxt = w.next
         w.callback(event_error(ev), w.user_arg)
         free(w)
         w = nxt
+
+cdef void event_set(PJRT_Event* ev, int code, const char* msg, size_t size) noexcept nogil:
+    run_waiters(ev, event_complete(ev, code, msg, size))
 
 cdef void event_wait(PJRT_Event* ev) noexcept nogil:
     pthread_mutex_lock(&ev.lock)
@@ -713,14 +719,18 @@ cdef class Event:
         cdef int code = CODE_OK
         cdef const char* p
         cdef size_t n
+        cdef Waiter* waiters
         if error is not None:
             code = CODES.get(getattr(error, "pjrt_code", None), CODE_INTERNAL)
             text = str(error) if getattr(error, "pjrt_code", None) else f"{type(error).__name__}: {error}"
             msg = text.encode("utf-8", "replace")
         p = msg
         n = len(msg)
-        with nogil:
-            event_set(self.ev, code, p, n)
+        waiters = event_complete(self.ev, code, p, n)
+        if waiters != NULL:
+            # The framework's callbacks run without the GIL: they may block.
+            with nogil:
+                run_waiters(self.ev, waiters)
 
     @property
     def is_ready(self):

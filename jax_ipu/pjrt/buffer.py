@@ -38,22 +38,38 @@ def check_ipu_dtype(dtype: np.dtype) -> None:
             f"JAX_ENABLE_X64 off)")
 
 
-class DeviceBuffer:
-    __slots__ = ("device", "dtype", "shape", "dims", "pjrt_type", "nbytes", "ready",
-                 "_array", "_error")
+class ArraySpec:
+    """What a buffer's C handle reports: computed once per shape, shared by
+    every buffer of it (executables make one per output at compile time)."""
 
-    def __init__(self, device, dtype: np.dtype, shape: tuple[int, ...], array=None):
-        self.device = device
+    __slots__ = ("dtype", "shape", "dims", "pjrt_type", "nbytes")
+
+    def __init__(self, dtype: np.dtype, shape: tuple[int, ...]):
         self.dtype = np.dtype(dtype)
-        self.shape = tuple(shape)
-        self.dims = np.asarray(self.shape, dtype=np.int64)
+        self.shape = tuple(int(d) for d in shape)
+        self.dims = np.asarray(self.shape, dtype=np.int64)  # the C side points into it
+        self.dims.flags.writeable = False
         self.pjrt_type = pjrt_type(self.dtype)
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+class DeviceBuffer:
+    __slots__ = ("device", "spec", "ready", "_array", "_error")
+
+    def __init__(self, device, spec: ArraySpec, array=None):
+        self.device = device
+        self.spec = spec
         self.ready = Event()
         self._array = None
         self._error = None
         if array is not None:
             self.fulfil(array)
+
+    dtype = property(lambda self: self.spec.dtype)
+    shape = property(lambda self: self.spec.shape)
+    dims = property(lambda self: self.spec.dims)
+    pjrt_type = property(lambda self: self.spec.pjrt_type)
+    nbytes = property(lambda self: self.spec.nbytes)
 
     @property
     def device_id(self) -> int:
@@ -112,7 +128,7 @@ class DeviceBuffer:
         not the host link)."""
         if device is self.device:
             raise IpuInvalidArgument(f"the buffer is already on {device.to_string}")
-        out = DeviceBuffer(device, self.dtype, self.shape)
+        out = DeviceBuffer(device, self.spec)
 
         def copy():
             self.ready.wait()

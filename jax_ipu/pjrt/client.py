@@ -7,7 +7,7 @@ import jax_ipu
 from jax_ipu import config as config_lib
 from jax_ipu.errors import IpuInvalidArgument
 from jax_ipu.model.targets import get_target
-from jax_ipu.pjrt.buffer import DeviceBuffer, check_ipu_dtype
+from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer, check_ipu_dtype
 from jax_ipu.pjrt.device import Device
 from jax_ipu.pjrt.executable import Executable, device_assignment_ids, fingerprint
 
@@ -64,7 +64,7 @@ class Client:
         device = self.device(device_id)
         data = np.array(array, order="C", copy=True)  # the caller's memory is only lent
         device.transfers.host_to_device += data.nbytes
-        return DeviceBuffer(device, data.dtype, data.shape, data)
+        return DeviceBuffer(device, ArraySpec(data.dtype, data.shape), data)
 
     def copy_buffer(self, buffer: DeviceBuffer, device_id: int) -> DeviceBuffer:
         return buffer.copy_to_device(self.device(device_id))

@@ -7,7 +7,7 @@ import numpy as np
 
 from jax_ipu.errors import IpuInvalidArgument
 from jax_ipu.pjrt._capi import Event
-from jax_ipu.pjrt.buffer import DeviceBuffer, pjrt_type
+from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer
 
 
 def _varints(data: bytes):
@@ -72,8 +72,11 @@ class Executable:
         self.logical_ids = [(r, p) for r in range(self.num_replicas) for p in range(self.num_partitions)]
         self.device_ids = [assignment[r][p] for r, p in self.logical_ids]
         self.serialized_device_assignment = serialized_assignment
-        self.output_types = [pjrt_type(t.dtype) for t in program.output_types]
-        self.output_shapes = [tuple(t.shape) for t in program.output_types]
+        self.output_specs = [ArraySpec(t.dtype, t.shape) for t in program.output_types]
+        self.output_types = [spec.pjrt_type for spec in self.output_specs]
+        self.output_shapes = [spec.shape for spec in self.output_specs]
+        self.input_specs = [(tuple(t.shape), t.dtype) for t in program.input_types]
+        self.donated = sorted(set(program.aliases.values()))
         self.num_params = len(program.input_types)
         self.cost_analysis = {k: float(v) for k, v in program.cost_analysis().items()}
         self.memory_stats = program.memory_stats()
@@ -89,12 +92,12 @@ class Executable:
         if len(args) != len(ids):
             raise IpuInvalidArgument(f"{self.name} runs on {len(ids)} IPUs but got argument "
                                      f"lists for {len(args)}")
-        donated = sorted(set(self.program.aliases.values()) - non_donatable)
+        donated = [i for i in self.donated if i not in non_donatable] if non_donatable else self.donated
         outputs, events = [], []
         for device_id, row in zip(ids, args):
             device = self.client.device(device_id)
             self._check_arguments(row, device)
-            outs = [DeviceBuffer(device, t.dtype, t.shape) for t in self.program.output_types]
+            outs = [DeviceBuffer(device, spec) for spec in self.output_specs]
             done = Event()
             device.worker.submit(_Run(self.program, device, row, donated, outs, done))
             outputs.append(outs)
@@ -102,13 +105,13 @@ class Executable:
         return outputs, events, donated
 
     def _check_arguments(self, row: list[DeviceBuffer], device) -> None:
-        types = self.program.input_types
-        if len(row) != len(types):
-            raise IpuInvalidArgument(f"{self.name} takes {len(types)} arguments, got {len(row)}")
-        for i, (buf, t) in enumerate(zip(row, types)):
-            if buf.shape != tuple(t.shape) or buf.dtype != t.dtype:
-                raise IpuInvalidArgument(
-                    f"argument {i} of {self.name}: expected {t}, got {buf.dtype}{list(buf.shape)}")
+        specs = self.input_specs
+        if len(row) != len(specs):
+            raise IpuInvalidArgument(f"{self.name} takes {len(specs)} arguments, got {len(row)}")
+        for i, (buf, (shape, dtype)) in enumerate(zip(row, specs)):
+            if buf.spec.shape != shape or buf.spec.dtype != dtype:
+                raise IpuInvalidArgument(f"argument {i} of {self.name}: expected {dtype.name}{list(shape)}, "
+                                         f"got {buf.dtype.name}{list(buf.shape)}")
             if buf.device is not device:
                 raise IpuInvalidArgument(f"argument {i} of {self.name} is on {buf.device.to_string}, "
                                          f"not on {device.to_string}")
@@ -126,7 +129,8 @@ class _Run:
     def __call__(self) -> None:
         try:
             for buf in self.args:
-                buf.ready.wait()
+                if not buf.ready.is_ready:
+                    buf.ready.wait()
             inputs = [buf.array() for buf in self.args]
             for i in self.donated:
                 self.args[i].take()
