@@ -38,9 +38,11 @@ def elementwise_cycles(target: Target, n: int, dtype: np.dtype, ops: list[str]) 
     return target.supervisor_cycles + worker_cycles(target, n, per_vector, target.vector_width(dtype))
 
 
-def matmul_cycles(target: Target, macs: float, dtype: np.dtype) -> float:
-    """AMP: about amp_fixed_cycles + macs / (flops per cycle / 2); integers
-    have no AMP and go one multiply-add a cycle per worker."""
+def matmul_cycles(target: Target, macs, dtype: np.dtype):
+    """A tile's partial product of `macs` multiply-adds (a number or an
+    array of them). AMP: amp_fixed_cycles + macs / (flops per cycle / 2);
+    integers have no AMP: one multiply-add a cycle (six workers, each
+    issuing every sixth cycle)."""
     if dtype.kind == "f":
         rate = target.fp16_flops_per_cycle if dtype.itemsize == 2 else target.fp32_flops_per_cycle
         return target.amp_fixed_cycles + macs / (rate / 2)

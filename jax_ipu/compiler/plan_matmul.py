@@ -9,6 +9,7 @@ import dataclasses
 
 import numpy as np
 
+from jax_ipu.compiler.cost import matmul_cycles
 from jax_ipu.model.targets import Target
 
 
@@ -54,12 +55,7 @@ def plan_matmul(target: Target, batch: int, m: int, n: int, k: int, in_dtype: np
     pb, pm, pn, pk = pb[fits_tiles], pm[fits_tiles], pn[fits_tiles], pk[fits_tiles]
     bb, mb, nb, kc = np.ceil(batch / pb), np.ceil(m / pm), np.ceil(n / pn), k / pk
     item, acc = np.dtype(in_dtype).itemsize, np.dtype(acc_dtype).itemsize
-    macs = bb * mb * nb * kc
-    if np.dtype(in_dtype).kind == "f":
-        rate = target.fp16_flops_per_cycle if item == 2 else target.fp32_flops_per_cycle
-        compute = target.amp_fixed_cycles + macs / (rate / 2)
-    else:
-        compute = target.supervisor_cycles + macs
+    compute = matmul_cycles(target, bb * mb * nb * kc, np.dtype(in_dtype))
     operand_bytes = (bb * mb * kc + bb * kc * nb) * item
     exchange = target.exchange_fixed_cycles + operand_bytes / target.exchange_bytes_per_cycle
     per_tile_out = np.ceil(batch * m * n / tiles)

@@ -31,9 +31,9 @@ class Target:
     sync_cycles: int = 600                  # global sync (unverified; a parameter)
     host_link_bytes_per_second: float = 64e9
     supervisor_cycles: int = 11             # element-wise vertex overhead
-    amp_cycles_per_row: int = 4             # AMP [N,16]x[16,16]: 4N + 330 cycles
+    # AMP [N,16]x[16,16] in fp16 takes 4N + 330 cycles: 256N multiply-adds
+    # at fp16_flops_per_cycle / 2 a cycle, plus this fixed cost.
     amp_fixed_cycles: int = 330
-    amp_block: int = 16
     vertex_state_bytes: int = 32            # per vertex, always-live
     code_bytes_per_codelet: int = 1024      # per codelet kind on a tile
 
