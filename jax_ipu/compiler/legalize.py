@@ -51,9 +51,10 @@ def _inline(module, block: ir.Block, env: dict, out: list, depth: int) -> list[i
         else:
             for value in list(op.operands) + list(op.results):
                 _check_type(value.type, op, None)
-            clone = ir.Op(op.name, operands, op.results, op.attrs, op.regions, op.loc)
-            out.append(clone)
-            env.update((r, r) for r in op.results)
+            # A function called twice is inlined twice: its results need new values.
+            results = [ir.Value(r.type) for r in op.results] if depth else op.results
+            out.append(ir.Op(op.name, operands, results, op.attrs, op.regions, op.loc))
+            env.update(zip(op.results, results))
     return [env[v] for v in block.results]
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from jax_ipu.graph import codelets
 from jax_ipu.graph.views import View
-from jax_ipu.model import elementwise
+from jax_ipu.model import blas, elementwise
 
 REDUCE_UFUNCS = {"add": np.add, "multiply": np.multiply, "maximum": np.maximum,
                  "minimum": np.minimum, "and": np.bitwise_and, "or": np.bitwise_or,
@@ -106,8 +106,7 @@ def _build_matmul(k: codelets.MatMulPartials):
         a = lhs(state).astype(acc, copy=False)
         b = rhs(state).astype(acc, copy=False)
         out = np.empty((chunks, batch, m, n), dtype=acc)
-        for j in range(chunks):     # one BLAS call per K-chunk, on strided blocks
-            np.matmul(a[:, :, j * size:(j + 1) * size], b[:, j * size:(j + 1) * size, :], out=out[j])
+        blas.matmul_blocks(a, b, out, chunks, size)
         state[tid] = out
     return run
 
