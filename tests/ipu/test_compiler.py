@@ -166,3 +166,28 @@ def test_variadic_reduce_is_a_clear_error():
     module = lower(lambda x: jnp.argmax(x), np.ones(5, np.float32))
     with pytest.raises(IpuUnimplementedError, match=r"stablehlo.reduce at .*test_compiler.py.*2 operand"):
         compile_module(module, SMALL)
+
+
+def test_mlp_training_step():
+    """Forward and backward of a small MLP (relu called per layer, so the
+    same function is inlined twice), against JAX's CPU backend."""
+    rng = np.random.default_rng(0)
+    sizes = [20, 16, 16, 4]
+    params = [((rng.standard_normal((m, n)) / np.sqrt(m)).astype(np.float32), np.zeros(n, np.float32))
+              for m, n in zip(sizes[:-1], sizes[1:])]
+    x = rng.standard_normal((8, 20)).astype(np.float32)
+    y = np.eye(4, dtype=np.float32)[rng.integers(0, 4, 8)]
+
+    def loss(params, x, y):
+        h = x
+        for w, b in params[:-1]:
+            h = jax.nn.relu(h @ w + b)
+        w, b = params[-1]
+        return -jnp.mean(jnp.sum(jax.nn.log_softmax(h @ w + b) * y, axis=-1))
+
+    leaves, tree = jax.tree.flatten(params)
+
+    def step(*args):
+        value, grads = jax.value_and_grad(loss)(jax.tree.unflatten(tree, args[:-2]), *args[-2:])
+        return [value] + [p - 0.1 * g for p, g in zip(args[:-2], jax.tree.leaves(grads))]
+    assert_matches_cpu(step, *leaves, x, y, rtol=1e-5, atol=1e-6)
