@@ -28,7 +28,8 @@ def _canonical(b: Builder, op: ir.Op, value: ir.Value, order: list[int], shape3)
 
 
 def _rows(first: np.ndarray, length: int) -> np.ndarray:
-    return np.stack([first, first + length], axis=1)
+    """[k, 2] intervals of `length` elements starting at each of `first`."""
+    return first[:, None] + np.array([0, length])
 
 
 def dot_general(b: Builder, op: ir.Op) -> None:
@@ -64,22 +65,26 @@ def dot_general(b: Builder, op: ir.Op) -> None:
                         TileMapping.from_element_tiles(tile_of))
     vertices = []
     codelet = f"MatMulPartial<{lhs_t.dtype.name},{acc.name}>"
+    lhs_regions: dict = {}    # (k-chunk, batch block, row block) -> intervals read
+    rhs_regions: dict = {}    # (k-chunk, batch block, column block) -> intervals read
     for kk in range(pk):
+        ks = np.arange(kk * kc, (kk + 1) * kc)
         for b0 in range(0, batch, bb):
+            bs = np.arange(b0, min(b0 + bb, batch))
             for m0 in range(0, m, mb):
+                ms = np.arange(m0, min(m0 + mb, m))
+                lhs_key = (kk, b0, m0)
+                lhs_regions[lhs_key] = _rows(((bs[:, None] * m + ms) * k + kk * kc).ravel(), kc)
+                out_rows = (((kk * batch + bs[:, None]) * m + ms) * n).ravel()
                 for n0 in range(0, n, nb):
-                    b1, m1, n1 = min(b0 + bb, batch), min(m0 + mb, m), min(n0 + nb, n)
-                    tile = int(tile_of[kk, b0, m0, n0])
-                    bs, ms = np.arange(b0, b1), np.arange(m0, m1)
-                    ks = np.arange(kk * kc, (kk + 1) * kc)
-                    lhs_rows = ((bs[:, None] * m + ms[None, :]) * k + kk * kc).ravel()
-                    rhs_rows = ((bs[:, None] * k + ks[None, :]) * n + n0).ravel()
-                    out_rows = (((kk * batch + bs[:, None]) * m + ms[None, :]) * n + n0).ravel()
-                    macs = (b1 - b0) * (m1 - m0) * (n1 - n0) * kc
-                    vertices.append(Vertex(codelet, tile,
-                                           (Region(lhs.tensor, _rows(lhs_rows, kc)),
-                                            Region(rhs.tensor, _rows(rhs_rows, n1 - n0))),
-                                           (Region(partials, _rows(out_rows, n1 - n0)),),
+                    width = min(n0 + nb, n) - n0
+                    if (kk, b0, n0) not in rhs_regions:
+                        rhs_regions[kk, b0, n0] = _rows(((bs[:, None] * k + ks) * n + n0).ravel(), width)
+                    macs = len(bs) * len(ms) * width * kc
+                    vertices.append(Vertex(codelet, int(tile_of[kk, b0, m0, n0]),
+                                           (Region(lhs.tensor, lhs_regions[lhs_key]),
+                                            Region(rhs.tensor, rhs_regions[kk, b0, n0])),
+                                           (Region(partials, _rows(out_rows + n0, width)),),
                                            int(cost.matmul_cycles(b.target, macs, lhs_t.dtype))))
     b.execute(f"matmul {name_of(op)} {pb}x{pm}x{pn}x{pk} tiles", codelets.MatMulPartials(lhs, rhs, partials),
               vertices)
@@ -100,7 +105,7 @@ def _reduce_partials(b: Builder, op: ir.Op, partials: View, out: Tensor) -> None
     codelet = f"ReduceAdd<{partials.dtype.name},{out.dtype.name}>"
     for tile in out.mapping.tiles_used():
         intervals = out.mapping.intervals_on(tile)
-        reads = np.concatenate([intervals + j * size for j in range(count)])
+        reads = (intervals[None] + (np.arange(count) * size)[:, None, None]).reshape(-1, 2)
         n = int((intervals[:, 1] - intervals[:, 0]).sum())
         vertices.append(Vertex(codelet, int(tile), (Region(partials.tensor, reads),),
                                (Region(out, intervals),), cost.reduce_cycles(b.target, n * count, partials.dtype)))

@@ -10,7 +10,7 @@ class TileMapping:
     by tiles[i]; sorted, touching, covering every element exactly once for a
     valid mapping (graph.validate checks that)."""
 
-    __slots__ = ("size", "tiles", "starts", "stops", "_element_tiles")
+    __slots__ = ("size", "tiles", "starts", "stops", "_element_tiles", "_by_tile")
 
     def __init__(self, size: int, tiles, starts, stops):
         self.size = size
@@ -18,6 +18,7 @@ class TileMapping:
         self.starts = np.asarray(starts, dtype=np.int64)
         self.stops = np.asarray(stops, dtype=np.int64)
         self._element_tiles = None
+        self._by_tile = None
 
     @classmethod
     def linear(cls, size: int, num_tiles: int, grain: int = 1, min_elements_per_tile: int = 1,
@@ -57,12 +58,22 @@ class TileMapping:
         return np.bincount(self.tiles, weights=self.stops - self.starts, minlength=num_tiles).astype(np.int64)
 
     def tiles_used(self) -> np.ndarray:
-        return np.unique(self.tiles)
+        return np.array(sorted(self._intervals_by_tile()), dtype=np.int64)
 
     def intervals_on(self, tile: int) -> np.ndarray:
         """[k, 2] array of this tile's intervals."""
-        on = self.tiles == tile
-        return np.stack([self.starts[on], self.stops[on]], axis=1)
+        return self._intervals_by_tile().get(int(tile), np.zeros((0, 2), dtype=np.int64))
+
+    def _intervals_by_tile(self) -> dict[int, np.ndarray]:
+        """tile -> its intervals, built once (mappings never change)."""
+        if self._by_tile is None:
+            order = np.argsort(self.tiles, kind="stable")
+            tiles = self.tiles[order]
+            pairs = np.stack([self.starts[order], self.stops[order]], axis=1)
+            cuts = np.flatnonzero(np.diff(tiles)) + 1
+            self._by_tile = {int(group[0]): part for group, part in
+                             zip(np.split(tiles, cuts), np.split(pairs, cuts))} if len(tiles) else {}
+        return self._by_tile
 
     def __repr__(self) -> str:
         return f"TileMapping({self.size} elements, {len(self.tiles)} intervals on {len(self.tiles_used())} tiles)"
