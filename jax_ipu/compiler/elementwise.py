@@ -16,7 +16,7 @@ from jax_ipu.graph.views import View
 from jax_ipu.model import elementwise
 
 # Attributes an element-wise op's semantics depend on.
-_ATTRS = ("comparison_direction", "compare_type")
+SEMANTIC_ATTRS = ("comparison_direction", "compare_type")
 
 
 def _check(op: ir.Op) -> None:
@@ -64,7 +64,7 @@ def lower_cluster(b: Builder, cluster: Cluster, used_outside: set) -> None:
         _check(op)
         args = [operand(v) for v in op.operands]
         dtype = op.results[0].type.dtype
-        attrs = tuple(sorted((k, op.attrs[k]) for k in _ATTRS if k in op.attrs))
+        attrs = tuple(sorted((k, op.attrs[k]) for k in SEMANTIC_ATTRS if k in op.attrs))
         if all(kind == "imm" for kind, _ in args):   # fold ops on constants
             refs[op.results[0]] = ("imm", evaluate(op.name, [a for _, a in args], dtype, dict(attrs)))
         else:

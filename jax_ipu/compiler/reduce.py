@@ -1,7 +1,10 @@
-"""reduce: the operand rearranged to [kept, reduced] (a Copy when that is a
+"""reduce: each operand rearranged to [kept, reduced] (a Copy when that is a
 layout change), partial reductions of equal chunks spread over tiles, then a
 cross-tile stage combining each output's partials and the init value in a
-fixed order. fp16 sums and products accumulate in fp32."""
+fixed order. A body of one op (add, max, ...) on one operand reduces with
+that op, fp16 sums and products accumulating in fp32; any other body of
+element-wise ops (argmax's compare-and-select over values and indices) is
+applied pairwise in a tree."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,30 +12,46 @@ import numpy as np
 from jax_ipu import ir
 from jax_ipu.compiler import cost
 from jax_ipu.compiler.builder import Builder, ScalarBroadcast, Splat
+from jax_ipu.compiler.elementwise import SEMANTIC_ATTRS
 from jax_ipu.compiler.layout import copy_to_new, name_of
 from jax_ipu.compiler.mapping import MIN_BYTES_PER_TILE, spread
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
 from jax_ipu.graph.compute import Region, Vertex
 from jax_ipu.graph.views import View
+from jax_ipu.model.elementwise import ELEMENTWISE_OPS
 
-# Bodies a reduction may have: their one op (applied to the two block
-# arguments) names the combining function.
-REDUCIBLE = {"add", "multiply", "maximum", "minimum", "and", "or", "xor"}
+# Bodies of one op on one operand that reduce with a numpy ufunc.
+SINGLE_OP = {"add", "multiply", "maximum", "minimum", "and", "or", "xor"}
 
 
-def _body_op(op: ir.Op) -> str:
-    body = op.regions[0] if op.regions else None
-    if (len(op.operands) != 2 or body is None or len(body.ops) != 1 or len(body.results) != 1
-            or body.ops[0].name not in REDUCIBLE or body.results[0] is not body.ops[0].results[0]
-            or set(body.ops[0].operands) != set(body.args) or len(body.args) != 2):
-        what = ", ".join(o.name for o in body.ops) if body else "nothing"
-        raise IpuUnimplementedError.for_op(
-            op, f"reductions of {len(op.operands) // 2} operand(s) with a body of ({what}) are not "
-                "supported yet (only one operand combined by add, multiply, maximum, minimum, and, "
-                "or, xor)", "Rewrite the reduction (e.g. argmax as max then a masked min of iota), "
-                            "or file an issue")
-    return body.ops[0].name
+def _single_op(body: ir.Block) -> str | None:
+    if (len(body.args) == 2 and len(body.ops) == 1 and len(body.results) == 1
+            and body.ops[0].name in SINGLE_OP and body.results[0] is body.ops[0].results[0]
+            and set(body.ops[0].operands) == set(body.args)):
+        return body.ops[0].name
+    return None
+
+
+def _body_program(op: ir.Op, body: ir.Block) -> tuple[tuple, tuple]:
+    """The body as (instructions, result registers) for a TreeReduce."""
+    registers = {arg: i for i, arg in enumerate(body.args)}
+    program = []
+    for inner in body.ops:
+        dtype = inner.results[0].type.dtype
+        if inner.name == "constant":
+            value = np.asarray(inner.attrs["value"]).astype(dtype).reshape(())
+            program.append(codelets.Instruction("constant", (), dtype, (("value", value),)))
+        elif inner.name in ELEMENTWISE_OPS and all(v in registers for v in inner.operands):
+            attrs = tuple(sorted((k, inner.attrs[k]) for k in SEMANTIC_ATTRS if k in inner.attrs))
+            program.append(codelets.Instruction(inner.name, tuple(registers[v] for v in inner.operands),
+                                                dtype, attrs))
+        else:
+            raise IpuUnimplementedError.for_op(
+                op, f"a reduction body with stablehlo.{inner.name} is not supported (bodies may hold "
+                    "element-wise ops and constants on the block's arguments)", "File an issue")
+        registers[inner.results[0]] = len(body.args) + len(program) - 1
+    return tuple(program), tuple(registers[v] for v in body.results)
 
 
 def _chunks(reduced: int, kept: int, tiles: int, min_chunk: int) -> int:
@@ -44,59 +63,76 @@ def _chunks(reduced: int, kept: int, tiles: int, min_chunk: int) -> int:
     return max(d for d in range(1, limit + 1) if reduced % d == 0)
 
 
+def _init_source(lowered) -> View | np.ndarray:
+    """A reduction's init value: an immediate, or a one-element view."""
+    if isinstance(lowered, Splat):
+        return lowered.value
+    return lowered.scalar if isinstance(lowered, ScalarBroadcast) else lowered.then("reshape", ())
+
+
 def reduce(b: Builder, op: ir.Op) -> None:
-    combine = _body_op(op)
-    x_t, out_t = op.operands[0].type, op.results[0].type
+    n = len(op.operands) // 2
+    body = op.regions[0]
+    single = _single_op(body) if n == 1 else None
+    program, results = _body_program(op, body) if single is None else ((), ())
+    x_t = op.operands[0].type
     dims = sorted(op.attrs["dimensions"])
     kept_dims = [d for d in range(len(x_t.shape)) if d not in dims]
     kept = int(np.prod([x_t.shape[d] for d in kept_dims], dtype=np.int64))
     reduced = int(np.prod([x_t.shape[d] for d in dims], dtype=np.int64))
-    init = b.values[op.operands[1]]
+    inits = [b.values[v] for v in op.operands[n:]]
     if reduced == 0 or kept == 0:
-        b.values[op.results[0]] = (Splat(init.value, out_t.shape) if isinstance(init, Splat)
-                                   else ScalarBroadcast(init.then("reshape", ()), out_t.shape))
+        for result, init in zip(op.results, inits):
+            b.values[result] = (Splat(init.value, result.type.shape) if isinstance(init, Splat)
+                                else ScalarBroadcast(_init_source(init), result.type.shape))
         return
-    x = b.view(op.operands[0], name_of(op))
-    order = kept_dims + dims
-    if order != sorted(order):
-        x = copy_to_new(b, op, x.then("transpose", tuple(order)))
-    dtype = out_t.dtype
-    acc = np.dtype(np.float32) if dtype == np.float16 and combine in ("add", "multiply") else dtype
-    chunks = _chunks(reduced, kept, b.target.num_tiles, max(1, MIN_BYTES_PER_TILE // dtype.itemsize))
+    dtypes = [r.type.dtype for r in op.results]
+    chunks = _chunks(reduced, kept, b.target.num_tiles,
+                     max(1, MIN_BYTES_PER_TILE // max(d.itemsize for d in dtypes)))
     size = reduced // chunks
-    x = x.then("reshape", (kept, chunks, size))
+    xs = []
+    for value in op.operands[:n]:
+        x = b.view(value, name_of(op))
+        if kept_dims + dims != sorted(kept_dims + dims):
+            x = copy_to_new(b, op, x.then("transpose", tuple(kept_dims + dims)))
+        xs.append(x.then("reshape", (kept, chunks, size)))
+    accs = [np.dtype(np.float32) if d == np.float16 and single in ("add", "multiply") else d for d in dtypes]
+    what = single or "+".join(dict.fromkeys(i.op for i in program if i.op != "constant"))
+    per_element = max(1, len(program))
 
     # Several chunks per output: one chunk per tile, while tiles last.
-    partials = b.tensor(f"{name_of(op)}/partials", (kept, chunks), acc,
-                        spread(b.target, kept * chunks) if chunks > 1 else None)
+    mapping = spread(b.target, kept * chunks) if chunks > 1 else b.linear_mapping(kept * chunks, accs[0])
+    partials = [b.tensor(f"{name_of(op)}/partials", (kept, chunks), acc, mapping) for acc in accs]
     vertices = []
-    codelet = f"ReducePartial<{combine},{dtype.name},{acc.name}>"
-    for tile in partials.mapping.tiles_used():
-        intervals = partials.mapping.intervals_on(tile)
-        n = int((intervals[:, 1] - intervals[:, 0]).sum())
-        vertices.append(Vertex(codelet, int(tile), (Region(x.tensor, intervals * size),),
-                               (Region(partials, intervals),),
-                               cost.reduce_cycles(b.target, n * size, dtype)))
-    b.execute(f"reduce {combine} {name_of(op)} partials", codelets.ReducePartials(x, combine, partials),
-              vertices)
+    for tile in mapping.tiles_used():
+        intervals = mapping.intervals_on(tile)
+        count = int((intervals[:, 1] - intervals[:, 0]).sum())
+        vertices.append(Vertex(f"ReducePartial<{what},{dtypes[0].name}>", int(tile),
+                               tuple(Region(x.tensor, intervals * size) for x in xs),
+                               tuple(Region(p, intervals) for p in partials),
+                               cost.reduce_cycles(b.target, count * size * per_element, dtypes[0])))
+    kernel = (codelets.ReducePartials(xs[0], single, partials[0]) if single else
+              codelets.TreeReduce(tuple(xs), 2, program, results, None, tuple(partials)))
+    b.execute(f"reduce {what} {name_of(op)} partials", kernel, vertices)
 
-    out = b.tensor(name_of(op), (kept,), dtype)
-    init_source = init.value if isinstance(init, Splat) else (
-        init.scalar if isinstance(init, ScalarBroadcast) else init.then("reshape", ()))
+    outs = [b.tensor(name_of(op), (kept,), d) for d in dtypes]
+    init_sources = [_init_source(i) for i in inits]
     vertices = []
-    codelet = f"ReduceCombine<{combine},{acc.name},{dtype.name}>"
-    for tile in out.mapping.tiles_used():
-        intervals = out.mapping.intervals_on(tile)
-        n = int((intervals[:, 1] - intervals[:, 0]).sum())
-        reads = [Region(partials, np.stack([intervals[:, 0] * chunks, intervals[:, 1] * chunks], axis=1))]
-        if isinstance(init_source, View):
-            reads.append(Region(init_source.tensor, np.array([[0, 1]])))
-        vertices.append(Vertex(codelet, int(tile), tuple(reads), (Region(out, intervals),),
-                               cost.reduce_cycles(b.target, n * chunks, acc)))
-    b.execute(f"reduce {combine} {name_of(op)}",
-              codelets.ReduceCombine(View(partials), 1, combine, init_source, out), vertices)
-    b.flops += kept * reduced
-    b.values[op.results[0]] = View(out).then("reshape", out_t.shape)
+    for tile in outs[0].mapping.tiles_used():
+        intervals = outs[0].mapping.intervals_on(tile)
+        count = int((intervals[:, 1] - intervals[:, 0]).sum())
+        reads = [Region(p, intervals * chunks) for p in partials]
+        reads += [Region(i.tensor, np.array([[0, 1]])) for i in init_sources if isinstance(i, View)]
+        vertices.append(Vertex(f"ReduceCombine<{what},{accs[0].name},{dtypes[0].name}>", int(tile),
+                               tuple(reads), tuple(Region(o, intervals) for o in outs),
+                               cost.reduce_cycles(b.target, count * chunks * per_element, accs[0])))
+    kernel = (codelets.ReduceCombine(View(partials[0]), 1, single, init_sources[0], outs[0]) if single else
+              codelets.TreeReduce(tuple(View(p) for p in partials), 1, program, results,
+                                  tuple(init_sources), tuple(outs)))
+    b.execute(f"reduce {what} {name_of(op)}", kernel, vertices)
+    b.flops += kept * reduced * per_element
+    for result, out in zip(op.results, outs):
+        b.values[result] = View(out).then("reshape", result.type.shape)
 
 
 RULES = {"reduce": reduce}

@@ -64,3 +64,18 @@ class ReduceCombine:
     op: str
     init: View | np.ndarray | None   # a scalar tensor, an immediate, or None
     out: Tensor
+
+
+@dataclasses.dataclass(eq=False)
+class TreeReduce:
+    """Reduces `inputs` (one per operand of a variadic reduce, e.g. values
+    and indices for argmax) along `axis` by applying `body` pairwise in a
+    tree, then, when `init` is given, body(init..., result...). Body
+    registers: the accumulators, the new values, then instruction results;
+    an instruction "constant" holds its value in attrs."""
+    inputs: tuple[View, ...]
+    axis: int
+    body: tuple[Instruction, ...]
+    results: tuple[int, ...]
+    init: tuple[View | np.ndarray, ...] | None
+    outs: tuple[Tensor, ...]

@@ -30,6 +30,18 @@ def reader(view: View) -> Callable:
     return lambda state: view.apply(lambda t: state[t.id])
 
 
+def _instruction(ins: codelets.Instruction, dtypes: list) -> tuple[Callable, bool]:
+    """(fn(*operands), whether fn is a ufunc taking `out`)."""
+    if ins.op == "constant":
+        value = dict(ins.attrs)["value"]
+        return (lambda: value), False
+    ufunc = elementwise.ufunc_for(ins.op, dtypes[ins.args[0]])
+    if ufunc is not None:
+        return ufunc, True
+    fn, attrs, dtype = elementwise.function_for(ins.op), dict(ins.attrs), ins.dtype
+    return (lambda *a: fn(*a, dtype=dtype, attrs=attrs)), False
+
+
 def _build_chain(k: codelets.ElementwiseChain):
     shape = k.shape
     n_inputs = len(k.inputs)
@@ -53,16 +65,12 @@ def _build_chain(k: codelets.ElementwiseChain):
     for i, ins in enumerate(k.instructions):
         dest = n_inputs + i
         full.append(any(full[a] for a in ins.args))
-        ufunc = elementwise.ufunc_for(ins.op, dtypes[ins.args[0]])
-        if ufunc is not None:
-            # 0-d results are numpy scalars, which cannot be `out` buffers.
-            reuse = next((a for a in ins.args if a >= n_inputs and full[a] and a not in output_regs
-                          and last_use[a] == i and dtypes[a] == ins.dtype), None) if full[-1] and shape else None
-            plan.append((ufunc, ins.args, dest, reuse))
-        else:
-            fn, attrs, dtype = elementwise.function_for(ins.op), dict(ins.attrs), ins.dtype
-            plan.append((lambda *a, _f=fn, _d=dtype, _at=attrs: _f(*a, dtype=_d, attrs=_at),
-                         ins.args, dest, None))
+        fn, is_ufunc = _instruction(ins, dtypes)
+        # 0-d results are numpy scalars, which cannot be `out` buffers.
+        reuse = next((a for a in ins.args if a >= n_inputs and full[a] and a not in output_regs
+                      and last_use[a] == i and dtypes[a] == ins.dtype), None) \
+            if is_ufunc and full[-1] and shape else None
+        plan.append((fn, ins.args, dest, reuse))
     outputs = [(reg, t.id, t.dtype, full[reg] and reg >= n_inputs) for reg, t in k.outputs]
     template = [constants.get(r) for r in range(n_inputs + len(k.instructions))]
 
@@ -138,12 +146,45 @@ def _build_reduce_combine(k: codelets.ReduceCombine):
     return run
 
 
+def _build_tree_reduce(k: codelets.TreeReduce):
+    readers = [reader(v) for v in k.inputs]
+    dtypes = [v.dtype for v in k.inputs] * 2 + [i.dtype for i in k.body]
+    steps = [(_instruction(ins, dtypes)[0], ins.args) for ins in k.body]
+    results = k.results
+    inits = None if k.init is None else [
+        reader(i) if isinstance(i, View) else (lambda state, value=i: value) for i in k.init]
+    outs = [(t.id, t.dtype, t.shape) for t in k.outs]
+
+    def body(operands: list) -> list:
+        regs = list(operands)
+        for fn, args in steps:
+            regs.append(fn(*[regs[a] for a in args]))
+        return [regs[r] for r in results]
+
+    def run(state):
+        xs = [np.moveaxis(get(state), k.axis, 0) for get in readers]
+        while xs[0].shape[0] > 1:     # pair element i with element i + half
+            count = xs[0].shape[0]
+            half = count // 2
+            combined = body([x[:half] for x in xs] + [x[half:2 * half] for x in xs])
+            combined = [np.broadcast_to(c, x[:half].shape).astype(x.dtype, copy=False)
+                        for c, x in zip(combined, xs)]
+            xs = [np.concatenate([c, x[2 * half:]]) if count % 2 else c for c, x in zip(combined, xs)]
+        values = [x[0] for x in xs]
+        if inits is not None:
+            values = body([init(state) for init in inits] + values)
+        for (tid, dtype, shape), value in zip(outs, values):
+            state[tid] = np.array(np.broadcast_to(value, shape), dtype=dtype)
+    return run
+
+
 BUILDERS = {
     codelets.ElementwiseChain: _build_chain,
     codelets.Fill: _build_fill,
     codelets.MatMulPartials: _build_matmul,
     codelets.ReducePartials: _build_reduce_partials,
     codelets.ReduceCombine: _build_reduce_combine,
+    codelets.TreeReduce: _build_tree_reduce,
 }
 
 

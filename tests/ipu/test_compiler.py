@@ -162,11 +162,22 @@ def test_unknown_custom_call_is_named():
         compile_module(module, SMALL)
 
 
-def test_variadic_reduce_is_a_clear_error():
-    module = lower(lambda x: jnp.argmax(x), np.ones(5, np.float32))
-    with pytest.raises(IpuUnimplementedError, match=r"stablehlo.reduce at .*test_compiler.py.*2 operand"):
-        compile_module(module, SMALL)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.uint8], ids=lambda d: np.dtype(d).name)
+def test_argmax_and_argmin_reduce_two_operands(dtype):
+    x = np.random.default_rng(0).integers(-50, 50, (37, 300)).astype(dtype)
+    if np.dtype(dtype).kind == "f":
+        x[3, 7] = np.nan
+    assert_matches_cpu(lambda a: (jnp.argmax(a), jnp.argmax(a, axis=1), jnp.argmin(a, axis=0),
+                                  jnp.argmax(a[:5, :5])), x)
 
+
+def test_unsupported_reduction_body_is_a_clear_error():
+    module = lower(lambda x: jnp.argmax(x), np.ones(5, np.float32))
+    (reduce,) = [op for op in module.main.body.ops if op.name == "reduce"] or [
+        op for f in module.functions.values() for op in f.body.ops if op.name == "reduce"]
+    reduce.regions[0].ops[0].name = "cholesky"
+    with pytest.raises(IpuUnimplementedError, match=r"stablehlo.reduce at .*test_compiler.py.*cholesky"):
+        compile_module(module, SMALL)
 
 def test_mlp_training_step():
     """Forward and backward of a small MLP (relu called per layer, so the
