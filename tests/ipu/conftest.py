@@ -44,8 +44,10 @@ def run_python(code: str, **env) -> "subprocess.CompletedProcess":
     """Runs `code` in a fresh interpreter with extra environment variables."""
     import subprocess
     import sys
+    import tempfile
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_IPU", "TF_POPLAR"))}
     full_env.pop("JAX_PLATFORMS", None)
     full_env.update(env)
+    # Run outside the source tree, so that the installed jax_ipu is imported.
     return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True,
-                          text=True, timeout=240)
+                          text=True, timeout=240, cwd=tempfile.gettempdir())
