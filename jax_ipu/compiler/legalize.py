@@ -1,5 +1,5 @@
-"""First pass: one flat list of ops the IPU can run. Inlines func.call,
-drops ops that only annotate (sharding constraints, optimization
+"""First pass: one flat list of ops the IPU can run. Inlines func.call and
+composites, drops ops that only annotate (sharding constraints, optimization
 barriers), and rejects types the IPU does not hold, naming the op."""
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ from jax_ipu.model.targets import IPU_DTYPES
 # Ops whose results are their operands, unchanged.
 _IDENTITIES = {"optimization_barrier", "sdy.sharding_constraint", "sharding_constraint"}
 _IDENTITY_CUSTOM_CALLS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape"}
+# Ops that run a function of the module, inlined: func.call, and composites
+# (e.g. chlo.erf) by their decomposition.
+_CALLEES = {"call": "callee", "composite": "decomposition"}
 
 
 @dataclasses.dataclass
@@ -38,10 +41,11 @@ def legalize(module: ir.Module) -> FlatFunction:
 def _inline(module, block: ir.Block, env: dict, out: list, depth: int) -> list[ir.Value]:
     for op in block.ops:
         operands = [env[v] for v in op.operands]
-        if op.name == "call":
-            callee = module.functions.get(op.attrs.get("callee"))
+        if op.name in _CALLEES:
+            name = op.attrs.get(_CALLEES[op.name])
+            callee = module.functions.get(name)
             if callee is None:
-                raise IpuCompileError.for_op(op, f"calls unknown function {op.attrs.get('callee')!r}",
+                raise IpuCompileError.for_op(op, f"calls unknown function {name!r}",
                                              "The program is malformed; please report it")
             inner = _inline(module, callee.body, dict(zip(callee.body.args, operands)), out, depth + 1)
             env.update(zip(op.results, inner))

@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from jax._src.lib import _jax
+from jaxlib.mlir.dialects import stablehlo
 
 from jax_ipu.compiler import CompileOptions, compile_module
 from jax_ipu.errors import IpuUnimplementedError
@@ -23,7 +25,10 @@ CPU = jax.devices("cpu")[0]
 
 
 def lower(f, *args):
-    return import_module(jax.jit(f).lower(*args).as_text(debug_info=True))
+    """f as the IPU plugin receives it: JAX's portable artifact, in which
+    chlo ops are already rewritten (erf, for one, into a composite)."""
+    text = jax.jit(f).lower(*args).as_text(debug_info=True)
+    return import_module(_jax.mlir.serialize_portable_artifact(text, stablehlo.get_current_version()))
 
 
 def compile_fn(f, *args, target=SMALL, **options):
@@ -111,6 +116,13 @@ def test_sharding_constraints_are_identities(shardy):
     program = compile_module(module, SMALL)
     out = Engine(SMALL).run(program, [np.arange(8, dtype=np.float32)])
     np.testing.assert_array_equal(out[0], np.arange(8) * 2 + 1)
+
+
+def test_composites_run_their_decomposition():
+    x = np.linspace(-3, 3, 101, dtype=np.float32)
+    assert {op.name for op in lower(jax.scipy.special.erf, x).main.body.ops} == {"composite"}
+    assert_matches_cpu(lambda a: (jax.scipy.special.erf(a), jax.nn.gelu(a, approximate=False),
+                                  jnp.square(a)), x, rtol=1e-5, atol=1e-6)
 
 
 def test_outputs_that_are_inputs_or_repeated():
