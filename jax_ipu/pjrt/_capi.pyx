@@ -1599,7 +1599,7 @@ cdef PJRT_Error* e_loaded_executable_execute(PJRT_LoadedExecutable_Execute_Args*
                 for i in range(a.options.num_non_donatable_input_indices):
                     non_donatable.add(a.options.non_donatable_input_indices[i])
             device_id = a.execute_device.id if a.execute_device != NULL else None
-            outputs, events, donated = (<object>e.py).execute(args, device_id, non_donatable)
+            outputs, events, donated, runs = (<object>e.py).execute(args, device_id, non_donatable)
             for d in range(a.num_devices):
                 for i in donated:
                     buffer_drop_storage(a.argument_lists[d][i])
@@ -1607,6 +1607,7 @@ cdef PJRT_Error* e_loaded_executable_execute(PJRT_LoadedExecutable_Execute_Args*
                     a.output_lists[d][i] = wrap_buffer(e.client, outputs[d][i])
                 if a.device_complete_events != NULL:
                     a.device_complete_events[d] = event_of(events[d])
+            (<object>e.py).launch(runs)
             return NULL
         except BaseException as exc:
             return error_from_exception(exc)

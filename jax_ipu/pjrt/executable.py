@@ -85,24 +85,30 @@ class Executable:
     # -- execution --
     def execute(self, args: list[list[DeviceBuffer]], device_id: int | None,
                 non_donatable: set[int]):
-        """Enqueues the program on each device; returns at once with the
-        (pending) outputs, a completion event per device and the indices of
-        the donated arguments."""
+        """Prepares the program's run on each device: returns the (pending)
+        outputs, a completion event per device, the indices of the donated
+        arguments, and the runs to hand to launch() once the caller is done
+        with the outputs (so the device does not contend with it)."""
         ids = [device_id] if device_id is not None else self.device_ids
         if len(args) != len(ids):
             raise IpuInvalidArgument(f"{self.name} runs on {len(ids)} IPUs but got argument "
                                      f"lists for {len(args)}")
         donated = [i for i in self.donated if i not in non_donatable] if non_donatable else self.donated
-        outputs, events = [], []
+        outputs, events, runs = [], [], []
         for device_id, row in zip(ids, args):
             device = self.client.device(device_id)
             self._check_arguments(row, device)
             outs = [DeviceBuffer(device, spec) for spec in self.output_specs]
             done = Event()
-            device.worker.submit(_Run(self.program, device, row, donated, outs, done))
+            runs.append(_Run(self.program, device, row, donated, outs, done))
             outputs.append(outs)
             events.append(done)
-        return outputs, events, donated
+        return outputs, events, donated, runs
+
+    @staticmethod
+    def launch(runs: list) -> None:
+        for run in runs:
+            run.device.worker.submit(run)
 
     def _check_arguments(self, row: list[DeviceBuffer], device) -> None:
         specs = self.input_specs
