@@ -3,14 +3,14 @@ name (layout, matmul, reduce tables) plus fused element-wise clusters."""
 from __future__ import annotations
 
 from jax_ipu import ir
-from jax_ipu.compiler import layout, matmul, reduce
+from jax_ipu.compiler import conv, layout, matmul, reduce
 from jax_ipu.compiler.builder import Builder
 from jax_ipu.compiler.elementwise import lower_cluster
 from jax_ipu.compiler.fuse import Cluster
 from jax_ipu.compiler.legalize import FlatFunction
 from jax_ipu.errors import IpuUnimplementedError
 
-RULES = {**layout.RULES, **matmul.RULES, **reduce.RULES}
+RULES = {**layout.RULES, **matmul.RULES, **reduce.RULES, **conv.RULES}
 
 
 def _used_outside(nodes, results) -> dict[int, set]:

@@ -15,7 +15,10 @@ from jax_ipu.graph.tensors import Tensor
 class View:
     """`tensor` seen through `ops`, applied in order: ("reshape", shape),
     ("transpose", perm), ("slice", starts, limits, strides),
-    ("broadcast", shape, dims) with StableHLO's broadcast_in_dim meaning."""
+    ("broadcast", shape, dims) with StableHLO's broadcast_in_dim meaning,
+    ("gather", indices, fill): element i is the flat element indices[i],
+    or the numpy scalar `fill` where indices[i] < 0 (padding; im2col
+    patches and windows are Copies of such views)."""
     tensor: Tensor
     ops: tuple = ()
     shape: tuple[int, ...] = None
@@ -90,11 +93,22 @@ def _broadcast(array: np.ndarray, shape, dims) -> np.ndarray:
     return np.broadcast_to(array.reshape(expanded), shape)
 
 
+def _gather(array: np.ndarray, indices: np.ndarray, fill) -> np.ndarray:
+    flat = array.reshape(-1)
+    if flat.size == 0:
+        return np.full(indices.shape, fill, dtype=array.dtype)
+    out = flat[np.maximum(indices, 0)]
+    if fill is not None:
+        out = np.where(indices < 0, np.asarray(fill).astype(array.dtype), out)
+    return out
+
+
 _APPLY = {
     "reshape": lambda a, shape: a.reshape(shape),
     "transpose": lambda a, perm: a.transpose(perm),
     "slice": lambda a, starts, limits, strides: a[tuple(map(slice, starts, limits, strides))],
     "broadcast": _broadcast,
+    "gather": _gather,
 }
 
 
@@ -104,6 +118,7 @@ _SHAPE = {
     "slice": lambda shape, starts, limits, strides: tuple(
         len(range(a, b, c)) for a, b, c in zip(starts, limits, strides)),
     "broadcast": lambda shape, new, dims: tuple(new),
+    "gather": lambda shape, indices, fill: tuple(indices.shape),
 }
 
 
@@ -120,10 +135,14 @@ def source_elements(view: View | Concat) -> tuple[np.ndarray, np.ndarray]:
     the exchange a Copy needs."""
     def index_of(tensor):
         return np.arange(tensor.size, dtype=np.int64)
+
+    def indexed(v: View) -> View:
+        # Padding is charged as a read of the tensor's last element.
+        return View(v.tensor, tuple(("gather", op[1], -1) if op[0] == "gather" else op for op in v.ops))
     if isinstance(view, View):
-        flat = view.apply(index_of).ravel()
+        flat = indexed(view).apply(index_of).ravel()
         return np.zeros(len(flat), dtype=np.int64), flat
     parts = [np.broadcast_to(np.int64(i), p.shape) for i, p in enumerate(view.parts)]
     which = np.concatenate(parts, axis=view.axis).ravel()
-    flat = view.apply(index_of).ravel()
+    flat = Concat(tuple(indexed(p) for p in view.parts), view.axis).apply(index_of).ravel()
     return which, flat

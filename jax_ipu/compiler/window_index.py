@@ -1,0 +1,82 @@
+"""Index arithmetic of windowed ops (convolution, reduce_window,
+select_and_scatter, pad): which source element each window position reads,
+computed at compile time, so that im2col patches and windows become one
+rearrangement Copy (a "gather" view) followed by the planned matmul or
+reduction. Defaults follow the StableHLO spec: an absent attribute means
+strides and dilations of 1 and no padding."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def attr(op, name: str, rank: int, default: int) -> tuple[int, ...]:
+    """A per-dimension attribute, or its StableHLO default."""
+    value = op.attrs.get(name)
+    if value is None:
+        return (default,) * rank
+    return tuple(int(v) for v in np.asarray(value).reshape(-1))
+
+
+def padding(op, rank: int) -> tuple[tuple[int, int], ...]:
+    value = op.attrs.get("padding")
+    if value is None:
+        return ((0, 0),) * rank
+    pairs = np.asarray(value, dtype=np.int64).reshape(rank, 2)
+    return tuple((int(lo), int(hi)) for lo, hi in pairs)
+
+
+def out_size(size: int, window: int, stride: int, pad: tuple[int, int], base_dilation: int,
+             window_dilation: int) -> int:
+    padded = (size - 1) * base_dilation + 1 + pad[0] + pad[1] if size else pad[0] + pad[1]
+    span = (window - 1) * window_dilation + 1
+    return max(0, (padded - span) // stride + 1) if padded >= span else 0
+
+
+def axis_windows(size: int, window: int, stride: int, pad: tuple[int, int], base_dilation: int,
+                 window_dilation: int, out: int, reverse: bool = False) -> np.ndarray:
+    """[out, window]: the index along one axis of the element that window
+    position w of output o reads, or -1 where it reads padding (edge
+    padding or a hole of the base dilation)."""
+    o = np.arange(out)[:, None]
+    w = np.arange(window)[None, :]
+    if reverse:
+        w = window - 1 - w
+    q = o * stride + w * window_dilation - pad[0]      # coordinate in the dilated operand
+    inside = (q >= 0) & (q % base_dilation == 0) & (q // base_dilation < size)
+    return np.where(inside, q // base_dilation, -1)
+
+
+def combine(per_axis: list[np.ndarray], strides: list[int]) -> np.ndarray:
+    """Flat indices from broadcastable per-axis indices (-1 anywhere makes
+    the element padding)."""
+    flat = np.zeros((), dtype=np.int64)
+    bad = np.zeros((), dtype=bool)
+    for index, stride in zip(per_axis, strides):
+        flat = flat + np.maximum(index, 0).astype(np.int64) * stride
+        bad = bad | (index < 0)
+    return np.where(bad, -1, flat)
+
+
+def row_major_strides(shape) -> list[int]:
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= int(d)
+    return strides[::-1]
+
+
+def windows(shape, window, strides, pads, base_dilations, window_dilations) -> np.ndarray:
+    """[*out_shape, *window]: flat operand indices of every window element
+    (-1 for padding), for a window over every axis (reduce_window)."""
+    rank = len(shape)
+    outs = [out_size(shape[d], window[d], strides[d], pads[d], base_dilations[d], window_dilations[d])
+            for d in range(rank)]
+    per_axis = []
+    for d in range(rank):
+        idx = axis_windows(shape[d], window[d], strides[d], pads[d], base_dilations[d], window_dilations[d],
+                           outs[d])
+        expand = [1] * (2 * rank)
+        expand[d], expand[rank + d] = outs[d], window[d]
+        per_axis.append(idx.reshape(expand))
+    flat = combine(per_axis, row_major_strides(shape))
+    return np.broadcast_to(flat, tuple(outs) + tuple(window))

@@ -1,0 +1,114 @@
+"""stablehlo.convolution on the ipu device against JAX's CPU backend:
+dimension numbers, strides, padding, lhs/rhs dilation, feature and batch
+groups, f32 and f16 (f32 accumulation), conv_transpose and gradients.
+
+Tolerances: f32 rtol/atol 1e-5 (the planned matmul sums K-chunks in
+another order than XLA:CPU's), f16 2e-2 relative to the output's scale."""
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from jax import lax
+
+
+F16_TOL = 2e-2
+
+
+def rand(shape, dtype, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def check(f, *args, tol=None):
+    ipu = jax.devices("ipu")[0]
+    got = jax.jit(f)(*jax.device_put(args, ipu))
+    want = jax.jit(f)(*jax.device_put(args, jax.devices("cpu")[0]))
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape
+        if w.dtype == np.float16:
+            scale = max(1.0, float(np.abs(w.astype(np.float32)).max()))
+            np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=0,
+                                       atol=F16_TOL * scale)
+        else:
+            np.testing.assert_allclose(g, w, rtol=tol or 1e-5, atol=tol or 1e-5)
+
+
+NHWC = ("NHWC", "HWIO", "NHWC")
+CASES = {
+    # name: (lhs shape, rhs shape, kwargs)
+    "nhwc-same": ((2, 8, 8, 3), (3, 3, 3, 4), dict(window_strides=(1, 1), padding="SAME",
+                                                   dimension_numbers=NHWC)),
+    "nhwc-valid-stride2": ((2, 9, 7, 3), (3, 2, 3, 5), dict(window_strides=(2, 2), padding="VALID",
+                                                            dimension_numbers=NHWC)),
+    "nchw-explicit-pad": ((2, 3, 7, 6), (4, 3, 3, 3), dict(window_strides=(1, 2), padding=((1, 2), (0, 1)),
+                                                           dimension_numbers=("NCHW", "OIHW", "NCHW"))),
+    "negative-pad": ((1, 9, 9, 2), (2, 2, 2, 3), dict(window_strides=(1, 1), padding=((-1, 1), (2, -2)),
+                                                      dimension_numbers=NHWC)),
+    "lhs-dilation": ((2, 5, 6, 3), (3, 3, 3, 2), dict(window_strides=(1, 1), padding=((2, 2), (1, 1)),
+                                                      lhs_dilation=(2, 3), dimension_numbers=NHWC)),
+    "rhs-dilation": ((1, 10, 9, 2), (3, 2, 2, 4), dict(window_strides=(2, 1), padding="SAME",
+                                                       rhs_dilation=(2, 3), dimension_numbers=NHWC)),
+    "feature-groups": ((2, 6, 6, 4), (3, 3, 2, 6), dict(window_strides=(1, 1), padding="SAME",
+                                                        feature_group_count=2, dimension_numbers=NHWC)),
+    "depthwise": ((2, 6, 6, 4), (3, 3, 1, 8), dict(window_strides=(1, 1), padding="SAME",
+                                                   feature_group_count=4, dimension_numbers=NHWC)),
+    "batch-groups": ((4, 6, 5, 3), (2, 2, 3, 6), dict(window_strides=(1, 1), padding="VALID",
+                                                      batch_group_count=2, dimension_numbers=NHWC)),
+    "1d-nwc": ((3, 17, 4), (5, 4, 6), dict(window_strides=(3,), padding="SAME",
+                                           dimension_numbers=("NWC", "WIO", "NWC"))),
+    "3d": ((1, 5, 4, 6, 2), (2, 3, 2, 2, 3), dict(window_strides=(1, 1, 2), padding="SAME",
+                                                  dimension_numbers=("NDHWC", "DHWIO", "NDHWC"))),
+    "odd-layout": ((5, 2, 6, 3), (3, 2, 4, 3), dict(window_strides=(1, 1), padding="VALID",
+                                                    dimension_numbers=("HNWC", "OHWI", "CWNH"))),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", list(CASES), ids=lambda c: f"stablehlo.convolution-{c}")
+def test_conv_general_dilated(case, dtype):
+    lhs, rhs, kwargs = CASES[case]
+    check(lambda x, w: lax.conv_general_dilated(x, w, **kwargs), rand(lhs, dtype, 0), rand(rhs, dtype, 1))
+
+
+def test_conv_preferred_element_type():
+    x, w = rand((2, 6, 6, 3), np.float16, 0), rand((3, 3, 3, 4), np.float16, 1)
+    check(lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=NHWC,
+                                                preferred_element_type=np.float32), x, w, tol=1e-4)
+
+
+@pytest.mark.parametrize("strides,padding", [((2, 2), "SAME"), ((1, 1), "VALID"), ((3, 2), ((1, 2), (0, 1)))],
+                         ids=lambda p: str(p).replace(" ", ""))
+def test_conv_transpose(strides, padding):
+    x, w = rand((2, 5, 6, 3), np.float32, 0), rand((3, 3, 3, 4), np.float32, 1)
+    check(lambda x, w: lax.conv_transpose(x, w, strides, padding, dimension_numbers=NHWC), x, w)
+
+
+@pytest.mark.parametrize("groups", [1, 3], ids=lambda g: f"stablehlo.convolution-grad-groups{g}")
+def test_conv_gradients(groups):
+    """jax.grad of a strided conv: the input gradient is an lhs-dilated conv
+    of the reversed kernel, the kernel gradient a batch-grouped conv."""
+    x, w = rand((2, 7, 8, 6), np.float32, 0), rand((3, 3, 6 // groups, 6), np.float32, 1)
+
+    def loss(x, w):
+        y = lax.conv_general_dilated(x, w, (2, 2), "SAME", dimension_numbers=NHWC, feature_group_count=groups)
+        return (y * y).sum()
+    check(jax.grad(loss, argnums=(0, 1)), x, w, tol=1e-4)
+
+
+def test_flax_style_cnn_training_step():
+    """Conv -> relu -> conv -> mean, with the parameter update, as a Flax
+    NHWC/HWIO model trains."""
+    params = (rand((3, 3, 1, 8), np.float32, 1) * 0.3, rand((3, 3, 8, 4), np.float32, 2) * 0.3)
+    x = rand((4, 10, 10, 1), np.float32, 0)
+
+    def loss(params, x):
+        w1, w2 = params
+        h = jax.nn.relu(lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=NHWC))
+        y = lax.conv_general_dilated(h, w2, (2, 2), "SAME", dimension_numbers=NHWC)
+        return (y ** 2).mean()
+
+    def step(params, x):
+        grads = jax.grad(loss)(params, x)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+    check(step, params, x, tol=1e-4)
