@@ -10,8 +10,9 @@ from jax_ipu.errors import IpuCompileError
 from jax_ipu.graph.programs import Execute, leaves
 
 
-def validate(program, num_tiles: int) -> None:
+def validate(program, num_tiles: int | None = None) -> None:
     """Raises IpuCompileError naming the first broken invariant."""
+    num_tiles = program.num_tiles if num_tiles is None else num_tiles
     for tensor in program.tensors:
         check_mapping(tensor, num_tiles)
     for step in leaves(program.body):
