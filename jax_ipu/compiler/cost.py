@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jax_ipu.graph.programs import Copy, Execute
+from jax_ipu.graph.programs import CONTROL, Copy, Execute, leaves
 from jax_ipu.graph.views import source_elements
 from jax_ipu.model.targets import Target
 
@@ -133,6 +133,9 @@ def cost_steps(target: Target, steps: list) -> list[np.ndarray]:
             out.append(cost_execute(target, step))
         elif isinstance(step, Copy):
             out.append(cost_copy(target, step))
+        elif isinstance(step, CONTROL):   # each sub-program step; the busiest buffers
+            inner = cost_steps(target, list(leaves(step)))
+            out.append(np.max(inner, axis=0) if inner else none)
         else:
             out.append(none)
     return out

@@ -21,6 +21,17 @@ def is_elementwise(op: ir.Op) -> bool:
     return op.name in ELEMENTWISE_OPS
 
 
+def reads_of(op: ir.Op, regions_only: bool = False):
+    """The values an op reads: its operands and, at any depth, what its
+    regions' ops and results read (a loop body reads enclosing values)."""
+    if not regions_only:
+        yield from op.operands
+    for region in op.regions:
+        for inner in region.ops:
+            yield from reads_of(inner)
+        yield from region.results
+
+
 def fuse(ops: list[ir.Op]) -> list[ir.Op | Cluster]:
     """The ops in program order, element-wise ones grouped into Clusters."""
     cluster_of: dict[ir.Op, Cluster] = {}
@@ -45,7 +56,7 @@ def fuse(ops: list[ir.Op]) -> list[ir.Op | Cluster]:
             joined.ops.append(op)
             cluster_of[op] = joined
             position[id(joined)] = index
-        for v in op.operands:
+        for v in reads_of(op):
             c = cluster_of.get(producer.get(v))
             if c is not None and c is not joined:
                 sealed.add(id(c))

@@ -57,9 +57,19 @@ def _inline(module, block: ir.Block, env: dict, out: list, depth: int) -> list[i
                 _check_type(value.type, op, None)
             # A function called twice is inlined twice: its results need new values.
             results = [ir.Value(r.type) for r in op.results] if depth else op.results
-            out.append(ir.Op(op.name, operands, results, op.attrs, op.regions, op.loc))
+            regions = [_inline_region(module, r, env, depth) for r in op.regions]
+            out.append(ir.Op(op.name, operands, results, op.attrs, regions, op.loc))
             env.update(zip(op.results, results))
     return [env[v] for v in block.results]
+
+
+def _inline_region(module, block: ir.Block, env: dict, depth: int) -> ir.Block:
+    """A region (loop body, branch, comparator) with its calls inlined and
+    the enclosing values it reads renamed as in `env`."""
+    args = [ir.Value(a.type) for a in block.args] if depth else list(block.args)
+    ops: list[ir.Op] = []
+    results = _inline(module, block, {**env, **dict(zip(block.args, args))}, ops, depth)
+    return ir.Block(args, ops, results)
 
 
 def _check_type(t: ir.Type, op: ir.Op | None, where: str | None) -> None:

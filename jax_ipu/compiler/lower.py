@@ -3,14 +3,15 @@ name (layout, matmul, reduce tables) plus fused element-wise clusters."""
 from __future__ import annotations
 
 from jax_ipu import ir
-from jax_ipu.compiler import conv, layout, matmul, reduce
+from jax_ipu.compiler import control, conv, indexing, layout, matmul, reduce, sort
 from jax_ipu.compiler.builder import Builder
 from jax_ipu.compiler.elementwise import lower_cluster
-from jax_ipu.compiler.fuse import Cluster
+from jax_ipu.compiler.fuse import Cluster, reads_of
 from jax_ipu.compiler.legalize import FlatFunction
 from jax_ipu.errors import IpuUnimplementedError
 
-RULES = {**layout.RULES, **matmul.RULES, **reduce.RULES, **conv.RULES}
+RULES = {**layout.RULES, **matmul.RULES, **reduce.RULES, **conv.RULES, **control.RULES, **indexing.RULES,
+         **sort.RULES}
 
 
 def _used_outside(nodes, results) -> dict[int, set]:
@@ -28,11 +29,9 @@ def _used_outside(nodes, results) -> dict[int, set]:
                 c = owner.get(v)
                 if c is not None and c is not node:
                     outside[id(c)].add(v)
-            for region in op.regions:   # nested bodies read enclosing values
-                for inner in region.ops:
-                    for v in inner.operands:
-                        if v in owner:
-                            outside[id(owner[v])].add(v)
+            for v in reads_of(op, regions_only=True):   # nested bodies read enclosing values
+                if v in owner:
+                    outside[id(owner[v])].add(v)
     for v in results:
         if v in owner:
             outside[id(owner[v])].add(v)

@@ -8,7 +8,7 @@ import numpy as np
 
 from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.graph.memory import MemoryReport
-from jax_ipu.graph.programs import Execute
+from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.model.targets import Target
 
@@ -16,7 +16,7 @@ from jax_ipu.model.targets import Target
 def _code_bytes(target: Target, steps: list) -> np.ndarray:
     vertices = np.zeros(target.num_tiles, dtype=np.int64)
     codelets: set = set()
-    for step in steps:
+    for step in (leaf for top in steps for leaf in leaves(top)):   # loop bodies too
         if isinstance(step, Execute):
             for v in step.compute_set.vertices:
                 vertices[v.tile] += 1

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from jax_ipu.graph import codelets
-from jax_ipu.graph.programs import Copy, DeviceToHost, Execute, HostToDevice, Sequence
+from jax_ipu.graph.programs import CONTROL, Copy, DeviceToHost, Execute, HostToDevice, Sequence, leaves
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View
 from jax_ipu.model.targets import Target
@@ -18,6 +18,9 @@ def reads(step) -> set[int]:
         return {r.tensor.id for v in step.compute_set.vertices for r in v.reads}
     if isinstance(step, Copy):
         return {t.id for t in step.src.tensors}
+    if isinstance(step, CONTROL):       # its sub-programs and predicate
+        control = getattr(step, "predicate", None) or getattr(step, "control", None)
+        return set().union({control.id} if control is not None else set(), *map(reads, leaves(step)))
     return set()
 
 
@@ -26,6 +29,8 @@ def writes(step) -> set[int]:
         return {r.tensor.id for v in step.compute_set.vertices for r in v.writes}
     if isinstance(step, Copy):
         return {step.dst.id}
+    if isinstance(step, CONTROL):
+        return set().union(*map(writes, leaves(step)))
     return set()
 
 

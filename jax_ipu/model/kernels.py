@@ -188,5 +188,10 @@ BUILDERS = {
 }
 
 
+from jax_ipu.model import kernels_indexing  # noqa: E402  (its executors use the helpers above)
+
+BUILDERS.update(kernels_indexing.BUILDERS)
+
+
 def build(kernel) -> Callable:
     return BUILDERS[type(kernel)](kernel)

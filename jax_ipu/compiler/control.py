@@ -1,0 +1,113 @@
+"""Control flow: while -> RepeatWhileTrue, if -> If, case -> Switch. The
+loop runs on the device: each loop-carried value has one fixed tensor, the
+condition region computes a scalar predicate tensor, and the body region's
+results are copied back into the carried tensors every iteration. Branch
+results are copied into one output tensor per result. Regions are fused
+and lowered like the function body, their steps collected into the
+control step's sub-programs."""
+from __future__ import annotations
+
+import contextlib
+
+from jax_ipu import ir
+from jax_ipu.compiler.builder import Builder, Lowered
+from jax_ipu.compiler.fuse import fuse
+from jax_ipu.compiler.layout import copy_to_new, name_of
+from jax_ipu.compiler.legalize import FlatFunction
+from jax_ipu.graph.programs import If, RepeatWhileTrue, Sequence, Switch
+from jax_ipu.graph.tensors import Tensor
+from jax_ipu.graph.views import View
+
+
+@contextlib.contextmanager
+def collecting(b: Builder):
+    """Steps emitted inside the block go to a new Sequence."""
+    outer = b.steps
+    b.steps = []
+    sequence = Sequence(b.steps)
+    try:
+        yield sequence
+    finally:
+        sequence.steps = b.steps
+        b.steps = outer
+
+
+def lower_block(b: Builder, block: ir.Block, args: list[Lowered]) -> None:
+    from jax_ipu.compiler.lower import lower    # lower's rule table includes this module's
+    for arg, value in zip(block.args, args):
+        b.values[arg] = value
+    lower(b, FlatFunction(block.args, block.ops, block.results), fuse(block.ops))
+
+
+def scalar_tensor(b: Builder, op: ir.Op, value: ir.Value) -> Tensor:
+    """A scalar value (predicate, branch index) in a tensor of its own."""
+    view = b.view(value, f"{name_of(op)}/predicate")
+    if not view.is_whole_tensor:
+        view = copy_to_new(b, op, view)
+    return view.tensor
+
+
+def _write_results(b: Builder, op: ir.Op, results: list[ir.Value], targets: list[Tensor]) -> None:
+    """targets[i] = results[i], as if at once: results that are views of a
+    target tensor are staged first (a loop body may swap carried values)."""
+    sources = []
+    for value, target in zip(results, targets):
+        lowered = b.values[value]
+        if isinstance(lowered, View) and lowered.tensor is target and lowered.is_whole_tensor:
+            sources.append(None)                   # unchanged
+            continue
+        sources.append(b.view(value, name_of(op)))
+    ids = {t.id for t in targets}
+    sources = [copy_to_new(b, op, s) if s is not None and s.tensor.id in ids else s for s in sources]
+    for source, target in zip(sources, targets):
+        if source is not None:
+            b.copy(source.then("reshape", target.shape), target)
+
+
+def while_(b: Builder, op: ir.Op) -> None:
+    cond, body = op.regions
+    carried = []
+    for i, value in enumerate(op.operands):
+        t = b.tensor(f"{name_of(op)}/carried {i}", value.type.shape, value.type.dtype)
+        b.copy(b.view(value, name_of(op)).then("reshape", t.shape), t)
+        carried.append(t)
+    with collecting(b) as condition:
+        lower_block(b, cond, [View(t) for t in carried])
+        predicate = scalar_tensor(b, op, cond.results[0])
+    with collecting(b) as loop_body:
+        lower_block(b, body, [View(t) for t in carried])
+        _write_results(b, op, body.results, carried)
+    b.steps.append(RepeatWhileTrue(condition, predicate, loop_body))
+    for result, t in zip(op.results, carried):
+        b.values[result] = View(t)
+
+
+def _branches(b: Builder, op: ir.Op) -> tuple[list[Sequence], list[Tensor]]:
+    outs = [b.tensor(f"{name_of(op)}/result {i}", r.type.shape, r.type.dtype) for i, r in enumerate(op.results)]
+    sequences = []
+    for region in op.regions:
+        with collecting(b) as sequence:
+            lower_block(b, region, [])
+            _write_results(b, op, region.results, outs)
+        sequences.append(sequence)
+    return sequences, outs
+
+
+def if_(b: Builder, op: ir.Op) -> None:
+    predicate = scalar_tensor(b, op, op.operands[0])
+    (then_body, else_body), outs = _branches(b, op)
+    b.steps.append(If(predicate, then_body, else_body))
+    for result, t in zip(op.results, outs):
+        b.values[result] = View(t)
+
+
+def case(b: Builder, op: ir.Op) -> None:
+    """An index out of range runs the last branch, as in XLA."""
+    index = scalar_tensor(b, op, op.operands[0])
+    sequences, outs = _branches(b, op)
+    b.steps.append(Switch(index, dict(enumerate(sequences[:-1])), sequences[-1]))
+    for result, t in zip(op.results, outs):
+        b.values[result] = View(t)
+
+
+RULES = {"while": while_, "if": if_, "case": case}

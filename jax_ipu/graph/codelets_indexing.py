@@ -1,0 +1,79 @@
+"""Kernels of data-dependent indexing and sorting compute sets: what all
+the vertices of one compute set compute together (see graph.codelets).
+Indices are read at run time, so each vertex reads the whole operand it
+indexes into (the exchange the cost pass charges is that upper bound)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jax_ipu.graph.codelets import Instruction
+from jax_ipu.graph.tensors import Tensor
+from jax_ipu.graph.views import View
+
+
+@dataclasses.dataclass(eq=False)
+class DynamicSlice:
+    """out = operand[starts : starts + out.shape], each start (a scalar
+    view or immediate) clamped so that the slice stays in bounds."""
+    operand: View
+    starts: tuple[View | np.ndarray, ...]
+    out: Tensor
+
+
+@dataclasses.dataclass(eq=False)
+class DynamicUpdateSlice:
+    """out = operand with update written at the clamped starts."""
+    operand: View
+    update: View
+    starts: tuple[View | np.ndarray, ...]
+    out: Tensor
+
+
+@dataclasses.dataclass(eq=False)
+class Gather:
+    """XLA's gather (StableHLO semantics, starts clamped into bounds)."""
+    operand: View
+    indices: View
+    dimension_numbers: object      # stablehlo GatherDimensionNumbers
+    slice_sizes: tuple[int, ...]
+    out: Tensor
+
+
+@dataclasses.dataclass(eq=False)
+class Scatter:
+    """XLA's scatter: windows whose start is out of bounds are skipped;
+    updates are combined in order by `combiner` ("replace", a reduce ufunc
+    name, or None to run `body` element by element)."""
+    operands: tuple[View, ...]
+    indices: View
+    updates: tuple[View, ...]
+    dimension_numbers: object      # stablehlo ScatterDimensionNumbers
+    combiner: str | None
+    body: tuple[Instruction, ...]
+    results: tuple[int, ...]
+    outs: tuple[Tensor, ...]
+
+
+@dataclasses.dataclass(eq=False)
+class Sort:
+    """Sorts rows ([rows, n] views) of every operand by the permutation
+    that stably sorts them under the comparator `body` (registers: lhs and
+    rhs of each operand in turn, then instruction results). When `key` is
+    set, (register, descending) of a key computed from one operand alone,
+    the rows sort by that key directly."""
+    inputs: tuple[View, ...]
+    body: tuple[Instruction, ...]
+    result: int
+    key: tuple[int, bool] | None
+    outs: tuple[Tensor, ...]
+
+
+@dataclasses.dataclass(eq=False)
+class TopK:
+    """The k largest of each row of `input` ([rows, n]) in IEEE total
+    order, lower indices first among equals, and their int32 indices."""
+    input: View
+    values: Tensor                 # [rows, k]
+    indices: Tensor                # [rows, k]

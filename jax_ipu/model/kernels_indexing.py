@@ -1,0 +1,269 @@
+"""Executors of the indexing and sorting kernels (graph.codelets_indexing),
+with XLA's semantics: gather and dynamic slices clamp their starts into
+bounds, scatter skips out-of-bounds windows and combines duplicates in
+order, sorts are stable. Sorting by an arbitrary comparator is a bottom-up
+merge sort whose merges find each element's place by binary search, every
+comparison of a pass evaluated at once over all rows."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from jax_ipu.graph import codelets_indexing as ci
+from jax_ipu.graph.views import View
+from jax_ipu.model.elementwise import _total_order_key
+from jax_ipu.model.kernels import REDUCE_UFUNCS, _instruction, reader
+
+
+def _scalar(source) -> Callable:
+    if isinstance(source, View):
+        get = reader(source)
+        return lambda state: int(np.asarray(get(state)).reshape(()))
+    value = int(np.asarray(source).reshape(()))
+    return lambda state: value
+
+
+def _clamped_starts(starts, state, shape, sizes) -> list[int]:
+    return [min(max(get(state), 0), dim - size) for get, dim, size in zip(starts, shape, sizes)]
+
+
+def _build_dynamic_slice(k: ci.DynamicSlice):
+    get, starts, tid, sizes = reader(k.operand), [_scalar(s) for s in k.starts], k.out.id, k.out.shape
+
+    def run(state):
+        x = get(state)
+        at = _clamped_starts(starts, state, x.shape, sizes)
+        state[tid] = np.array(x[tuple(slice(a, a + s) for a, s in zip(at, sizes))])
+    return run
+
+
+def _build_dynamic_update_slice(k: ci.DynamicUpdateSlice):
+    get, update, starts, tid = reader(k.operand), reader(k.update), [_scalar(s) for s in k.starts], k.out.id
+    sizes = k.update.shape
+
+    def run(state):
+        out = np.array(get(state))
+        at = _clamped_starts(starts, state, out.shape, sizes)
+        out[tuple(slice(a, a + s) for a, s in zip(at, sizes))] = update(state)
+        state[tid] = out
+    return run
+
+
+def _batch_index(shape: tuple[int, ...], axis: int) -> np.ndarray:
+    """arange(shape[axis]) shaped to broadcast along `axis` of `shape`."""
+    expand = [1] * len(shape)
+    expand[axis] = shape[axis]
+    return np.arange(shape[axis]).reshape(expand)
+
+
+def _index_vectors(indices: np.ndarray, index_vector_dim: int) -> tuple[np.ndarray, list[int]]:
+    """(indices as [*batch, k] int64, the original dims of the batch axes)."""
+    if index_vector_dim == indices.ndim:
+        indices = indices[..., None]
+    batch_dims = [d for d in range(indices.ndim) if d != index_vector_dim]
+    return np.moveaxis(indices, index_vector_dim, -1).astype(np.int64), batch_dims
+
+
+def gather(operand: np.ndarray, indices: np.ndarray, dn, slice_sizes) -> np.ndarray:
+    idx, batch_dims = _index_vectors(indices, dn.index_vector_dim)
+    batch = idx.shape[:-1]
+    nb, rank = len(batch), operand.ndim
+    starts = [np.zeros(batch, np.int64) for _ in range(rank)]
+    for j, d in enumerate(dn.start_index_map):
+        starts[d] = np.clip(idx[..., j], 0, operand.shape[d] - slice_sizes[d])
+    for od, idim in zip(dn.operand_batching_dims, dn.start_indices_batching_dims):
+        starts[od] = np.broadcast_to(_batch_index(batch, batch_dims.index(idim)), batch)
+    index = []
+    for d in range(rank):
+        window = [1] * rank
+        window[d] = slice_sizes[d]
+        index.append(starts[d].reshape(batch + (1,) * rank)
+                     + np.arange(slice_sizes[d]).reshape((1,) * nb + tuple(window)))
+    g = operand[tuple(index)] if operand.size else np.zeros(batch + tuple(slice_sizes), operand.dtype)
+    dropped = set(dn.collapsed_slice_dims) | set(dn.operand_batching_dims)
+    kept = [slice_sizes[d] for d in range(rank) if d not in dropped]
+    g = g.reshape(batch + tuple(kept))
+    perm, bi, oi = [], 0, 0
+    for o in range(nb + len(kept)):
+        if o in dn.offset_dims:
+            perm.append(nb + oi)
+            oi += 1
+        else:
+            perm.append(bi)
+            bi += 1
+    return g.transpose(perm)
+
+
+def _build_gather(k: ci.Gather):
+    operand, indices, tid = reader(k.operand), reader(k.indices), k.out.id
+
+    def run(state):
+        state[tid] = np.ascontiguousarray(gather(operand(state), indices(state), k.dimension_numbers,
+                                                 k.slice_sizes))
+    return run
+
+
+def scatter_targets(shape, indices: np.ndarray, update_shape, dn) -> tuple[tuple, np.ndarray, list[int]]:
+    """(operand index arrays of every update element, shaped [*scatter,
+    *window], whether each element's window is in bounds, and the update
+    axes in that order)."""
+    idx, batch_dims = _index_vectors(indices, dn.index_vector_dim)
+    batch = idx.shape[:-1]
+    nb, rank = len(batch), len(shape)
+    window_axes = [d for d in range(rank) if d not in dn.inserted_window_dims and d not in dn.input_batching_dims]
+    sizes = [1] * rank
+    for d, u in zip(window_axes, dn.update_window_dims):
+        sizes[d] = update_shape[u]
+    starts = [np.zeros(batch, np.int64) for _ in range(rank)]
+    for j, d in enumerate(dn.scatter_dims_to_operand_dims):
+        starts[d] = idx[..., j]
+    for od, idim in zip(dn.input_batching_dims, dn.scatter_indices_batching_dims):
+        starts[od] = np.broadcast_to(_batch_index(batch, batch_dims.index(idim)), batch)
+    valid = np.ones(batch, bool)
+    for d in range(rank):
+        valid &= (starts[d] >= 0) & (starts[d] <= shape[d] - sizes[d])
+    index = []
+    for d in range(rank):
+        window = [1] * rank
+        window[d] = sizes[d]
+        index.append(starts[d].reshape(batch + (1,) * rank)
+                     + np.arange(sizes[d]).reshape((1,) * nb + tuple(window)))
+    full = batch + tuple(sizes)
+    index = tuple(np.broadcast_to(i, full) for i in index)
+    valid = np.broadcast_to(valid.reshape(batch + (1,) * rank), full)
+    scatter_axes = [d for d in range(len(update_shape)) if d not in dn.update_window_dims]
+    return index, valid, scatter_axes + list(dn.update_window_dims), full
+
+
+def _build_scatter(k: ci.Scatter):
+    operands, indices, updates = [reader(v) for v in k.operands], reader(k.indices), [reader(v) for v in k.updates]
+    outs = [t.id for t in k.outs]
+    dtypes = [t.dtype for t in k.outs] * 2 + [i.dtype for i in k.body]
+    steps = [(_instruction(ins, dtypes)[0], ins.args) for ins in k.body]
+
+    def body(args: list) -> list:
+        regs = list(args)
+        for fn, a in steps:
+            regs.append(fn(*[regs[r] for r in a]))
+        return [regs[r] for r in k.results]
+
+    def run(state):
+        xs = [np.array(get(state)) for get in operands]
+        us = [get(state) for get in updates]
+        index, valid, order, full = scatter_targets(xs[0].shape, indices(state), us[0].shape,
+                                                    k.dimension_numbers)
+        flat_index = tuple(i[valid] for i in index)
+        values = [u.transpose(order).reshape(full)[valid] for u in us]
+        if k.combiner == "replace":
+            for x, v in zip(xs, values):
+                x[flat_index] = v
+        elif k.combiner is not None:
+            REDUCE_UFUNCS[k.combiner].at(xs[0], flat_index, values[0])
+        else:
+            for e in range(len(values[0])):
+                at = tuple(i[e] for i in flat_index)
+                new = body([x[at] for x in xs] + [v[e] for v in values])
+                for x, n in zip(xs, new):
+                    x[at] = n
+        for tid, x in zip(outs, xs):
+            state[tid] = x
+    return run
+
+
+def _comparator(k: ci.Sort) -> Callable:
+    """less(lhs arrays, rhs arrays) -> bool array, from the body program."""
+    dtypes = [v.dtype for v in k.inputs for _ in range(2)] + [i.dtype for i in k.body]
+    steps = [(_instruction(ins, dtypes)[0], ins.args) for ins in k.body]
+
+    def registers(lhs: list, rhs: list) -> list:
+        regs = [x for pair in zip(lhs, rhs) for x in pair]
+        for fn, a in steps:
+            regs.append(fn(*[regs[r] for r in a]))
+        return regs
+    return registers
+
+
+def merge_sort(xs: list[np.ndarray], less: Callable) -> np.ndarray:
+    """The stable sorting permutation of each row of xs ([rows, n])."""
+    rows, n = xs[0].shape
+    perm = np.broadcast_to(np.arange(n), (rows, n)).copy()
+    r = np.arange(rows)[:, None]
+    pos = np.arange(n)
+    width = 1
+    while width < n:
+        cur = [x[r, perm] for x in xs]
+        start_left = pos // (2 * width) * 2 * width
+        start_right = start_left + width
+        len_left = np.minimum(width, n - start_left)
+        len_right = np.clip(n - start_right, 0, width)
+        in_right = pos >= start_right
+        other_start = np.where(in_right, start_left, start_right)
+        other_len = np.where(in_right, len_left, len_right)
+        lo = np.zeros((rows, n), np.int64)
+        hi = np.broadcast_to(other_len, (rows, n)).copy()
+        while True:
+            active = lo < hi
+            if not active.any():
+                break
+            mid = (lo + hi) // 2
+            at = other_start + np.minimum(mid, np.maximum(other_len - 1, 0))
+            other = [c[r, at] for c in cur]
+            # Left elements go after strictly smaller right ones; right
+            # elements after left ones not greater (stability).
+            go = np.where(in_right, ~np.asarray(less(cur, other), bool), np.asarray(less(other, cur), bool))
+            go = np.broadcast_to(go, active.shape) & active
+            lo = np.where(go, mid + 1, lo)
+            hi = np.where(active & ~go, mid, hi)
+        new_pos = np.where(in_right, pos - width, pos) + lo
+        new_perm = np.empty_like(perm)
+        new_perm[r, new_pos] = perm
+        perm = new_perm
+        width *= 2
+    return perm
+
+
+def _sort_key(key: np.ndarray, descending: bool) -> np.ndarray:
+    if key.dtype.kind == "f":
+        key = _total_order_key(key)
+    key = key.astype(np.int64)
+    return -key if descending else key
+
+
+def _build_sort(k: ci.Sort):
+    inputs, outs = [reader(v) for v in k.inputs], [t.id for t in k.outs]
+    registers = _comparator(k)
+
+    def run(state):
+        xs = [get(state) for get in inputs]
+        if k.key is not None:
+            register, descending = k.key
+            key = np.broadcast_to(registers(xs, xs)[register], xs[0].shape)
+            perm = np.argsort(_sort_key(key, descending), axis=1, kind="stable")
+        else:
+            perm = merge_sort(xs, lambda lhs, rhs: registers(lhs, rhs)[k.result])
+        r = np.arange(xs[0].shape[0])[:, None]
+        for tid, x in zip(outs, xs):
+            state[tid] = x[r, perm]
+    return run
+
+
+def _build_top_k(k: ci.TopK):
+    get, values, indices, count = reader(k.input), k.values.id, k.indices.id, k.values.shape[1]
+
+    def run(state):
+        x = get(state)
+        perm = np.argsort(_sort_key(x, True), axis=1, kind="stable")[:, :count]
+        state[values] = np.take_along_axis(x, perm, axis=1)
+        state[indices] = perm.astype(np.int32)
+    return run
+
+
+BUILDERS = {
+    ci.DynamicSlice: _build_dynamic_slice,
+    ci.DynamicUpdateSlice: _build_dynamic_update_slice,
+    ci.Gather: _build_gather,
+    ci.Scatter: _build_scatter,
+    ci.Sort: _build_sort,
+    ci.TopK: _build_top_k,
+}
