@@ -1,0 +1,101 @@
+"""stablehlo.reduce_window, select_and_scatter, pad and reverse on the ipu
+device against JAX's CPU backend: pooling (avg/max/min, padding, strides,
+base and window dilation), cumulative ops, and the gradients of pooling.
+Tolerances: f32 1e-5 (sums over windows in tree order), f16 2e-3,
+integers and max/min exact."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+
+def rand(shape, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype).kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    return rng.integers(-20, 20, shape).astype(dtype)
+
+
+def check(f, *args):
+    ipu, cpu = jax.devices("ipu")[0], jax.devices("cpu")[0]
+    got = jax.jit(f)(*jax.device_put(args, ipu))
+    want = jax.jit(f)(*jax.device_put(args, cpu))
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape
+        tol = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5}.get(w.dtype, 0)
+        np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
+
+
+NHWC_2x2 = ((1, 2, 2, 1), (1, 2, 2, 1))
+POOLS = {
+    "max-valid": (-np.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID", {}),
+    "max-same-overlap": (-np.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME", {}),
+    "min-pad": (np.inf, lax.min, (1, 2, 3, 1), (1, 1, 2, 1), ((0, 0), (1, 1), (2, 0), (0, 0)), {}),
+    "sum-same": (0, lax.add, (1, 3, 3, 1), (1, 1, 1, 1), "SAME", {}),
+    "sum-dilated": (0, lax.add, (1, 2, 2, 1), (1, 2, 1, 1), ((0, 0), (1, 2), (0, 1), (0, 0)),
+                    dict(base_dilation=(1, 2, 1, 1), window_dilation=(1, 1, 2, 1))),
+    "mul": (1, lax.mul, (1, 2, 1, 2), (1, 1, 1, 1), "VALID", {}),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", list(POOLS), ids=lambda c: f"stablehlo.reduce_window-{c}")
+def test_reduce_window(case, dtype):
+    init, fn, window, strides, padding, kwargs = POOLS[case]
+    if np.dtype(dtype).kind != "f" and np.isinf(init):
+        init = np.iinfo(dtype).min if init < 0 else np.iinfo(dtype).max
+    x = rand((2, 7, 6, 3), dtype) * (np.asarray(0.5, dtype) if fn is lax.mul else np.asarray(1, dtype))
+    check(lambda a: lax.reduce_window(a, np.asarray(init, dtype), fn, window, strides, padding, **kwargs), x)
+
+
+@pytest.mark.parametrize("fn", [jnp.cumsum, jnp.cumprod, lax.cummax, lax.cummin],
+                         ids=lambda f: f"stablehlo.reduce_window-{f.__name__}")
+def test_cumulative(fn):
+    x = rand((5, 9), np.float32) * 0.7
+    check(lambda a: (fn(a, axis=1), fn(a, axis=0)), x)
+
+
+def test_avg_pool_and_its_gradient():
+    x = rand((2, 8, 8, 3), np.float32)
+
+    def avg_pool(a):
+        return lax.reduce_window(a, 0.0, lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "SAME") / 4
+    check(lambda a: (avg_pool(a), jax.grad(lambda b: (avg_pool(b) ** 2).sum())(a)), x)
+
+
+@pytest.mark.parametrize("window,strides,padding", [((1, 2, 2, 1), (1, 2, 2, 1), "VALID"),
+                                                    ((1, 3, 3, 1), (1, 2, 2, 1), "SAME"),
+                                                    ((1, 3, 2, 1), (1, 1, 1, 1), "SAME")],
+                         ids=["stablehlo.select_and_scatter-2x2", "stablehlo.select_and_scatter-3x3-overlap",
+                              "stablehlo.select_and_scatter-stride1"])
+def test_max_pool_gradient(window, strides, padding):
+    x = rand((2, 7, 8, 3), np.float32)
+
+    def loss(a):
+        return (lax.reduce_window(a, -jnp.inf, lax.max, window, strides, padding) ** 2).sum()
+    check(jax.grad(loss), x)
+
+
+def test_max_pool_gradient_ties_go_to_the_first():
+    x = np.zeros((1, 4, 4, 1), np.float32)
+    x[0, 1, 1, 0] = x[0, 2, 3, 0] = 1.0
+    check(jax.grad(lambda a: lax.reduce_window(a, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 1, 1, 1), "SAME").sum()),
+          x)
+
+
+def test_min_pool_gradient():
+    x = rand((1, 6, 6, 2), np.float32)
+    check(jax.grad(lambda a: lax.reduce_window(a, jnp.inf, lax.min, (1, 2, 2, 1), (1, 2, 2, 1), "VALID").sum()),
+          x)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int8], ids=lambda d: np.dtype(d).name)
+def test_pad_and_reverse(dtype):
+    x = rand((3, 4, 5), dtype)
+    check(lambda a: (jnp.pad(a, ((1, 2), (0, 1), (2, 0))),
+                     lax.pad(a, np.asarray(3, dtype), ((1, 2, 1), (-1, 0, 2), (0, -2, 0))),
+                     lax.rev(a, (0, 2))), x)
