@@ -5,6 +5,7 @@ checked against the CPU backend.
 """
 import jax
 import jax.numpy as jnp
+import jax_ipu
 import numpy as np
 
 
@@ -32,7 +33,8 @@ def main() -> None:
     compiled = jax.jit(layer).lower(jax.device_put(params, ipu), jax.device_put(x, ipu)).compile()
     cost = compiled.cost_analysis()
     cycles = cost.get("estimated_cycles", 0.0)
-    print(f"IPU Model estimate: {cycles:,.0f} cycles = {cycles / 1.33e9 * 1e6:.1f} us on one {ipu.device_kind}")
+    print(f"IPU Model estimate: {cycles:,.0f} cycles = {jax_ipu.estimated_seconds(cycles, ipu) * 1e6:.1f} us "
+          f"on {jax_ipu.target(ipu).describe()}")
     assert err < 1e-3, "IPU and CPU disagree"
 
 

@@ -22,6 +22,18 @@ def _client():
     return client.CURRENT
 
 
+def target(device=None):
+    """The modelled IPU behind a jax device (the first IPU when None): its
+    figures (tiles, SRAM per tile, clock, ...) as a jax_ipu.model.targets.Target."""
+    client = _client()
+    return client.device(0 if device is None else device.id).target
+
+
+def estimated_seconds(cycles: float, device=None) -> float:
+    """IPU time of `cycles` on the device's modelled IPU."""
+    return cycles / target(device).clock_hz
+
+
 def transfer_stats(device=None) -> dict[str, int]:
     """Bytes moved over the host link to and from an IPU device (all IPUs
     summed when `device` is None). Donated state that stays on the device
