@@ -207,7 +207,7 @@ def merge_sort(xs: list[np.ndarray], less: Callable) -> np.ndarray:
             if not active.any():
                 break
             mid = (lo + hi) // 2
-            at = other_start + np.minimum(mid, np.maximum(other_len - 1, 0))
+            at = np.minimum(other_start + np.minimum(mid, np.maximum(other_len - 1, 0)), n - 1)
             other = [c[r, at] for c in cur]
             # Left elements go after strictly smaller right ones; right
             # elements after left ones not greater (stability).

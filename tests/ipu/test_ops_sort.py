@@ -1,0 +1,118 @@
+"""stablehlo.sort (one or several operands, key and arbitrary
+comparators), chlo.top_k and the jnp functions built on them, on the IPU
+Model against XLA:CPU: exact, as sorting moves data."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from conftest import random_array
+
+DTYPES = [np.float32, np.float16, np.int32, np.uint8, np.bool_]
+
+
+def check(ipu, f, *args):
+    want = jax.tree.leaves(jax.jit(f)(*jax.device_put(args, jax.devices("cpu")[0])))
+    got = jax.tree.leaves(jax.jit(f)(*jax.device_put(args, ipu)))
+    assert len(want) == len(got)
+    for w, g in zip(want, got):
+        w, g = np.asarray(w), np.asarray(g)
+        assert w.dtype == g.dtype and w.shape == g.shape
+        np.testing.assert_array_equal(g, w)
+
+
+def ids(what):
+    return lambda d: f"stablehlo.sort-{what}-{np.dtype(d).name}"
+
+
+def with_specials(x):
+    """Floats with NaN, infinities and signed zeros."""
+    if x.dtype.kind == "f" and x.size >= 6:
+        x = x.copy()
+        x.flat[:6] = [np.nan, -np.inf, np.inf, -0.0, 0.0, -np.nan]
+    return x
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids("jnp.sort"))
+@pytest.mark.parametrize("shape,axis", [((37,), 0), ((4, 9), 1), ((5, 3, 6), 0), ((2, 70), -1)], ids=str)
+def test_jnp_sort(ipu, dtype, shape, axis):
+    x = with_specials(random_array(np.random.default_rng(0), shape, dtype))
+    check(ipu, lambda x: jnp.sort(x, axis=axis), x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids("argsort"))
+@pytest.mark.parametrize("descending", [False, True])
+def test_argsort_is_stable(ipu, dtype, descending):
+    x = with_specials(random_array(np.random.default_rng(1), (3, 40), dtype))
+    check(ipu, lambda x: jnp.argsort(x, axis=1, descending=descending, stable=True), x)
+
+
+@pytest.mark.parametrize("num_keys", [1, 2, 3], ids=lambda k: f"stablehlo.sort-lax-keys{k}")
+def test_lax_sort_several_operands(ipu, num_keys):
+    rng = np.random.default_rng(2)
+    a = rng.integers(0, 3, (5, 30)).astype(np.int32)
+    b = rng.integers(0, 3, (5, 30)).astype(np.float16)
+    c = rng.standard_normal((5, 30)).astype(np.float32)
+    check(ipu, lambda a, b, c: lax.sort((a, b, c), dimension=1, num_keys=num_keys, is_stable=True), a, b, c)
+
+
+def test_unstable_sort_of_distinct_keys(ipu):
+    x = np.random.default_rng(3).permutation(50).astype(np.float32)
+    check(ipu, lambda x: lax.sort((x, jnp.arange(50)), is_stable=False, num_keys=1), x)
+
+
+def test_lexsort_and_unique(ipu):
+    rng = np.random.default_rng(4)
+    k1, k2 = rng.integers(0, 4, 25).astype(np.int32), rng.integers(0, 4, 25).astype(np.int32)
+    check(ipu, lambda a, b: jnp.lexsort((a, b)), k1, k2)
+    x = rng.integers(0, 6, 20).astype(np.int32)
+    check(ipu, lambda x: jnp.unique(x, size=8, fill_value=-1), x)
+    check(ipu, lambda x: jnp.unique(x, size=8, fill_value=-1, return_index=True, return_counts=True), x)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 64, 100])
+def test_merge_sort_with_arbitrary_comparator(n):
+    """The engine's merge sort, by a comparator that is no single key
+    (|x| first, then the sign), matches Python's stable sort."""
+    import functools
+
+    from jax_ipu.model.kernels_indexing import merge_sort
+    rows = np.random.default_rng(7).integers(-5, 6, (3, n)).astype(np.int32)
+
+    def less(lhs, rhs):
+        a, b = lhs[0], rhs[0]
+        return (np.abs(a) < np.abs(b)) | ((np.abs(a) == np.abs(b)) & (a < b))
+    perm = merge_sort([rows], less)
+    for row, p in zip(rows, perm):
+        cmp = functools.cmp_to_key(lambda i, j: -1 if less([row[i]], [row[j]]) else
+                                   (1 if less([row[j]], [row[i]]) else 0))
+        assert list(p) == sorted(range(n), key=cmp)
+
+
+def test_key_and_merge_comparators_are_detected():
+    from jax_ipu.compiler import compile_module
+    from jax_ipu.graph.programs import Execute, leaves
+    from jax_ipu.model.targets import get_target
+    from jax_ipu.stablehlo import import_module
+
+    def sorts(f, *args):
+        program = compile_module(import_module(jax.jit(f).lower(*args).as_text()), get_target("ipu2"))
+        return [s.compute_set.name.split()[1] for s in leaves(program.body)
+                if isinstance(s, Execute) and s.compute_set.name.startswith("sort")]
+    x = jnp.ones((4, 8), jnp.float32)
+    assert sorts(lambda x: jnp.sort(x, axis=1), x) == ["key"]
+    assert sorts(lambda x: jnp.argsort(-x.astype(jnp.int32), axis=0), x) == ["key"]
+    assert sorts(lambda x: lax.sort((x, x), num_keys=2), x) == ["merge"]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.uint8], ids=lambda d: f"chlo.top_k-{np.dtype(d).name}")
+@pytest.mark.parametrize("k", [1, 4])
+def test_top_k(ipu, dtype, k):
+    x = with_specials(random_array(np.random.default_rng(5), (3, 12), dtype))
+    check(ipu, lambda x: lax.top_k(x, k), x)
+
+
+def test_sort_inside_loop(ipu):
+    x = np.random.default_rng(6).standard_normal(16).astype(np.float32)
+    check(ipu, lambda x: lax.fori_loop(0, 3, lambda i, c: jnp.sort(i - c), x), x)
