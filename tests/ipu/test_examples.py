@@ -20,3 +20,40 @@ def test_mnist_classifier_learns(capsys):
     out = capsys.readouterr().out
     assert accuracy > 0.5, out  # chance is 0.1
     assert "steps/s" in out and "estimated IPU time per step" in out
+
+
+def test_flax_optax_step_on_ipu_matches_cpu_and_donates(ipu, cpu):
+    pytest.importorskip("flax")
+    pytest.importorskip("optax")
+    import jax
+    import numpy as np
+    import optax
+
+    module = runpy.run_path(str(EXAMPLES / "flax_optax_training.py"))
+    model, optimizer = module["MLP"](hidden=32), optax.adam(1e-2)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 64)).astype(np.float32)
+    labels = rng.integers(0, 10, 16).astype(np.int32)
+    params = model.init(jax.random.key(0), x[:1])
+    opt_state = optimizer.init(params)
+    host_state = jax.tree.map(np.asarray, (params, opt_state))  # donation deletes device copies
+
+    results = {}
+    for device in (cpu, ipu):
+        state = jax.device_put(host_state, device)
+        step = module["make_train_step"](model, optimizer)
+        for _ in range(3):
+            new_params, new_opt, loss = step(*state, x, labels)
+            assert all(leaf.is_deleted() for leaf in jax.tree.leaves(state)), "state must be donated"
+            state = (new_params, new_opt)
+        results[device.platform] = (state[0], float(loss))
+    for got, want in zip(jax.tree.leaves(results["ipu"][0]), jax.tree.leaves(results["cpu"][0])):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
+    assert abs(results["ipu"][1] - results["cpu"][1]) < 1e-4
+
+
+def test_flax_optax_example_trains(capsys):
+    pytest.importorskip("flax")
+    module = runpy.run_path(str(EXAMPLES / "flax_optax_training.py"))
+    losses, accuracy = module["main"](["--steps", "40"])
+    assert losses[-1] < losses[0] / 2 and accuracy > 0.7, capsys.readouterr().out
