@@ -3,7 +3,7 @@ name (layout, matmul, reduce tables) plus fused element-wise clusters."""
 from __future__ import annotations
 
 from jax_ipu import ir
-from jax_ipu.compiler import control, conv, indexing, layout, matmul, reduce, sort, windows
+from jax_ipu.compiler import control, conv, indexing, layout, linalg, matmul, reduce, sort, windows
 from jax_ipu.compiler.builder import Builder
 from jax_ipu.compiler.elementwise import lower_cluster
 from jax_ipu.compiler.fuse import Cluster, reads_of
@@ -11,7 +11,7 @@ from jax_ipu.compiler.legalize import FlatFunction
 from jax_ipu.errors import IpuUnimplementedError
 
 RULES = {**layout.RULES, **matmul.RULES, **reduce.RULES, **conv.RULES, **control.RULES, **indexing.RULES,
-         **sort.RULES, **windows.RULES}
+         **sort.RULES, **windows.RULES, **linalg.RULES}
 
 
 def _used_outside(nodes, results) -> dict[int, set]:

@@ -192,6 +192,10 @@ from jax_ipu.model import kernels_indexing  # noqa: E402  (its executors use the
 
 BUILDERS.update(kernels_indexing.BUILDERS)
 
+from jax_ipu.model import kernels_linalg  # noqa: E402
+
+BUILDERS.update(kernels_linalg.BUILDERS)
+
 
 def build(kernel) -> Callable:
     return BUILDERS[type(kernel)](kernel)

@@ -1,0 +1,101 @@
+"""Dense linear algebra: stablehlo.cholesky and triangular_solve, and the
+custom_calls JAX's generic lowerings emit (geqrf's "Qr",
+"ProductOfElementaryHouseholderReflectors") or jax_ipu.lowerings registers
+for the ipu platform ("jax_ipu.lu", "jax_ipu.eigh", "jax_ipu.svd"). Each
+becomes one compute set: matrices spread over tiles, whole matrices a tile,
+one vertex per tile factoring its matrices (a Factorize kernel)."""
+from __future__ import annotations
+
+import numpy as np
+
+from jax_ipu import ir
+from jax_ipu.compiler import cost
+from jax_ipu.compiler.builder import Builder
+from jax_ipu.compiler.layout import name_of
+from jax_ipu.errors import IpuUnimplementedError
+from jax_ipu.graph.codelets_linalg import Factorize
+from jax_ipu.graph.compute import Region, Vertex
+from jax_ipu.graph.mapping import TileMapping
+from jax_ipu.graph.views import View
+
+
+def _matrix_elements(t: ir.TensorType, batch_rank: int) -> int:
+    return int(np.prod(t.shape[batch_rank:], dtype=np.int64))
+
+
+def _factorize(b: Builder, op: ir.Op, kind: str, attrs: dict, flops_per_matrix: float) -> None:
+    for v in op.operands:
+        if v.type.dtype != np.float32:
+            raise IpuUnimplementedError.for_op(op, f"{kind} of {v.type} is not supported (float32 only)",
+                                               "Cast the operand to float32")
+    a_t = op.operands[0].type
+    batch_rank = len(a_t.shape) - 2
+    count = int(np.prod(a_t.shape[:batch_rank], dtype=np.int64))
+    tiles = b.target.num_tiles
+    per_tile = max(1, -(-count // tiles))
+    outs = []
+    for r in op.results:
+        elements = _matrix_elements(r.type, batch_rank)
+        mapping = TileMapping.linear(r.type.size, tiles, grain=max(1, elements * per_tile)) if r.type.size \
+            else None
+        outs.append(b.tensor(f"{name_of(op)}/{len(outs)}", r.type.shape, r.type.dtype, mapping))
+    inputs = [b.view(v, name_of(op)) for v in op.operands]
+    sizes_in = [_matrix_elements(v.type, batch_rank) for v in op.operands]
+    sizes_out = [_matrix_elements(r.type, batch_rank) for r in op.results]
+    vertices = []
+    for first in range(0, count, per_tile):
+        last = min(count, first + per_tile)
+        tile = (first // per_tile) % tiles
+
+        def region(t, e):
+            return Region(t, np.array([[first * e, last * e]]))
+        cycles = cost.worker_cycles(b.target, int(flops_per_matrix * (last - first)), 1,
+                                    b.target.vector_width(np.dtype(np.float32)))
+        vertices.append(Vertex(f"{kind}<float>", int(tile), tuple(region(v.tensor, e) for v, e in zip(inputs, sizes_in)),
+                               tuple(region(t, e) for t, e in zip(outs, sizes_out) if e),
+                               b.target.supervisor_cycles + cycles))
+    b.execute(f"{kind} {name_of(op)}", Factorize(kind, tuple(inputs), tuple(outs), tuple(sorted(attrs.items()))),
+              vertices)
+    b.flops += flops_per_matrix * count
+    for r, t in zip(op.results, outs):
+        b.values[r] = View(t)
+
+
+def cholesky(b: Builder, op: ir.Op) -> None:
+    n = op.operands[0].type.shape[-1]
+    _factorize(b, op, "cholesky", {"lower": bool(op.attrs.get("lower", False))}, n ** 3 / 3)
+
+
+def triangular_solve(b: Builder, op: ir.Op) -> None:
+    a_t, b_t = op.operands[0].type, op.operands[1].type
+    n, rhs = a_t.shape[-1], b_t.shape[-1] * b_t.shape[-2] // max(a_t.shape[-1], 1)
+    attrs = {"left_side": bool(op.attrs.get("left_side", False)), "lower": bool(op.attrs.get("lower", False)),
+             "unit_diagonal": bool(op.attrs.get("unit_diagonal", False)),
+             "transpose_a": str(op.attrs.get("transpose_a", "NO_TRANSPOSE"))}
+    _factorize(b, op, "triangular_solve", attrs, float(n * n * rhs))
+
+
+def _options(target: str) -> tuple[str, dict]:
+    """"jax_ipu.svd:full_matrices=1,compute_uv=0" -> ("svd", {...})."""
+    name, _, options = target.partition(":")
+    attrs = {k: bool(int(v)) for k, v in (o.split("=") for o in options.split(",") if o)}
+    return name.removeprefix("jax_ipu."), attrs
+
+
+def custom_call(b: Builder, op: ir.Op) -> None:
+    target = str(op.attrs.get("call_target_name"))
+    shape = op.operands[0].type.shape if op.operands else (0, 0)
+    m, n = (shape[-2], shape[-1]) if len(shape) >= 2 else (0, 0)
+    if target == "Qr":
+        _factorize(b, op, "qr", {}, 2.0 * m * n * n)
+    elif target == "ProductOfElementaryHouseholderReflectors":
+        _factorize(b, op, "householder", {}, 2.0 * m * n * n)
+    elif target.startswith(("jax_ipu.lu", "jax_ipu.eigh", "jax_ipu.svd")):
+        kind, attrs = _options(target)
+        _factorize(b, op, kind, attrs, {"lu": 2 * m * n * n / 3, "eigh": 9.0 * n ** 3}.get(kind, 12.0 * m * n * n))
+    else:
+        raise IpuUnimplementedError.for_op(op, f"custom_call @{target} is not supported by jax-ipu yet",
+                                           "File an issue, or avoid the op in this program")
+
+
+RULES = {"cholesky": cholesky, "triangular_solve": triangular_solve, "custom_call": custom_call}

@@ -1,0 +1,91 @@
+"""Executors of the linear-algebra kernels (graph.codelets_linalg): LAPACK
+through numpy/scipy per matrix, in the operands' dtype (sgetrf, sgeqrf,
+sorgqr, ssyevd, sgesdd, spotrf, strsm), as XLA:CPU calls it."""
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg
+from scipy.linalg import lapack
+
+from jax_ipu.graph import codelets_linalg
+from jax_ipu.model.kernels import reader
+
+
+def _batched(fn, *arrays):
+    """fn over the matrices of the leading dims; fn returns a tuple."""
+    batch = arrays[0].shape[:-2]
+    flat = [a.reshape((-1,) + a.shape[len(batch):]) for a in arrays]
+    results = [fn(*parts) for parts in zip(*flat)] if flat[0].shape[0] else []
+    return results, batch
+
+
+def _cholesky(a, *, lower=True):
+    with np.errstate(all="ignore"):
+        c, info = lapack.get_lapack_funcs("potrf", (a,))(a, lower=lower, clean=True)
+    return (c if info == 0 else np.full_like(a, np.nan),)
+
+
+def _triangular_solve(a, b, *, left_side, lower, unit_diagonal, transpose_a):
+    trans = {"NO_TRANSPOSE": 0, "TRANSPOSE": 1, "ADJOINT": 2}[transpose_a]
+    if not left_side:    # x a = b  <=>  a^T x^T = b^T
+        return (scipy.linalg.solve_triangular(a, b.T, lower=lower, unit_diagonal=unit_diagonal,
+                                              trans=1 - trans if trans < 2 else 0, check_finite=False).T,)
+    return (scipy.linalg.solve_triangular(a, b, lower=lower, unit_diagonal=unit_diagonal, trans=trans,
+                                          check_finite=False),)
+
+
+def _lu(a):
+    lu, piv, _ = lapack.get_lapack_funcs("getrf", (a,))(a)
+    m = a.shape[0]
+    perm = np.arange(m, dtype=np.int32)
+    for i, p in enumerate(piv[:min(a.shape)]):
+        perm[[i, p]] = perm[[p, i]]
+    return lu, piv[:min(a.shape)].astype(np.int32), perm
+
+
+def _qr(a):
+    qr, tau, _, _ = lapack.get_lapack_funcs("geqrf", (a,))(a)
+    return qr, tau
+
+
+def _householder(a, taus):
+    m, n = a.shape
+    k = taus.shape[0]
+    if n == 0 or m == 0:
+        return (a.copy(),)
+    q, _, _ = lapack.get_lapack_funcs("orgqr", (a,))(a, taus, lwork=max(1, n * 64))
+    del k
+    return (q,)
+
+
+def _eigh(a, *, lower=True):
+    w, v = np.linalg.eigh(a, UPLO="L" if lower else "U")
+    return v, w
+
+
+def _svd(a, *, full_matrices, compute_uv):
+    if not compute_uv:
+        return (np.linalg.svd(a, compute_uv=False),)
+    u, s, vt = np.linalg.svd(a, full_matrices=full_matrices)
+    return s, u, vt
+
+
+_FUNCTIONS = {"cholesky": _cholesky, "triangular_solve": _triangular_solve, "lu": _lu, "qr": _qr,
+              "householder": _householder, "eigh": _eigh, "svd": _svd}
+
+
+def _build_factorize(k: codelets_linalg.Factorize):
+    readers = [reader(v) for v in k.inputs]
+    fn, attrs = _FUNCTIONS[k.op], dict(k.attrs)
+    outs = [(t.id, t.dtype, t.shape) for t in k.outs]
+
+    def run(state):
+        results, batch = _batched(lambda *m: fn(*m, **attrs), *[get(state) for get in readers])
+        for i, (tid, dtype, shape) in enumerate(outs):
+            parts = [r[i] for r in results]
+            value = np.stack(parts) if parts else np.zeros(shape, dtype)
+            state[tid] = np.asarray(value).astype(dtype, copy=False).reshape(shape)
+    return run
+
+
+BUILDERS = {codelets_linalg.Factorize: _build_factorize}

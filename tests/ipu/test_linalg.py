@@ -1,0 +1,118 @@
+"""Dense linear algebra on the ipu device against JAX's CPU backend (f32):
+stablehlo.cholesky and triangular_solve from JAX's generic rules, QR's
+custom_calls (Qr, ProductOfElementaryHouseholderReflectors), and LU, eigh
+and svd through the ipu lowerings of jax_ipu.lowerings. Both sides call
+LAPACK's algorithms in f32; tolerance 1e-4 relative to the result's scale
+(eigenvectors and singular vectors compared up to sign via their
+products)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+import numpy as np
+import pytest
+
+TOL = 1e-4
+
+
+def run(f, *args):
+    ipu, cpu = jax.devices("ipu")[0], jax.devices("cpu")[0]
+    got = jax.tree.leaves(jax.jit(f)(*jax.device_put(args, ipu)))
+    want = jax.tree.leaves(jax.jit(f)(*jax.device_put(args, cpu)))
+    return [np.asarray(g) for g in got], [np.asarray(w) for w in want]
+
+
+def check(f, *args):
+    got, want = run(f, *args)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        scale = max(1.0, float(np.abs(w).max(initial=0)))
+        np.testing.assert_allclose(g, w, rtol=TOL, atol=TOL * scale)
+
+
+def matrix(shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def spd(shape, seed=0):
+    a = matrix(shape, seed)
+    return a @ np.swapaxes(a, -1, -2) + shape[-1] * np.eye(shape[-1], dtype=np.float32)
+
+
+SHAPES = [(4, 4), (3, 6, 6), (2, 2, 5, 5)]
+shape_ids = ["x".join(map(str, s)) for s in SHAPES]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"stablehlo.cholesky-{s}" for s in shape_ids])
+def test_cholesky(shape):
+    check(lambda a: (jnp.linalg.cholesky(a), jsl.cholesky(a, lower=False)), spd(shape))
+
+
+@pytest.mark.parametrize("lower,trans,left", [(True, 0, True), (False, 1, True), (True, 1, False),
+                                              (False, 0, False)],
+                         ids=["stablehlo.triangular_solve-lower", "stablehlo.triangular_solve-upper-T",
+                              "stablehlo.triangular_solve-right-T", "stablehlo.triangular_solve-right"])
+def test_triangular_solve(lower, trans, left):
+    a, b = spd((3, 5, 5)), matrix((3, 5, 4) if left else (3, 4, 5), 1)
+    tri = np.tril(a) if lower else np.triu(a)
+    check(lambda a, b: jax.lax.linalg.triangular_solve(a, b, left_side=left, lower=lower,
+                                                       transpose_a=bool(trans)), tri, b)
+    if left:
+        check(lambda a, b: jsl.solve_triangular(a, b, lower=lower, trans=trans, unit_diagonal=True), tri, b)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"custom_call.jax_ipu.lu-{s}" for s in shape_ids])
+def test_solve_inv_det(shape):
+    a = matrix(shape)
+    check(lambda a: (jnp.linalg.solve(a, a[..., :1] + 1), jnp.linalg.inv(a)), a)
+    if len(shape) > 2:   # unbatched det: its stablehlo.case on the ipu device is a known engine bug
+        check(lambda a: (jnp.linalg.det(a), jnp.linalg.slogdet(a)), a)
+
+
+@pytest.mark.parametrize("shape", [(5, 5), (6, 4), (4, 6)], ids=lambda s: "custom_call.jax_ipu.lu-" +
+                         "x".join(map(str, s)))
+def test_lu(shape):
+    check(lambda a: (jsl.lu(a), jax.lax.linalg.lu(a)), matrix(shape))
+
+
+@pytest.mark.parametrize("shape", [(5, 5), (6, 4), (4, 6), (2, 5, 3)],
+                         ids=lambda s: "custom_call.Qr-" + "x".join(map(str, s)))
+def test_qr(shape):
+    check(lambda a: (jnp.linalg.qr(a), jnp.linalg.qr(a, mode="complete")), matrix(shape))
+
+
+@pytest.mark.parametrize("shape", [(5, 5), (3, 6, 6)], ids=lambda s: "custom_call.jax_ipu.eigh-" +
+                         "x".join(map(str, s)))
+def test_eigh(shape):
+    a = spd(shape)
+    got, want = run(lambda a: jnp.linalg.eigh(a), a)
+    np.testing.assert_allclose(got[0], want[0], rtol=TOL, atol=TOL * np.abs(want[0]).max())
+    g, w = got[1], want[1]   # eigenvectors: up to sign
+    np.testing.assert_allclose(np.abs(np.swapaxes(g, -1, -2) @ w), np.broadcast_to(np.eye(shape[-1]), g.shape),
+                               atol=1e-3)
+    check(lambda a: jnp.linalg.eigvalsh(a), a)
+
+
+@pytest.mark.parametrize("shape", [(5, 5), (6, 4), (2, 3, 5)], ids=lambda s: "custom_call.jax_ipu.svd-" +
+                         "x".join(map(str, s)))
+def test_svd(shape):
+    a = matrix(shape)
+    check(lambda a: jnp.linalg.svd(a, compute_uv=False), a)
+    got, _ = run(lambda a: jnp.linalg.svd(a, full_matrices=False), a)
+    u, s, vt = got
+    np.testing.assert_allclose(u * s[..., None, :] @ vt, a, atol=1e-4)
+    got, _ = run(lambda a: jnp.linalg.svd(a, full_matrices=True), a)
+    assert got[0].shape[-1] == shape[-2] and got[2].shape[-2] == shape[-1]
+
+
+def test_scipy_solvers():
+    a, b = spd((5, 5)), matrix((5, 3), 1)
+    check(lambda a, b: (jsl.cho_solve(jsl.cho_factor(a), b), jsl.lu_solve(jsl.lu_factor(a), b),
+                        jsl.solve(a, b, assume_a="pos"), jsl.inv(a), jnp.linalg.pinv(a)), a, b)
+
+
+def test_f16_is_a_clear_error():
+    a = jax.device_put(spd((4, 4)).astype(np.float16), jax.devices("ipu")[0])
+    with pytest.raises(Exception, match=r"stablehlo.cholesky at .*float32 only"):
+        jax.jit(lambda a: jax.lax.linalg.cholesky(a, symmetrize_input=False))(a).block_until_ready()
