@@ -9,7 +9,12 @@ rules only for named platforms (jax/_src/lax/linalg.py):
 - lu: the generic rule is a Python loop of dynamic slices and scatters;
   eigh and svd have CPU/GPU (LAPACK, cuSOLVER) and TPU rules only. These
   get a custom_call "jax_ipu.<op>:<options>" here, which the compiler
-  runs as a Factorize kernel (LAPACK's algorithm, as XLA:CPU)."""
+  runs as a Factorize kernel (LAPACK's algorithm, as XLA:CPU).
+
+And for threefry keys, iota_2x32_shape (the counters of jax.random): JAX
+counts in uint64 and splits the count into 32-bit halves; the IPU has no
+64-bit integers, so below 2**32 elements the ipu rule counts in uint32
+(the high half is zero), giving the same bits."""
 from __future__ import annotations
 
 PLATFORM = "ipu"
@@ -44,10 +49,28 @@ def _svd(ctx, operand, *, full_matrices, compute_uv, subset_by_index, algorithm=
     return _custom_call("svd", full_matrices=full_matrices, compute_uv=compute_uv)(ctx, operand)
 
 
+def _iota_2x32_shape(ctx, *, shape):
+    import numpy as np
+    from jax._src import core
+    from jax._src.interpreters import mlir
+
+    size = int(np.prod(shape, dtype=np.int64))
+    if size >= 2 ** 32:
+        raise NotImplementedError(f"random bits for {size} elements (2**32 or more) are not supported on "
+                                  "the ipu platform")
+    aval_out = ctx.avals_out[0]
+    flat = mlir.iota(ctx, core.ShapedArray((size,), np.dtype(np.uint32)), dimension=0)
+    lo = mlir.hlo.reshape(mlir.aval_to_ir_type(ctx.module_context, aval_out), flat)
+    hi = mlir.full_like_aval(ctx, 0, aval_out)
+    return hi, lo
+
+
 def register() -> None:
     from jax._src.interpreters import mlir
     from jax._src.lax import linalg
+    from jax._src.random import prng
 
     mlir.register_lowering(linalg.lu_p, _lu, platform=PLATFORM)
     mlir.register_lowering(linalg.eigh_p, _eigh, platform=PLATFORM)
     mlir.register_lowering(linalg.svd_p, _svd, platform=PLATFORM)
+    mlir.register_lowering(prng.iota_2x32_shape_p, _iota_2x32_shape, platform=PLATFORM)
