@@ -10,8 +10,10 @@ This module holds the small public API; nothing heavy is imported here.
 """
 __version__ = "0.1.0"
 
+from jax_ipu import profile  # noqa: F401  (light: start/stop/profiling)
 from jax_ipu.errors import (IpuCompileError, IpuError, IpuInvalidArgument,  # noqa: F401
                             IpuOutOfMemoryError, IpuRuntimeError, IpuUnimplementedError)
+from jax_ipu.profile import profiling  # noqa: F401
 
 
 def _client():
@@ -44,3 +46,11 @@ def transfer_stats(device=None) -> dict[str, int]:
         for key, value in d.transfers.as_dict().items():
             total[key] += value
     return total
+
+
+def last_profile(device=None) -> dict | None:
+    """The profile report (a dict, as written to JSON) of the last program
+    run on an IPU device (the first when None), whether or not profiling is
+    on; None before any run. Waits for the runs already queued."""
+    from jax_ipu import profile
+    return profile.last(_client().device(0 if device is None else device.id))

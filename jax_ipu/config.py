@@ -5,10 +5,16 @@ JAX_IPU_USE_MODEL=1           run on the IPU Model (the only target of this buil
 JAX_IPU_MODEL_NUM_TILES=T     shrink each modelled IPU to T tiles
 JAX_IPU_TARGET=ipu2           ipu1 (Mk1), ipu2 (Mk2, default) or ipu21 (Bow)
 TF_POPLAR_FLAGS='--use_ipu_model --ipu_model_tiles=8'   the older spelling
+JAX_IPU_ALLOW_OUT_OF_MEMORY=1 compile programs that do not fit (Poplar's
+                              debug.allowOutOfMemory); the profile shows by how much
+JAX_IPU_PROFILE=DIR           write a profile of every executed program to DIR
+POPLAR_ENGINE_OPTIONS='{"autoReport.all":"true","autoReport.directory":"./report",
+                        "debug.allowOutOfMemory":"true"}'   Poplar's spelling of the two above
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shlex
 
@@ -23,6 +29,8 @@ class Config:
     device_count: int = 1
     target: str = "ipu2"
     num_tiles: int | None = None
+    allow_out_of_memory: bool = False
+    profile_directory: str | None = None
 
 
 def _int(name: str, text: str, minimum: int) -> int:
@@ -43,6 +51,33 @@ def _poplar_flags(text: str) -> dict[str, str]:
     return flags
 
 
+def _flag(name: str, text: str) -> bool:
+    value = str(text).strip().lower()
+    if value not in _TRUE | _FALSE:
+        raise IpuInvalidArgument(f"{name}={text!r}: expected true or false")
+    return value in _TRUE
+
+
+def _engine_options(text: str) -> dict:
+    try:
+        options = json.loads(text) if text.strip() else {}
+    except ValueError as exc:
+        raise IpuInvalidArgument(f"POPLAR_ENGINE_OPTIONS is not JSON ({exc}): {text!r}") from None
+    if not isinstance(options, dict):
+        raise IpuInvalidArgument(f"POPLAR_ENGINE_OPTIONS must be a JSON object, not {text!r}")
+    return options
+
+
+def _profile_directory(env, engine: dict) -> str | None:
+    """JAX_IPU_PROFILE, else Poplar's autoReport (directory "." by default,
+    as in Poplar) when autoReport.all or an execution profile is asked for."""
+    if env.get("JAX_IPU_PROFILE"):
+        return env["JAX_IPU_PROFILE"]
+    wanted = any(_flag(f"POPLAR_ENGINE_OPTIONS {key}", engine[key])
+                 for key in ("autoReport.all", "autoReport.outputExecutionProfile") if key in engine)
+    return str(engine.get("autoReport.directory", ".")) if wanted else None
+
+
 def from_environment(env=None, overrides: dict | None = None) -> Config:
     """Reads the settings; `overrides` (PJRT client options) win."""
     env = os.environ if env is None else env
@@ -57,8 +92,12 @@ def from_environment(env=None, overrides: dict | None = None) -> Config:
     overrides = overrides or {}
     tiles = overrides.get("num_tiles") or env.get("JAX_IPU_MODEL_NUM_TILES") or poplar.get("ipu_model_tiles")
     count = overrides.get("device_count") or env.get("JAX_IPU_DEVICE_COUNT", "1")
+    engine = _engine_options(env.get("POPLAR_ENGINE_OPTIONS", ""))
+    allow_oom = env.get("JAX_IPU_ALLOW_OUT_OF_MEMORY") or engine.get("debug.allowOutOfMemory", "false")
     return Config(
         device_count=_int("JAX_IPU_DEVICE_COUNT", str(count), 1),
         target=str(overrides.get("target") or env.get("JAX_IPU_TARGET", "ipu2")),
         num_tiles=_int("JAX_IPU_MODEL_NUM_TILES", str(tiles), 1) if tiles else None,
+        allow_out_of_memory=_flag("JAX_IPU_ALLOW_OUT_OF_MEMORY", allow_oom),
+        profile_directory=_profile_directory(env, engine),
     )

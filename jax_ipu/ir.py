@@ -120,6 +120,7 @@ class Module:
     num_replicas: int = 1
     num_partitions: int = 1
     entry: str = "main"
+    name: str = "main"                 # the module's sym_name, e.g. jit_f
 
     @property
     def main(self) -> Function:

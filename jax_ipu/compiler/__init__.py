@@ -66,7 +66,7 @@ def compile_module(module: ir.Module, target: Target, options: CompileOptions = 
     if not options.allow_out_of_memory:
         check_fits(memory, b.tensors, target)
     return Program(
-        name=main.name, target_name=target.name, num_tiles=target.num_tiles, tensors=b.tensors, body=body, inputs=inputs,
+        name=module.name, target_name=target.name, num_tiles=target.num_tiles, tensors=b.tensors, body=body, inputs=inputs,
         outputs=outputs, input_types=[a.type for a in flat.args], output_types=[v.type for v in flat.results],
         aliases=aliases, in_place=in_place_outputs(b.steps, inputs, outputs, aliases, first, last),
         cycles=sum(getattr(s, "cycles", 0) for s in b.steps), host_cycles=host_cycles, memory=memory,

@@ -34,14 +34,19 @@ class Client:
 
     def compile(self, code: bytes, fmt: str, options: bytes) -> Executable:
         from jaxlib._jax import CompileOptions
-        from jax_ipu.compiler import compile_module
+        from jax_ipu.compiler import CompileOptions as IpuCompileOptions, compile_module
         from jax_ipu.stablehlo import import_module
 
         if fmt != "mlir":
             raise IpuInvalidArgument(f"jax-ipu compiles StableHLO ('mlir') programs, not {fmt!r}")
         parsed = CompileOptions.ParseFromString(options)
         module = import_module(code)
-        program = compile_module(module, self.target)
+        program = compile_module(module, self.target,
+                                 IpuCompileOptions(allow_out_of_memory=self.config.allow_out_of_memory))
+        if not program.memory.fits:
+            import warnings
+            warnings.warn(f"{program.name} does not fit in {self.target.describe()} ({program.memory.describe()}); "
+                          "compiled anyway (JAX_IPU_ALLOW_OUT_OF_MEMORY): see its profile", stacklevel=2)
         assignment_proto = parsed.executable_build_options.device_assignment
         if assignment_proto is not None:
             serialized = assignment_proto.serialize()
@@ -77,4 +82,7 @@ class Client:
 def create_client(options: dict) -> Client:
     global CURRENT
     CURRENT = Client(config_lib.from_environment(overrides=options))
+    if CURRENT.config.profile_directory:
+        from jax_ipu import profile
+        profile.start(CURRENT.config.profile_directory, write_at_exit=True)
     return CURRENT

@@ -37,7 +37,12 @@ class DeviceWorker:
         self._jobs.put(job)
 
     def close(self) -> None:
+        self.closed = True
         self._jobs.put(None)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive() and not getattr(self, "closed", False)
 
     def _loop(self) -> None:
         while (job := self._jobs.get()) is not None:
@@ -61,4 +66,4 @@ class Device:
         self.transfers = TransferCounters()
         self.engine = Engine(target)
         self.worker = DeviceWorker(f"ipu{id}")
-        self.last_profile = None
+        self.last_program = None   # for jax_ipu.last_profile, with engine.last_run

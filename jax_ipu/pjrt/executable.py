@@ -5,6 +5,7 @@ import hashlib
 
 import numpy as np
 
+from jax_ipu import profile
 from jax_ipu.errors import IpuInvalidArgument
 from jax_ipu.pjrt._capi import Event
 from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer
@@ -146,6 +147,9 @@ class _Run:
                 out.fail(exc)
             self.done.set(exc)
             return
+        self.device.last_program = self.program
+        if profile.ACTIVE is not None:
+            profile.ACTIVE.record(self.program, self.device, self.device.engine.last_run)
         for out, result in zip(self.outputs, results):
             out.fulfil(result)
         self.done.set()

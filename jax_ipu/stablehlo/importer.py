@@ -42,7 +42,8 @@ def import_module(code: bytes) -> ir.Module:
     return ir.Module(
         functions=functions,
         num_replicas=_int_attr(attrs, "mhlo.num_replicas", 1),
-        num_partitions=_int_attr(attrs, "mhlo.num_partitions", 1))
+        num_partitions=_int_attr(attrs, "mhlo.num_partitions", 1),
+        name=attrs["sym_name"].value if "sym_name" in attrs else "main")
 
 
 def _value(attr):

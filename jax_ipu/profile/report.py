@@ -1,0 +1,123 @@
+"""The report of one program's run: a plain dict, written as JSON.
+
+    format            "jax-ipu-profile/1"
+    program, device   the program's name (jit_f) and the device id
+    target            the modelled IPU: name, tiles, SRAM per tile, clock, host link
+    memory            fits, the busiest tile and its bytes, totals, and per tile
+                      (lists indexed by tile): always_live (= arguments +
+                      constants + code, which holds vertex state),
+                      not_always_live_peak and peak; the largest tensors on the
+                      busiest tile
+    compute_sets      per compute set in the program: vertices, tiles, codelets,
+                      estimated cycles and exchanged bytes
+    steps             the last run's executed steps in order (Execute or Copy):
+                      name, cycles, exchanged bytes; loops appear once per iteration
+    exchange_bytes    bytes moved between tiles in the last run
+    host_transfers    the program's argument and result streams: bytes, cycles
+    cycles            device (the last run's steps), host (streams), total
+    estimated_seconds device = cycles / clock, host_transfers = bytes / host link,
+                      total
+    cost_analysis, memory_stats   what JAX's compiled.cost_analysis() and
+                      memory_analysis() report for the program
+"""
+from __future__ import annotations
+
+import collections
+import json
+
+import numpy as np
+
+from jax_ipu.graph.programs import DeviceToHost, Execute, HostToDevice, leaves
+
+FORMAT = "jax-ipu-profile/1"
+MAX_STEPS = 10_000     # long loops: the first steps, and the count of the rest
+
+
+def _per_tile(tensors, num_tiles: int) -> np.ndarray:
+    total = np.zeros(num_tiles, dtype=np.int64)
+    for t in tensors:
+        total += t.mapping.elements_per_tile(num_tiles) * t.dtype.itemsize
+    return total
+
+
+def memory(program) -> dict:
+    m = program.memory
+    tiles = program.num_tiles
+    arguments = _per_tile(program.inputs, tiles)
+    constants = _per_tile([t for t in program.tensors if t.constant is not None], tiles)
+    tile = m.max_tile
+    on_tile = sorted(((int(t.mapping.elements_per_tile(tiles)[tile]) * t.dtype.itemsize, t)
+                      for t in program.tensors), key=lambda x: -x[0])
+    return {
+        "bytes_per_tile": m.bytes_per_tile, "fits": bool(m.fits), "max_tile": tile, "max_bytes": m.max_bytes,
+        "total_bytes": m.total_bytes, "always_live_bytes": int(m.always_live.sum()),
+        "not_always_live_peak_bytes": int(m.not_always_live_peak.sum()),
+        "tiles_over_limit": int((m.peak > m.bytes_per_tile).sum()),
+        "largest_tensors_on_max_tile": [
+            {"name": t.name, "dtype": t.dtype.name, "shape": list(t.shape), "bytes_on_tile": n,
+             "always_live": t.constant is not None or t in program.inputs}
+            for n, t in on_tile[:5] if n],
+        "per_tile": {
+            "always_live": m.always_live.tolist(), "arguments": arguments.tolist(),
+            "constants": constants.tolist(), "code": m.code.tolist(),
+            "not_always_live_peak": m.not_always_live_peak.tolist(), "peak": m.peak.tolist(),
+        },
+    }
+
+
+def compute_sets(program) -> list[dict]:
+    out = []
+    for step in leaves(program.body):
+        if isinstance(step, Execute):
+            cs = step.compute_set
+            codelets = collections.Counter(v.codelet for v in cs.vertices)
+            out.append({"name": cs.name, "vertices": len(cs.vertices), "tiles": len(cs.tiles()),
+                        "codelets": dict(codelets), "cycles": step.cycles, "exchange_bytes": step.exchange_bytes})
+    return out
+
+
+def host_transfers(program, target) -> dict:
+    streams = [s for s in leaves(program.body) if isinstance(s, (HostToDevice, DeviceToHost))]
+    to_device = [{"argument": s.index, "bytes": s.tensor.nbytes, "cycles": s.cycles}
+                 for s in streams if isinstance(s, HostToDevice)]
+    to_host = [{"result": s.index, "bytes": s.src.size * s.src.dtype.itemsize, "cycles": s.cycles}
+               for s in streams if isinstance(s, DeviceToHost)]
+    nbytes = sum(s["bytes"] for s in to_device + to_host)
+    return {"host_to_device": to_device, "device_to_host": to_host, "bytes": nbytes,
+            "cycles": program.host_cycles, "seconds": nbytes / target.host_link_bytes_per_second}
+
+
+def build(program, run, device) -> dict:
+    """The report of `program`'s run (a model.engine.RunRecord) on a pjrt
+    Device (or anything with .id and .target)."""
+    target = device.target
+    steps = [{"kind": kind, "name": name, "cycles": int(cycles), "exchange_bytes": int(nbytes)}
+             for kind, name, cycles, nbytes in run.steps[:MAX_STEPS]]
+    host = host_transfers(program, target)
+    cycles = int(run.cycles)
+    device_seconds = cycles / target.clock_hz
+    return {
+        "format": FORMAT,
+        "program": program.name,
+        "device": int(device.id),
+        "target": {"name": target.name, "num_tiles": target.num_tiles, "bytes_per_tile": target.bytes_per_tile,
+                   "clock_hz": target.clock_hz, "host_link_bytes_per_second": target.host_link_bytes_per_second,
+                   "description": target.describe()},
+        "memory": memory(program),
+        "compute_sets": compute_sets(program),
+        "steps": steps,
+        "steps_not_listed": max(len(run.steps) - MAX_STEPS, 0),
+        "exchange_bytes": int(run.exchange_bytes),
+        "host_transfers": host,
+        "cycles": {"device": cycles, "host": int(program.host_cycles), "total": cycles + int(program.host_cycles)},
+        "estimated_seconds": {"device": device_seconds, "host_transfers": host["seconds"],
+                              "total": device_seconds + host["seconds"]},
+        "cost_analysis": program.cost_analysis(),
+        "memory_stats": program.memory_stats(),
+    }
+
+
+def write_json(report: dict, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+        f.write("\n")

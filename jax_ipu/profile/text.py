@@ -1,0 +1,72 @@
+"""A readable summary of a profile report (what `jax-ipu report` prints)."""
+from __future__ import annotations
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _seconds(s: float) -> str:
+    return f"{s * 1e6:.1f} us" if s < 1e-2 else f"{s * 1e3:.2f} ms"
+
+
+def summary(report: dict, top: int = 10) -> str:
+    target, mem, host = report["target"], report["memory"], report["host_transfers"]
+    cycles, seconds = report["cycles"], report["estimated_seconds"]
+    per_tile = mem["per_tile"]
+    tiles_used = sum(1 for p in per_tile["peak"] if p)
+    lines = [
+        f"Program {report['program']} on IPU {report['device']}: {target['description']}",
+        "",
+        "Memory",
+        f"  {'fits' if mem['fits'] else 'DOES NOT FIT'}: peak {_bytes(mem['max_bytes'])} on tile {mem['max_tile']} "
+        f"of {_bytes(mem['bytes_per_tile'])} per tile"
+        + ("" if mem["fits"] else f" ({mem['tiles_over_limit']} tiles over the limit)"),
+        f"  total {_bytes(mem['total_bytes'])} on {tiles_used} tiles: always-live {_bytes(mem['always_live_bytes'])} "
+        f"(arguments {_bytes(sum(per_tile['arguments']))}, constants {_bytes(sum(per_tile['constants']))}, "
+        f"code and vertex state {_bytes(sum(per_tile['code']))}), "
+        f"not-always-live peak {_bytes(mem['not_always_live_peak_bytes'])}",
+    ]
+    if mem["largest_tensors_on_max_tile"]:
+        lines.append(f"  largest tensors on tile {mem['max_tile']}:")
+        for t in mem["largest_tensors_on_max_tile"]:
+            lines.append(f"    {_bytes(t['bytes_on_tile']):>10}  {t['name']} {t['dtype']}{t['shape']}"
+                         + ("  (always-live)" if t["always_live"] else ""))
+    steps = report["steps"]
+    executes = [s for s in steps if s["kind"] == "Execute"]
+    copies = [s for s in steps if s["kind"] == "Copy"]
+    lines += [
+        "",
+        "Execution (last run)",
+        f"  {len(executes)} compute sets and {len(copies)} copies executed"
+        + (f" (+{report['steps_not_listed']} steps not listed)" if report.get("steps_not_listed") else ""),
+        f"  {cycles['device']:,} cycles = {_seconds(seconds['device'])} at {target['clock_hz'] / 1e9:.3g} GHz; "
+        f"{_bytes(report['exchange_bytes'])} exchanged between tiles",
+        f"  host transfers: {_bytes(host['bytes'])} ({len(host['host_to_device'])} in, "
+        f"{len(host['device_to_host'])} out) = {_seconds(host['seconds'])} "
+        f"at {target['host_link_bytes_per_second'] / 1e9:.3g} GB/s",
+        f"  estimated IPU time: {_seconds(seconds['total'])}",
+    ]
+    runs = report.get("runs")
+    if runs:
+        lines.append(f"  runs: {runs['count']}, {runs['total_cycles']:,} cycles in all "
+                     f"(min {runs['min_cycles']:,}, max {runs['max_cycles']:,}), "
+                     f"estimated {_seconds(runs['total_estimated_seconds'])} in all")
+    total = max(cycles["device"], 1)
+    busiest = sorted(steps, key=lambda s: -s["cycles"])[:top]
+    if busiest:
+        lines += ["", f"Busiest steps (of {len(steps)})",
+                  f"  {'cycles':>12} {'share':>6} {'exchange':>10}  step"]
+        for s in busiest:
+            lines.append(f"  {s['cycles']:>12,} {100 * s['cycles'] / total:5.1f}% {_bytes(s['exchange_bytes']):>10}  "
+                         f"{s['kind']} {s['name']}")
+    sets = report["compute_sets"]
+    if sets:
+        lines += ["", f"Compute sets ({len(sets)})", f"  {'vertices':>8} {'tiles':>6} {'cycles':>12}  name"]
+        for cs in sorted(sets, key=lambda c: -c["cycles"])[:top]:
+            lines.append(f"  {cs['vertices']:>8} {cs['tiles']:>6} {cs['cycles']:>12,}  {cs['name']}")
+    return "\n".join(lines)
