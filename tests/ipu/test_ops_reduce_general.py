@@ -1,0 +1,62 @@
+"""stablehlo.reduce with general bodies on the ipu device against JAX's
+CPU backend: argmax/argmin (two operands, comparator body), variadic
+reductions via lax.reduce, bodies of several ops. Exact for integers and
+selections; f32 sums within 1e-5."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+
+def check(f, *args, tol=1e-5):
+    ipu, cpu = jax.devices("ipu")[0], jax.devices("cpu")[0]
+    got = jax.tree.leaves(jax.jit(f)(*jax.device_put(args, ipu)))
+    want = jax.tree.leaves(jax.jit(f)(*jax.device_put(args, cpu)))
+    for g, w in zip(got, want):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=tol, atol=tol, equal_nan=True)
+
+
+def values(shape, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.integers(-30, 30, shape).astype(dtype)   # many ties
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.int8], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", [(50,), (7, 300), (3, 4, 5)], ids=lambda s: "stablehlo.reduce-argmax-" +
+                         "x".join(map(str, s)))
+def test_argmax_argmin(shape, dtype):
+    x = values(shape, dtype)
+    check(lambda a: (jnp.argmax(a), jnp.argmin(a, axis=-1), jnp.argmax(a, axis=0), jnp.nanargmax(a)
+                     if a.dtype.kind == "f" else jnp.argmax(a)), x)
+
+
+def test_argmax_with_nan():
+    x = values((6, 40), np.float32)
+    x[2, 5] = x[4, 0] = np.nan
+    check(lambda a: (jnp.argmax(a, axis=1), jnp.argmin(a, axis=1)), x)
+
+
+def test_variadic_reduce_min_with_payload():
+    """lax.reduce over (values, payload): the pair with the smallest value."""
+    rng = np.random.default_rng(0)    # distinct values: ties make the reduction order visible
+    x = np.stack([rng.permutation(60) for _ in range(5)]).astype(np.float32)
+    p = values((5, 60), np.int32, 1)
+
+    def body(a, b):
+        take_a = a[0] <= b[0]
+        return (jnp.where(take_a, a[0], b[0]), jnp.where(take_a, a[1], b[1]))
+    check(lambda x, p: lax.reduce((x, p), (np.float32(np.inf), np.int32(-1)), body, (1,)), x, p)
+
+
+def test_body_of_several_ops():
+    """Bodies that are not one op (associative, as XLA requires): max of
+    |x|, and max + min (a sum)."""
+    x = values((4, 33), np.float32) / 7
+    check(lambda a: lax.reduce(a, np.float32(0), lambda u, v: jnp.maximum(jnp.abs(u), jnp.abs(v)), (1,)), x)
+    y = values((9, 20), np.int32)
+    check(lambda a: lax.reduce(a, np.int32(0), lambda u, v: jnp.maximum(u, v) + jnp.minimum(u, v), (0,)), y)
