@@ -54,3 +54,15 @@ def last_profile(device=None) -> dict | None:
     on; None before any run. Waits for the runs already queued."""
     from jax_ipu import profile
     return profile.last(_client().device(0 if device is None else device.id))
+
+
+_LAZY = {"InfeedQueue": "jax_ipu.feeds", "OutfeedQueue": "jax_ipu.feeds", "infeed": "jax_ipu.feeds",
+         "outfeed": "jax_ipu.feeds", "FeedError": "jax_ipu.feeds", "FeedTimeout": "jax_ipu.feeds"}
+
+
+def __getattr__(name: str):
+    # Feeds import jax; jax imports this package while it discovers plugins.
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'jax_ipu' has no attribute {name!r}")

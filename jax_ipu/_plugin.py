@@ -14,7 +14,7 @@ def initialize() -> None:
     from jax._src.interpreters import mlir
     from jaxlib.mlir.dialects import stablehlo
 
-    from jax_ipu import lowerings
+    from jax_ipu import callbacks, lowerings
     from jax_ipu.pjrt import _capi
 
     def version(text: str) -> tuple[int, ...]:
@@ -32,3 +32,4 @@ def initialize() -> None:
     xla_bridge._nonexperimental_plugins.add(PLATFORM)
     xla_bridge.register_plugin(PLATFORM, priority=PRIORITY, c_api=_capi.api_capsule())
     lowerings.register()
+    callbacks.install()

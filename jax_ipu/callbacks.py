@@ -1,0 +1,95 @@
+"""Host callbacks inside ipu programs: jax.debug.print / debug.callback,
+jax.pure_callback and io_callback (and so jax_ipu's feeds).
+
+JAX emits Python callbacks only for the platforms it knows. For `ipu` the
+plugin lowers them to `stablehlo.custom_call @jax_ipu.host_callback` whose
+backend_config is the callback's id in this process's registry; the
+compiler turns that into a host exchange (operands stream to the host, the
+function runs, results stream back), charged at the host-link rate.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+
+import numpy as np
+
+from jax_ipu.errors import IpuRuntimeError
+
+TARGET = "jax_ipu.host_callback"
+_registry: dict[int, object] = {}
+_ids = itertools.count()
+_lock = threading.Lock()
+
+
+def register(fn) -> int:
+    with _lock:
+        callback_id = next(_ids)
+        _registry[callback_id] = fn
+    return callback_id
+
+
+def call(callback_id: int, args: list[np.ndarray], result_specs) -> list[np.ndarray]:
+    """Runs a registered callback on host copies of `args` and checks what
+    it returns against `result_specs` [(shape, dtype)]."""
+    try:
+        fn = _registry[callback_id]
+    except KeyError:
+        raise IpuRuntimeError(f"host callback {callback_id} is not registered in this process "
+                              "(programs with callbacks cannot be serialized)") from None
+    results = fn(*args)
+    if len(results) != len(result_specs):
+        raise IpuRuntimeError(f"the host callback returned {len(results)} values, "
+                              f"the program expects {len(result_specs)}")
+    out = []
+    for i, (value, (shape, dtype)) in enumerate(zip(results, result_specs)):
+        value = np.asarray(value)
+        if value.shape != tuple(shape) or value.dtype != dtype:
+            raise IpuRuntimeError(f"host callback result {i}: expected {np.dtype(dtype).name}{list(shape)}, "
+                                  f"got {value.dtype.name}{list(value.shape)}")
+        out.append(value)
+    return out
+
+
+def _emit(original):
+    """Wraps jax's emit_python_callback: `ipu` gets the host-callback custom
+    call; every other platform keeps JAX's own lowering."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import hlo
+
+    def emit_python_callback(ctx, callback, token, operands, operand_avals, result_avals, *,
+                             has_side_effect, returns_token=True, partitioned=False, sharding=None):
+        if list(ctx.module_context.platforms) != ["ipu"]:
+            return original(ctx, callback, token, operands, operand_avals, result_avals,
+                            has_side_effect=has_side_effect, returns_token=returns_token,
+                            partitioned=partitioned, sharding=sharding)
+        callback_id = register(callback)
+        result_types = [mlir.aval_to_ir_type(a) for a in result_avals]
+        all_operands = list(operands)
+        if token is not None:
+            all_operands = [token, *all_operands]
+            result_types = [hlo.TokenType.get(), *result_types]
+        op = hlo.CustomCallOp(
+            result_types, all_operands,
+            call_target_name=ir.StringAttr.get(TARGET),
+            has_side_effect=ir.BoolAttr.get(has_side_effect),
+            backend_config=ir.StringAttr.get(str(callback_id)),
+        )
+        results = list(op.results)
+        if token is not None:
+            token, *results = results
+        return results, token, None
+
+    emit_python_callback.__wrapped__ = original
+    return emit_python_callback
+
+
+def install() -> None:
+    """Registers the ipu lowerings of JAX's callback primitives (idempotent)."""
+    from jax._src import callback, debugging
+    from jax._src.interpreters import mlir
+
+    if not hasattr(callback.emit_python_callback, "__wrapped__"):
+        callback.emit_python_callback = _emit(callback.emit_python_callback)
+    mlir.register_lowering(debugging.debug_callback_p, debugging.debug_callback_lowering, platform="ipu")

@@ -1,0 +1,131 @@
+"""Infeeds and outfeeds: host queues that programs read and write while
+they run, so a training loop can stay on the device (lax.fori_loop,
+while_loop, scan) and be fed batch by batch.
+
+    feed = jax_ipu.InfeedQueue(batch_spec)        # a pytree of ShapeDtypeStruct
+    losses = jax_ipu.OutfeedQueue()
+    def train(params, steps):
+        def body(i, params):
+            x, y = jax_ipu.infeed(feed)
+            params, loss = update(params, x, y)
+            jax_ipu.outfeed(losses, loss)
+            return params
+        return lax.fori_loop(0, steps, body, params)
+    feed.put((x0, y0)); ...                       # before or while it runs
+    jax.jit(train, static_argnums=1, donate_argnums=0)(params, 10)
+    print(list(losses))
+
+jax 0.10 has no lax.infeed/outfeed and PJRT has no infeed calls, so the
+feeds are ordered host callbacks: the same code runs on cpu and gpu (JAX's
+io_callback), and on ipu as host exchanges charged at the host-link rate.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+
+import jax
+import numpy as np
+from jax.experimental import io_callback
+
+from jax_ipu.errors import IpuError
+
+DEFAULT_TIMEOUT = 60.0
+
+
+class FeedError(IpuError):
+    pjrt_code = "INVALID_ARGUMENT"
+
+
+class FeedTimeout(IpuError):
+    pjrt_code = "DEADLINE_EXCEEDED"
+
+
+class _Queue:
+    def __init__(self, name: str, timeout: float):
+        self.name = name
+        self.timeout = timeout
+        self._items: collections.deque = collections.deque()
+        self._ready = threading.Condition()
+        self._closed = False
+
+    def _push(self, item) -> None:
+        with self._ready:
+            if self._closed:
+                raise FeedError(f"{self.name} is closed")
+            self._items.append(item)
+            self._ready.notify()
+
+    def _pop(self, timeout: float | None):
+        with self._ready:
+            if not self._ready.wait_for(lambda: self._items or self._closed, timeout):
+                raise FeedTimeout(f"{self.name}: nothing arrived within {timeout} s "
+                                  f"(set the queue's timeout, or put more items)")
+            if not self._items:
+                raise FeedError(f"{self.name} was closed while a program waited on it")
+            return self._items.popleft()
+
+    def close(self) -> None:
+        """Wakes any waiting program with an error; later puts raise."""
+        with self._ready:
+            self._closed = True
+            self._items.clear()
+            self._ready.notify_all()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class InfeedQueue(_Queue):
+    """Batches for programs to read with jax_ipu.infeed(queue). `spec` is a
+    pytree of jax.ShapeDtypeStruct (or of example arrays); what is put must
+    match it exactly."""
+
+    def __init__(self, spec, *, timeout: float = DEFAULT_TIMEOUT, name: str = "infeed"):
+        super().__init__(name, timeout)
+        self.spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype
+                                                                if not hasattr(a, "dtype") else a.dtype), spec)
+
+    def put(self, item) -> None:
+        leaves, tree = jax.tree.flatten(item)
+        spec_leaves, spec_tree = jax.tree.flatten(self.spec)
+        if tree != spec_tree:
+            raise FeedError(f"{self.name}: expected the structure {spec_tree}, got {tree}")
+        arrays = []
+        for i, (leaf, want) in enumerate(zip(leaves, spec_leaves)):
+            array = np.asarray(leaf)
+            if array.shape != want.shape or array.dtype != want.dtype:
+                raise FeedError(f"{self.name}: leaf {i} is {array.dtype.name}{list(array.shape)}, "
+                                f"the queue takes {np.dtype(want.dtype).name}{list(want.shape)}")
+            arrays.append(array)
+        self._push(jax.tree.unflatten(tree, arrays))
+
+
+class OutfeedQueue(_Queue):
+    """Values programs write with jax_ipu.outfeed(queue, value)."""
+
+    def __init__(self, *, timeout: float = DEFAULT_TIMEOUT, name: str = "outfeed"):
+        super().__init__(name, timeout)
+
+    def get(self, timeout: float | None = None):
+        return self._pop(self.timeout if timeout is None else timeout)
+
+    def __iter__(self):
+        """Drains what is there now."""
+        while self._items:
+            yield self._items.popleft()
+
+
+def infeed(queue: InfeedQueue):
+    """Inside a jitted program: the next item of `queue` (waits up to the
+    queue's timeout, then the program fails with FeedTimeout)."""
+    return io_callback(lambda: queue._pop(queue.timeout), queue.spec, ordered=True)
+
+
+def outfeed(queue: OutfeedQueue, value) -> None:
+    """Inside a jitted program: appends `value` (a pytree) to `queue`."""
+    leaves, tree = jax.tree.flatten(value)
+
+    def push(*host_leaves):
+        queue._push(jax.tree.unflatten(tree, [np.asarray(leaf) for leaf in host_leaves]))
+    io_callback(push, None, *leaves, ordered=True)
