@@ -1,0 +1,47 @@
+"""Out of memory through JAX on a small modelled IPU (JAX_IPU_MODEL_NUM_TILES):
+a clear compile error, or with JAX_IPU_ALLOW_OUT_OF_MEMORY a run whose
+profile shows by how much the program does not fit."""
+from __future__ import annotations
+
+import json
+import re
+
+from conftest import run_python
+
+PROGRAM = """
+import jax, jax.numpy as jnp, numpy as np
+x = jax.device_put(np.zeros((1024, 1024), np.float32), jax.devices("ipu")[0])
+f = jax.jit(lambda a: jnp.tanh(a * 2 + 1))
+try:
+    print("RESULT", float(f(x)[0, 0]))
+except Exception as exc:
+    print("ERROR", type(exc).__name__, exc)
+"""
+
+
+def test_out_of_memory_names_tile_bytes_and_largest_tensors():
+    done = run_python(PROGRAM, JAX_IPU_MODEL_NUM_TILES="4")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "ERROR" in out and "RESULT" not in out
+    match = re.search(r"out of memory on tile (\d+) of IPU Model ipu2 \(4 tiles, 624 KiB/tile.*?\): it needs "
+                      r"(\d+) bytes but has (\d+)", out)
+    assert match, out
+    assert int(match.group(2)) > int(match.group(3)) == 624 * 1024
+    assert "Largest tensors there: argument 0 float32[1024, 1024]" in out
+    for advice in ("JAX_IPU_MODEL_NUM_TILES", "available_memory_proportion"):
+        assert advice in out
+
+
+def test_allow_out_of_memory_runs_and_profiles(tmp_path):
+    done = run_python(PROGRAM, JAX_IPU_MODEL_NUM_TILES="4", JAX_IPU_ALLOW_OUT_OF_MEMORY="1",
+                      JAX_IPU_PROFILE=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "RESULT" in done.stdout and "does not fit" in done.stderr
+    (path,) = tmp_path.glob("jit__lambda-*.json")     # [0, 0] is a program of its own
+    memory = json.loads(path.read_text())["memory"]
+    assert not memory["fits"] and memory["tiles_over_limit"] >= 1
+    assert memory["max_bytes"] > memory["bytes_per_tile"] == 624 * 1024
+    assert memory["largest_tensors_on_max_tile"][0]["shape"] == [1024, 1024]
+    report = run_python(f"from jax_ipu import cli; cli.main(['report', {str(path)!r}])")
+    assert "DOES NOT FIT" in report.stdout

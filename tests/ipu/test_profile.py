@@ -1,0 +1,156 @@
+"""Profiles of executed programs: contents through real jitted programs on
+the IPU Model, the ways to switch them on, and `jax-ipu report`."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_ipu
+from jax_ipu import cli, config
+from conftest import run_python
+
+
+def mlp(w1, w2, x):
+    return jnp.tanh(x @ w1) @ w2
+
+
+@pytest.fixture(scope="module")
+def mlp_args(ipu):
+    rng = np.random.default_rng(0)
+    shapes = [(64, 128), (128, 10), (32, 64)]
+    return [jax.device_put(rng.standard_normal(s).astype(np.float32), ipu) for s in shapes]
+
+
+def test_profile_contents(tmp_path, ipu, mlp_args):
+    f = jax.jit(mlp)
+    with jax_ipu.profiling(str(tmp_path)) as session:
+        for _ in range(3):
+            f(*mlp_args).block_until_ready()
+    (path,) = tmp_path.iterdir()
+    assert path.name == "jit_mlp-0.json"
+    report = json.loads(path.read_text())
+    assert report == json.loads(json.dumps(session.results[0]))
+    target = jax_ipu.target(ipu)
+    assert report["format"] == "jax-ipu-profile/1" and report["program"] == "jit_mlp" and report["device"] == 0
+    assert report["target"]["num_tiles"] == target.num_tiles and report["target"]["clock_hz"] == target.clock_hz
+
+    mem = report["memory"]
+    tiles = mem["per_tile"]
+    for key in ("always_live", "arguments", "constants", "code", "not_always_live_peak", "peak"):
+        assert len(tiles[key]) == target.num_tiles
+    always = np.array(tiles["always_live"])
+    np.testing.assert_array_equal(always, np.add(tiles["arguments"], tiles["constants"]) + tiles["code"])
+    np.testing.assert_array_equal(tiles["peak"], always + tiles["not_always_live_peak"])
+    assert sum(tiles["arguments"]) == sum(a.nbytes for a in mlp_args)
+    assert mem["fits"] and mem["max_bytes"] == max(tiles["peak"]) == tiles["peak"][mem["max_tile"]]
+    assert mem["total_bytes"] == sum(tiles["peak"]) and mem["tiles_over_limit"] == 0
+    assert mem["largest_tensors_on_max_tile"]
+
+    steps = report["steps"]
+    assert {s["kind"] for s in steps} <= {"Execute", "Copy"}
+    assert report["cycles"]["device"] == sum(s["cycles"] for s in steps) == report["cost_analysis"]["estimated_cycles"]
+    assert report["exchange_bytes"] == sum(s["exchange_bytes"] for s in steps)
+    sets = report["compute_sets"]
+    assert any(cs["name"].startswith("matmul") for cs in sets)
+    assert [cs["name"] for cs in sets] == [s["name"] for s in steps if s["kind"] == "Execute"]
+    for cs in sets:
+        assert cs["vertices"] >= cs["tiles"] >= 1 and sum(cs["codelets"].values()) == cs["vertices"]
+
+    host = report["host_transfers"]
+    assert [t["bytes"] for t in host["host_to_device"]] == [a.nbytes for a in mlp_args]
+    assert [t["bytes"] for t in host["device_to_host"]] == [32 * 10 * 4]
+    assert host["bytes"] == sum(a.nbytes for a in mlp_args) + 32 * 10 * 4
+    seconds = report["estimated_seconds"]
+    assert seconds["device"] == pytest.approx(report["cycles"]["device"] / target.clock_hz)
+    assert seconds["host_transfers"] == pytest.approx(host["bytes"] / target.host_link_bytes_per_second)
+    assert seconds["total"] == pytest.approx(seconds["device"] + seconds["host_transfers"])
+    runs = report["runs"]
+    assert runs["count"] == 3 and runs["total_cycles"] == 3 * report["cycles"]["device"]
+    assert report["memory_stats"]["arguments"] == sum(a.nbytes for a in mlp_args)
+
+
+def test_loops_are_profiled_per_run(ipu):
+    f = jax.jit(lambda x, n: jax.lax.fori_loop(0, n, lambda i, y: jnp.sin(y) * 2, x))
+    x = jax.device_put(np.ones(100, np.float32), ipu)
+    with jax_ipu.profiling() as session:
+        for n in (1, 5):
+            f(x, jax.device_put(np.int32(n), ipu)).block_until_ready()
+    (report,) = session.results
+    runs = report["runs"]
+    assert runs["count"] == 2 and runs["min_cycles"] < runs["max_cycles"]
+    assert runs["total_cycles"] == runs["min_cycles"] + runs["max_cycles"]
+    assert report["cycles"]["device"] == runs["max_cycles"] == sum(s["cycles"] for s in report["steps"])
+
+
+def test_profiles_are_per_program_and_device(ipus):
+    f, g = jax.jit(lambda x: x + 1), jax.jit(lambda x: x * 2)
+    with jax_ipu.profiling() as session:
+        for device in ipus:
+            x = jax.device_put(np.ones(8, np.float32), device)
+            f(x).block_until_ready()
+            g(x).block_until_ready()
+    assert sorted((r["program"], r["device"]) for r in session.results) == [
+        ("jit__lambda", 0), ("jit__lambda", 0), ("jit__lambda", 1), ("jit__lambda", 1)]
+    assert jax_ipu.profile.ACTIVE is None
+
+
+def test_last_profile_without_profiling(ipus):
+    x = jax.device_put(np.arange(10, dtype=np.float32), ipus[1])
+    jax.jit(lambda a: jnp.exp(a))(x).block_until_ready()
+    report = jax_ipu.last_profile(ipus[1])
+    assert report["device"] == 1 and report["program"] == "jit__lambda"
+    assert report["compute_sets"] and report["cycles"]["device"] > 0
+    assert "runs" not in report
+
+
+def test_report_command(tmp_path, ipu, mlp_args, capsys):
+    with jax_ipu.profiling(str(tmp_path)):
+        jax.jit(mlp)(*mlp_args).block_until_ready()
+    (path,) = tmp_path.iterdir()
+    assert cli.main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    for text in ("Program jit_mlp on IPU 0", "Memory", "fits: peak", "always-live", "Execution (last run)",
+                 "cycles =", "host transfers:", "estimated IPU time:", "Busiest steps", "Compute sets",
+                 "Execute matmul"):
+        assert text in out, text
+    bad = tmp_path / "other.json"
+    bad.write_text("{}")
+    assert cli.main(["report", str(bad)]) == 1
+    assert "not a jax-ipu profile" in capsys.readouterr().err
+    script = shutil.which("jax-ipu")
+    if script:   # the installed entry point
+        done = subprocess.run([script, "report", str(path)], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "estimated IPU time" in done.stdout
+
+
+@pytest.mark.parametrize("env", [
+    {"JAX_IPU_PROFILE": "{dir}"},
+    {"POPLAR_ENGINE_OPTIONS": '{{"autoReport.all": "true", "autoReport.directory": "{dir}"}}'},
+])
+def test_switched_on_by_the_environment(tmp_path, env):
+    env = {k: v.format(dir=tmp_path / "report") for k, v in env.items()}
+    done = run_python("import jax, jax.numpy as jnp\n"
+                      "jax.jit(lambda x: x * 2, backend='ipu')(jnp.ones(4)).block_until_ready()", **env)
+    assert done.returncode == 0, done.stderr
+    files = os.listdir(tmp_path / "report")
+    assert files == ["jit__lambda-0.json"]
+    report = json.loads((tmp_path / "report" / files[0]).read_text())
+    assert report["runs"]["count"] == 1
+
+
+def test_engine_options_are_read():
+    env = {"POPLAR_ENGINE_OPTIONS": '{"autoReport.all": true, "debug.allowOutOfMemory": "true"}'}
+    c = config.from_environment(env)
+    assert c.profile_directory == "." and c.allow_out_of_memory
+    c = config.from_environment({"JAX_IPU_ALLOW_OUT_OF_MEMORY": "1", "JAX_IPU_PROFILE": "/x"})
+    assert c.allow_out_of_memory and c.profile_directory == "/x"
+    assert config.from_environment({}).profile_directory is None
+    with pytest.raises(jax_ipu.IpuInvalidArgument, match="POPLAR_ENGINE_OPTIONS"):
+        config.from_environment({"POPLAR_ENGINE_OPTIONS": "autoReport.all=true"})
