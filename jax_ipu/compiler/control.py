@@ -42,8 +42,8 @@ def lower_block(b: Builder, block: ir.Block, args: list[Lowered]) -> None:
 def scalar_tensor(b: Builder, op: ir.Op, value: ir.Value) -> Tensor:
     """A scalar value (predicate, branch index) in a tensor of its own."""
     view = b.view(value, f"{name_of(op)}/predicate")
-    if not view.is_whole_tensor:
-        view = copy_to_new(b, op, view)
+    if not view.is_whole_tensor or view.tensor.shape != ():
+        view = copy_to_new(b, op, view.then("reshape", ()))
     return view.tensor
 
 
