@@ -55,7 +55,6 @@ def _emit(original):
     """Wraps jax's emit_python_callback: `ipu` gets the host-callback custom
     call; every other platform keeps JAX's own lowering."""
     from jax._src.interpreters import mlir
-    from jax._src.lib.mlir import ir
     from jax._src.lib.mlir.dialects import hlo
 
     def emit_python_callback(ctx, callback, token, operands, operand_avals, result_avals, *,
@@ -64,18 +63,20 @@ def _emit(original):
             return original(ctx, callback, token, operands, operand_avals, result_avals,
                             has_side_effect=has_side_effect, returns_token=returns_token,
                             partitioned=partitioned, sharding=sharding)
+        if token is not None:
+            # The compiled program passes tokens as empty bool arrays.
+            inner = callback
+
+            def callback(token_value, *args):
+                return (token_value, *inner(*args))
         callback_id = register(callback)
-        result_types = [mlir.aval_to_ir_type(a) for a in result_avals]
+        result_types = [mlir.aval_to_ir_type(ctx.module_context, a) for a in result_avals]
         all_operands = list(operands)
         if token is not None:
             all_operands = [token, *all_operands]
             result_types = [hlo.TokenType.get(), *result_types]
-        op = hlo.CustomCallOp(
-            result_types, all_operands,
-            call_target_name=ir.StringAttr.get(TARGET),
-            has_side_effect=ir.BoolAttr.get(has_side_effect),
-            backend_config=ir.StringAttr.get(str(callback_id)),
-        )
+        op = mlir.custom_call(TARGET, result_types=result_types, operands=all_operands,
+                              backend_config=str(callback_id), has_side_effect=has_side_effect)
         results = list(op.results)
         if token is not None:
             token, *results = results
@@ -92,4 +93,7 @@ def install() -> None:
 
     if not hasattr(callback.emit_python_callback, "__wrapped__"):
         callback.emit_python_callback = _emit(callback.emit_python_callback)
+    # JAX registers these two only for the platforms it knows.
     mlir.register_lowering(debugging.debug_callback_p, debugging.debug_callback_lowering, platform="ipu")
+    mlir.register_lowering(debugging.debug_print_p, debugging.debug_print_lowering_rule, platform="ipu",
+                           cacheable=False)

@@ -12,6 +12,7 @@ from jax_ipu.compiler.legalize import legalize
 from jax_ipu.compiler.lower import lower
 from jax_ipu.compiler.memory import check_fits, plan_memory
 from jax_ipu.compiler.options import CompileOptions
+from jax_ipu.compiler.tokens import remove_tokens
 from jax_ipu.compiler.schedule import in_place_outputs, lifetimes, schedule
 from jax_ipu.errors import IpuCompileError, IpuUnimplementedError
 from jax_ipu.graph.program import Program
@@ -41,12 +42,8 @@ def compile_module(module: ir.Module, target: Target, options: CompileOptions = 
         raise IpuUnimplementedError(
             f"programs over {module.num_replicas} replicas x {module.num_partitions} partitions are not "
             f"supported yet; run on one IPU (no pmap/sharding over several devices)")
+    remove_tokens(module)
     main = module.main
-    for where, types in (("argument", main.arg_types), ("result", main.result_types)):
-        for i, t in enumerate(types):
-            if isinstance(t, ir.TokenType):
-                raise IpuUnimplementedError(f"{where} {i} of the program is a token; side effects are "
-                                            "not supported yet")
     flat = legalize(module)
     nodes = fuse(flat.ops)
     b = Builder(target, options)

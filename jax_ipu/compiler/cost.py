@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jax_ipu.graph.programs import CONTROL, Copy, Execute, leaves
+from jax_ipu.graph.programs import CONTROL, Copy, Execute, HostCall, leaves
 from jax_ipu.graph.views import source_elements
 from jax_ipu.model.targets import Target
 
@@ -123,6 +123,12 @@ def cost_copy(target: Target, step: Copy) -> np.ndarray:
     return received
 
 
+def host_call_cycles(target: Target, host_bytes: int) -> int:
+    """Both streams at the host-link rate, with a sync on either side."""
+    seconds = host_bytes / target.host_link_bytes_per_second
+    return int(seconds * target.clock_hz) + 2 * target.sync_cycles
+
+
 def cost_steps(target: Target, steps: list) -> list[np.ndarray]:
     """Costs every Execute and Copy; per step, bytes received per tile (the
     exchange buffers the memory plan counts while the step runs)."""
@@ -133,6 +139,9 @@ def cost_steps(target: Target, steps: list) -> list[np.ndarray]:
             out.append(cost_execute(target, step))
         elif isinstance(step, Copy):
             out.append(cost_copy(target, step))
+        elif isinstance(step, HostCall):
+            step.cycles = host_call_cycles(target, step.host_bytes)
+            out.append(none)
         elif isinstance(step, CONTROL):   # each sub-program step; the busiest buffers
             inner = cost_steps(target, list(leaves(step)))
             out.append(np.max(inner, axis=0) if inner else none)

@@ -2,8 +2,8 @@
 name (layout, matmul, reduce tables) plus fused element-wise clusters."""
 from __future__ import annotations
 
-from jax_ipu import ir
-from jax_ipu.compiler import control, conv, indexing, layout, linalg, matmul, reduce, sort, windows
+from jax_ipu.compiler import (control, conv, custom_calls, indexing, layout, linalg, matmul, reduce, sort,
+                              windows)
 from jax_ipu.compiler.builder import Builder
 from jax_ipu.compiler.elementwise import lower_cluster
 from jax_ipu.compiler.fuse import Cluster, reads_of
@@ -11,7 +11,7 @@ from jax_ipu.compiler.legalize import FlatFunction
 from jax_ipu.errors import IpuUnimplementedError
 
 RULES = {**layout.RULES, **matmul.RULES, **reduce.RULES, **conv.RULES, **control.RULES, **indexing.RULES,
-         **sort.RULES, **windows.RULES, **linalg.RULES}
+         **sort.RULES, **windows.RULES, **linalg.RULES, **custom_calls.RULES}
 
 
 def _used_outside(nodes, results) -> dict[int, set]:
@@ -51,7 +51,4 @@ def lower(b: Builder, flat: FlatFunction, nodes: list) -> None:
                 what = f"custom_call @{node.attrs.get('call_target_name')}"
             raise IpuUnimplementedError.for_op(node, f"{what} is not supported by jax-ipu yet",
                                                "File an issue, or avoid the op in this program")
-        if any(isinstance(v.type, ir.TokenType) for v in node.operands + node.results):
-            raise IpuUnimplementedError.for_op(node, "tokens (side effects) are not supported yet",
-                                               "File an issue")
         rule(b, node)

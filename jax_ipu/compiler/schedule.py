@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from jax_ipu.graph import codelets
-from jax_ipu.graph.programs import CONTROL, Copy, DeviceToHost, Execute, HostToDevice, Sequence, leaves
+from jax_ipu.graph.programs import CONTROL, Copy, DeviceToHost, Execute, HostCall, HostToDevice, Sequence, leaves
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View
 from jax_ipu.model.targets import Target
@@ -18,6 +18,8 @@ def reads(step) -> set[int]:
         return {r.tensor.id for v in step.compute_set.vertices for r in v.reads}
     if isinstance(step, Copy):
         return {t.id for t in step.src.tensors}
+    if isinstance(step, HostCall):
+        return {t.id for v in step.inputs for t in v.tensors}
     if isinstance(step, CONTROL):       # its sub-programs and predicate
         control = getattr(step, "predicate", None) or getattr(step, "control", None)
         return set().union({control.id} if control is not None else set(), *map(reads, leaves(step)))
@@ -29,6 +31,8 @@ def writes(step) -> set[int]:
         return {r.tensor.id for v in step.compute_set.vertices for r in v.writes}
     if isinstance(step, Copy):
         return {step.dst.id}
+    if isinstance(step, HostCall):
+        return {t.id for t in step.outputs}
     if isinstance(step, CONTROL):
         return set().union(*map(writes, leaves(step)))
     return set()

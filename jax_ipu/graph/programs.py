@@ -82,6 +82,18 @@ class DeviceToHost:
     cycles: int = 0
 
 
+@dataclasses.dataclass(eq=False)
+class HostCall:
+    """Streams `inputs` to the host, runs host function `callback_id` on
+    them and streams its results into `outputs` (Poplar: a device-to-host
+    stream, a host callback, a host-to-device stream)."""
+    callback_id: int
+    inputs: list[View]
+    outputs: list[Tensor]
+    cycles: int = 0
+    host_bytes: int = 0
+
+
 CONTROL = (Sequence, Repeat, RepeatWhileTrue, If, Switch, Call)
 
 

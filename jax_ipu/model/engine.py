@@ -41,6 +41,8 @@ def _describe(step) -> tuple[str, str, int, int]:
         return ("Execute", step.compute_set.name, step.cycles, step.exchange_bytes)
     if isinstance(step, p.Copy):
         return ("Copy", step.dst.name, step.cycles, step.exchange_bytes)
+    if isinstance(step, p.HostCall):
+        return ("HostCall", f"host callback {step.callback_id}", step.cycles, 0)
     return (type(step).__name__, str(step.index), step.cycles, 0)
 
 
@@ -88,6 +90,8 @@ class _Loaded:
             def copy(state):
                 state[tid] = np.array(src.apply(lambda t: state[t.id]), dtype=dtype).reshape(shape)
             return copy
+        if isinstance(step, p.HostCall):
+            return _host_call(step)
         return None   # host streams: run() binds inputs and collects outputs
 
     def _control(self, step):
@@ -122,6 +126,21 @@ class _Loaded:
             default, control = self._sequence(step.default), step.control.id
             return lambda state: run(cases.get(int(state[control]), default), state)
         raise IpuRuntimeError(f"the IPU Model cannot run a {type(step).__name__} step")
+
+
+def _host_call(step: p.HostCall):
+    from jax_ipu import callbacks
+
+    readers = [kernels.reader(v) for v in step.inputs]
+    specs = [(t.shape, t.dtype) for t in step.outputs]
+    ids = [t.id for t in step.outputs]
+
+    def host_call(state):
+        # The host gets copies: a callback may keep what it is given.
+        results = callbacks.call(step.callback_id, [np.array(r(state)) for r in readers], specs)
+        for tid, value in zip(ids, results):
+            state[tid] = value
+    return host_call
 
 
 def _run_steps(steps, state) -> None:
