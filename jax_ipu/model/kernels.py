@@ -42,6 +42,11 @@ def _instruction(ins: codelets.Instruction, dtypes: list) -> tuple[Callable, boo
     return (lambda *a: fn(*a, dtype=dtype, attrs=attrs)), False
 
 
+# Elements of a large fused chain evaluated at a time (a multiple of any
+# SIMD width): 64 KiB of f32 per temporary, so that they stay in cache.
+CHAIN_CHUNK = 16384
+
+
 def _build_chain(k: codelets.ElementwiseChain):
     shape = k.shape
     n_inputs = len(k.inputs)
@@ -73,6 +78,49 @@ def _build_chain(k: codelets.ElementwiseChain):
         plan.append((fn, ins.args, dest, reuse))
     outputs = [(reg, t.id, t.dtype, full[reg] and reg >= n_inputs) for reg, t in k.outputs]
     template = [constants.get(r) for r in range(n_inputs + len(k.instructions))]
+    size = int(np.prod(shape, dtype=np.int64))
+    chunkable = (size >= 2 * CHAIN_CHUNK
+                 and all(full[r] or np.size(s) == 1 if isinstance(s, View) else full[r] or np.ndim(s) == 0
+                         for r, s in enumerate(k.inputs))
+                 and all(ins.op != "bitcast_convert" and (ins.op != "constant" or np.ndim(dict(ins.attrs)["value"]) == 0)
+                         for ins in k.instructions))
+
+    def run_chunked(state):
+        """The chain over CHAIN_CHUNK elements at a time, so that its
+        temporaries stay in cache; element-wise, so the values are the same."""
+        regs = template.copy()
+        flat = []
+        fetched = []
+        for reg, get in fetch:
+            value = get(state)
+            fetched.append(value)
+            if full[reg]:
+                flat.append((reg, value.reshape(-1)))
+            else:
+                regs[reg] = value.reshape(())
+        dests = []
+        for reg, tid, dtype, _ in outputs:
+            target = state[tid]
+            if target is None:
+                dest = np.empty(size, dtype)
+                state[tid] = dest.reshape(shape)
+            elif (target.flags.c_contiguous and target.flags.writeable
+                  and not any(np.may_share_memory(target, v) and not _same_layout(target, v) for v in fetched)):
+                dest = target.reshape(-1)    # written in place, chunk after chunk
+            else:
+                return run(state)
+            dests.append((reg, dest))
+        for lo in range(0, size, CHAIN_CHUNK):
+            hi = min(lo + CHAIN_CHUNK, size)
+            for reg, value in flat:
+                regs[reg] = value[lo:hi]
+            for fn, args, dest, reuse in plan:
+                if reuse is None:
+                    regs[dest] = fn(*[regs[a] for a in args])
+                else:
+                    regs[dest] = fn(*[regs[a] for a in args], out=regs[reuse])
+            for reg, dest in dests:
+                np.copyto(dest[lo:hi], regs[reg], casting="unsafe")
 
     def run(state):
         regs = template.copy()
@@ -92,7 +140,12 @@ def _build_chain(k: codelets.ElementwiseChain):
                 state[tid] = value
             else:                             # an input, a view or a scalar: give it its own data
                 state[tid] = np.array(np.broadcast_to(value, shape), dtype=dtype)
-    return run
+    return run_chunked if chunkable else run
+
+
+def _same_layout(a: np.ndarray, b: np.ndarray) -> bool:
+    return (a.shape == b.shape and a.strides == b.strides
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
 
 
 def _build_fill(k: codelets.Fill):
