@@ -121,6 +121,8 @@ class Module:
     num_partitions: int = 1
     entry: str = "main"
     name: str = "main"                 # the module's sym_name, e.g. jit_f
+    # Shardy meshes by name: ((axis name, size), ...) in mesh order.
+    meshes: dict[str, tuple[tuple[str, int], ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def main(self) -> Function:

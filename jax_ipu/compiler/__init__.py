@@ -5,7 +5,9 @@ schedule (BSP steps, streams) -> memory plan (per tile, liveness)."""
 from __future__ import annotations
 
 from jax_ipu import ir
+from jax_ipu.compiler import spmd
 from jax_ipu.compiler.builder import Builder
+from jax_ipu.compiler.collectives import charge_links
 from jax_ipu.compiler.cost import cost_steps
 from jax_ipu.compiler.fuse import fuse
 from jax_ipu.compiler.legalize import legalize
@@ -38,10 +40,8 @@ def _aliases(function: ir.Function, results: list) -> dict[int, int]:
 def compile_module(module: ir.Module, target: Target, options: CompileOptions = CompileOptions()) -> Program:
     if options.f64_policy != "error":
         raise IpuCompileError(f"f64_policy={options.f64_policy!r} is not supported; use 'error'")
-    if module.num_replicas * module.num_partitions != 1:
-        raise IpuUnimplementedError(
-            f"programs over {module.num_replicas} replicas x {module.num_partitions} partitions are not "
-            f"supported yet; run on one IPU (no pmap/sharding over several devices)")
+    ranks = module.num_replicas * module.num_partitions
+    module = spmd.partition(module)     # several IPUs: the program each one runs
     remove_tokens(module)
     main = module.main
     flat = legalize(module)
@@ -55,6 +55,7 @@ def compile_module(module: ir.Module, target: Target, options: CompileOptions = 
     lower(b, flat, nodes)
     outputs = [b.view(v, f"result {i}") for i, v in enumerate(flat.results)]
     received = cost_steps(target, b.steps)
+    charge_links(target, b.steps, ranks)
     body, host_cycles = schedule(target, b.steps, inputs, outputs)
     first, last = lifetimes(b.steps, len(b.tensors))
     aliases = _aliases(main, flat.results)

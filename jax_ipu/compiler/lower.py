@@ -13,6 +13,10 @@ from jax_ipu.errors import IpuUnimplementedError
 RULES = {**layout.RULES, **matmul.RULES, **reduce.RULES, **conv.RULES, **control.RULES, **indexing.RULES,
          **sort.RULES, **windows.RULES, **linalg.RULES, **custom_calls.RULES}
 
+from jax_ipu.compiler import collectives  # noqa: E402  (across IPUs)
+
+RULES.update(collectives.RULES)
+
 
 def _used_outside(nodes, results) -> dict[int, set]:
     """Per cluster (by id), the values it makes that others read."""

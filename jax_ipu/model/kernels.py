@@ -249,6 +249,10 @@ from jax_ipu.model import kernels_linalg  # noqa: E402
 
 BUILDERS.update(kernels_linalg.BUILDERS)
 
+from jax_ipu.model import kernels_collectives  # noqa: E402
+
+BUILDERS.update(kernels_collectives.BUILDERS)
+
 
 def build(kernel) -> Callable:
     return BUILDERS[type(kernel)](kernel)

@@ -36,6 +36,13 @@ class Target:
     amp_fixed_cycles: int = 330
     vertex_state_bytes: int = 32            # per vertex, always-live
     code_bytes_per_codelet: int = 1024      # per codelet kind on a tile
+    # IPU-Links between chips (Mk2: 10 links at 32 GB/s each, 320 GB/s a chip;
+    # Graphcore's IPU-M2000 / GC200 product pages). A ring collective is
+    # assumed to use this many links per hop and direction (unverified).
+    ipu_link_bytes_per_second: float = 32e9
+    ipu_links_per_hop: int = 1
+    ipu_link_latency_cycles: int = 1000     # per hop, ~0.75 us at 1.33 GHz (unverified)
+    ipu_sync_cycles: int = 2000             # sync across IPUs per collective (unverified)
 
     def describe(self) -> str:
         return (f"IPU Model {self.name} ({self.num_tiles} tiles, {self.bytes_per_tile // 1024} KiB/tile, "

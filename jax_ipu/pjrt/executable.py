@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 
 import numpy as np
 
 from jax_ipu import profile
 from jax_ipu.errors import IpuInvalidArgument
+from jax_ipu.model import links
 from jax_ipu.pjrt._capi import Event
 from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer
 
@@ -96,20 +98,27 @@ class Executable:
                                      f"lists for {len(args)}")
         donated = [i for i in self.donated if i not in non_donatable] if non_donatable else self.donated
         outputs, events, runs = [], [], []
-        for device_id, row in zip(ids, args):
+        launch = links.Launch(len(ids)) if len(ids) > 1 else None   # the replicas' IPU-Links
+        for rank, (device_id, row) in enumerate(zip(ids, args)):
             device = self.client.device(device_id)
             self._check_arguments(row, device)
             outs = [DeviceBuffer(device, spec) for spec in self.output_specs]
             done = Event()
-            runs.append(_Run(self.program, device, row, donated, outs, done))
+            replica = links.Replica(launch, rank, *divmod(rank, self.num_partitions)) if launch else None
+            runs.append(_Run(self.program, device, row, donated, outs, done, replica))
             outputs.append(outs)
             events.append(done)
         return outputs, events, donated, runs
 
-    @staticmethod
-    def launch(runs: list) -> None:
-        for run in runs:
-            run.device.worker.submit(run)
+    _submitting = threading.Lock()
+
+    @classmethod
+    def launch(cls, runs: list) -> None:
+        # One launch's runs reach every worker before another's: the
+        # replicas of two launches must not meet in opposite orders.
+        with cls._submitting:
+            for run in runs:
+                run.device.worker.submit(run)
 
     def _check_arguments(self, row: list[DeviceBuffer], device) -> None:
         specs = self.input_specs
@@ -127,21 +136,23 @@ class Executable:
 class _Run:
     """One execution on one device's worker."""
 
-    __slots__ = ("program", "device", "args", "donated", "outputs", "done")
+    __slots__ = ("program", "device", "args", "donated", "outputs", "done", "replica")
 
-    def __init__(self, program, device, args, donated, outputs, done):
+    def __init__(self, program, device, args, donated, outputs, done, replica=None):
         self.program, self.device, self.args = program, device, args
         self.donated, self.outputs, self.done = donated, outputs, done
+        self.replica = replica             # links.Replica when it runs with others
 
     def __call__(self) -> None:
         try:
-            for buf in self.args:
-                if not buf.ready.is_ready:
-                    buf.ready.wait()
-            inputs = [buf.array() for buf in self.args]
-            for i in self.donated:
-                self.args[i].take()
-            results = self.device.engine.run(self.program, inputs, frozenset(self.donated))
+            with links.running(self.replica):   # a failure here releases the other replicas
+                for buf in self.args:
+                    if not buf.ready.is_ready:
+                        buf.ready.wait()
+                inputs = [buf.array() for buf in self.args]
+                for i in self.donated:
+                    self.args[i].take()
+                results = self.device.engine.run(self.program, inputs, frozenset(self.donated))
         except BaseException as exc:  # reaches the user at the next sync point
             for out in self.outputs:
                 out.fail(exc)

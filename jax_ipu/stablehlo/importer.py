@@ -26,12 +26,15 @@ _DECLARATIONS = {"sdy.mesh"}
 def import_module(code: bytes) -> ir.Module:
     """`code` is what JAX hands a PJRT plugin to compile (or MLIR text)."""
     module = deserialize.parse(code)
-    functions = {}
+    functions, meshes = {}, {}
     for op in module.body.operations:
         op = op.operation
         if op.name == "func.func":
             function = _FunctionImporter().run(op)
             functions[function.name] = function
+        elif op.name == "sdy.mesh":
+            meshes[op.attributes["sym_name"].value] = tuple(
+                (axis, int(size)) for axis, size in re.findall(r'"([^"]+)"\s*=\s*(\d+)', str(op.attributes["mesh"])))
         elif op.name not in _DECLARATIONS:
             raise IpuUnimplementedError(
                 f"{op.name} at {locations.describe(str(op.location))}: module-level op not supported")
@@ -43,7 +46,7 @@ def import_module(code: bytes) -> ir.Module:
         functions=functions,
         num_replicas=_int_attr(attrs, "mhlo.num_replicas", 1),
         num_partitions=_int_attr(attrs, "mhlo.num_partitions", 1),
-        name=attrs["sym_name"].value if "sym_name" in attrs else "main")
+        name=attrs["sym_name"].value if "sym_name" in attrs else "main", meshes=meshes)
 
 
 def _value(attr):

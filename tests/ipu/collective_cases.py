@@ -1,0 +1,98 @@
+"""Programs over several devices, run in a subprocess by test_collectives.py
+on one platform (PLATFORM: ipu or cpu) with N devices; saves every result
+to OUT (an .npz) under the case's name, or the error's text."""
+import os
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+PLATFORM, N, OUT = os.environ["PLATFORM"], int(os.environ["N"]), os.environ["OUT"]
+devices = jax.devices(PLATFORM)[:N]
+rng = np.random.default_rng(0)
+x = rng.standard_normal((N, 8, 6)).astype(np.float32)
+ints = rng.integers(-50, 50, size=(N, 12)).astype(np.int32)
+ring = [(i, (i + 1) % N) for i in range(N)]
+mesh = Mesh(np.array(devices), ("i",))
+
+COLLECTIVES = {
+    "psum": lambda a: jax.lax.psum(a, "i"),
+    "pmean": lambda a: jax.lax.pmean(a, "i"),
+    "pmax": lambda a: jax.lax.pmax(a, "i"),
+    "pmin": lambda a: jax.lax.pmin(a, "i"),
+    "all_gather": lambda a: jax.lax.all_gather(a, "i"),
+    "all_gather_tiled": lambda a: jax.lax.all_gather(a, "i", axis=1, tiled=True),
+    "all_to_all": lambda a: jax.lax.all_to_all(a, "i", 0, 0, tiled=True),
+    "ppermute": lambda a: jax.lax.ppermute(a, "i", ring),
+    "psum_scatter": lambda a: jax.lax.psum_scatter(a, "i", scatter_dimension=0, tiled=True),
+    "axis_index": lambda a: a * jax.lax.axis_index("i").astype(a.dtype),
+    "psum_in_loop": lambda a: jax.lax.fori_loop(0, 3, lambda k, c: c + jax.lax.psum(c, "i") * 0.5 + k, a),
+    "ppermute_in_loop": lambda a: jax.lax.fori_loop(0, N, lambda k, c: jax.lax.ppermute(c, "i", ring) + 1.0, a),
+}
+INT_COLLECTIVES = {
+    "psum_int": lambda a: jax.lax.psum(a, "i"),
+    "pmax_int": lambda a: jax.lax.pmax(a, "i"),
+}
+
+
+def mlp_loss(params, xb, yb):
+    h = jnp.tanh(xb @ params["w1"] + params["b1"])
+    return jnp.mean((h @ params["w2"] - yb) ** 2)
+
+
+params = {"w1": rng.standard_normal((6, 16)).astype(np.float32) * 0.3, "b1": np.zeros(16, np.float32),
+          "w2": rng.standard_normal((16, 3)).astype(np.float32) * 0.3}
+batch_x = rng.standard_normal((N * 8, 6)).astype(np.float32)
+batch_y = rng.standard_normal((N * 8, 3)).astype(np.float32)
+
+
+def train_step(p, xb, yb):
+    loss, grads = jax.value_and_grad(mlp_loss)(p, xb, yb)
+    grads = jax.lax.pmean(grads, "i")
+    return jax.tree.map(lambda w, g: w - 0.1 * g, p, grads), jax.lax.pmean(loss, "i")
+
+
+# The plugin cannot yet report an executable's shardings to JAX: jit of a
+# program over several devices names them.
+BATCH, REPLICATED = NamedSharding(mesh, P("i")), NamedSharding(mesh, P())
+
+
+def cases():
+    for name, fn in COLLECTIVES.items():
+        yield "pmap_" + name, lambda fn=fn: jax.pmap(fn, axis_name="i", devices=devices)(x)
+        yield "shard_map_" + name, lambda fn=fn: jax.jit(jax.shard_map(
+            lambda a: fn(a[0])[None], mesh=mesh, in_specs=P("i"), out_specs=P("i")),
+            in_shardings=BATCH, out_shardings=BATCH)(x)
+    for name, fn in INT_COLLECTIVES.items():
+        yield "pmap_" + name, lambda fn=fn: jax.pmap(fn, axis_name="i", devices=devices)(ints)
+    yield "pmap_train_step", lambda: jax.pmap(train_step, axis_name="i", devices=devices)(
+        jax.tree.map(lambda w: np.stack([w] * N), params), batch_x.reshape(N, 8, 6), batch_y.reshape(N, 8, 3))
+    yield "shard_map_train_step", lambda: jax.jit(jax.shard_map(
+        train_step, mesh=mesh, in_specs=(P(), P("i"), P("i")), out_specs=(P(), P())),
+        in_shardings=(REPLICATED, BATCH, BATCH), out_shardings=REPLICATED)(params, batch_x, batch_y)
+    full = jax.device_put((params, batch_x, batch_y), devices[0])
+    yield "full_batch_step", lambda: jax.jit(lambda p, a, b: (
+        jax.tree.map(lambda w, g: w - 0.1 * g, p, jax.grad(mlp_loss)(p, a, b)), mlp_loss(p, a, b)))(*full)
+    # jit of sharded arrays: batch over the devices, replicated parameters.
+    xs, ys = jax.device_put(batch_x, BATCH), jax.device_put(batch_y, BATCH)
+    ps = jax.device_put(params, REPLICATED)
+    yield "jit_sharded_forward", lambda: jax.jit(lambda p, a: jnp.tanh(a @ p["w1"] + p["b1"]) @ p["w2"],
+                                                 out_shardings=BATCH)(ps, xs)
+    yield "jit_sharded_loss", lambda: jax.jit(mlp_loss, out_shardings=REPLICATED)(ps, xs, ys)
+    yield "jit_sharded_grad", lambda: jax.jit(jax.grad(mlp_loss), out_shardings=REPLICATED)(ps, xs, ys)
+    yield "jit_sharded_train_step", lambda: jax.jit(
+        lambda p, a, b: jax.tree.map(lambda w, g: w - 0.1 * g, p, jax.grad(mlp_loss)(p, a, b)),
+        out_shardings=REPLICATED)(ps, xs, ys)
+
+
+results = {}
+for name, run in cases():
+    try:
+        out = jax.tree.leaves(run())
+        for i, leaf in enumerate(out):
+            results[f"{name}/{i}"] = np.asarray(leaf)
+    except Exception as exc:  # noqa: BLE001  (reported by the test that reads it)
+        results[f"{name}/error"] = np.array(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-600:]}")
+np.savez(OUT, **results)
