@@ -239,13 +239,7 @@ class _Partitioner:
             self.ops.append(ir.Op(op.name, operands, results, op.attrs, op.regions, op.loc))
             self.env.update(zip(op.results, results))
             return
-        if rule is None:
-            described = ", ".join(f"{v.type} sharded {self.sharding_of(v).describe()}" for v in operands)
-            raise IpuUnimplementedError.for_op(
-                op, f"partitioning this op over {self.module.num_partitions} IPUs with sharded operands "
-                    f"({described}) is not supported",
-                "Replicate its operands, or use jax.shard_map with explicit collectives")
-        rule(self, op, operands)
+        (rule or _gathered)(self, op, operands)
 
     def manual(self, op: ir.Op) -> None:
         where = f"shard_map at {op.loc}"
@@ -291,8 +285,136 @@ def _reads_outer(op: ir.Op) -> bool:
     return any(v not in inside for v in reads_of(op, regions_only=True))
 
 
-# Global ops over sharded operands: rule(partitioner, op, local operands).
-GLOBAL_RULES: dict = {}
+# -- global ops over sharded operands: rule(partitioner, op, local operands) --
+def _local_type(p: _Partitioner, t: ir.TensorType, s: Sharding, where: str) -> ir.TensorType:
+    return ir.TensorType(s.local_shape(t.shape, where), t.dtype)
+
+
+def _emit_like(p: _Partitioner, op: ir.Op, operands: list, shardings: list[Sharding], attrs=None) -> None:
+    """The op on local operands, its results sharded as given."""
+    results = [ir.Value(_local_type(p, r.type, s, f"{op.name} at {op.loc}")) for r, s in zip(op.results, shardings)]
+    p.ops.append(ir.Op(op.name, operands, results, attrs if attrs is not None else op.attrs, op.regions, op.loc))
+    for old, new, s in zip(op.results, results, shardings):
+        p.env[old] = new
+        p.sharding[new] = s
+
+
+def _gathered(p: _Partitioner, op: ir.Op, operands: list) -> None:
+    """Any other op: its operands gathered whole on every IPU, the op run
+    replicated (correct for every op, at the price of the gathers)."""
+    if _reads_outer(op):
+        raise IpuUnimplementedError.for_op(op, f"partitioning this op over {p.module.num_partitions} IPUs is not "
+                                               "supported (its region reads values from outside)",
+                                           "Replicate its operands, or use jax.shard_map")
+    whole = [p.slice_to(v, p.sharding_of(v), _replicated(p.mesh, len(v.type.shape)), None,
+                        f"operand {i} of {op.name} at {op.loc}") for i, v in enumerate(operands)]
+    _emit_like(p, op, whole, [_replicated(p.mesh, len(r.type.shape)) for r in op.results])
+
+
+def _elementwise(p: _Partitioner, op: ir.Op, operands: list) -> None:
+    want = next(p.sharding_of(v) for v in operands if not p.sharding_of(v).replicated)
+    local = [p.slice_to(v, p.sharding_of(v), want, None, f"operand {i} of {op.name} at {op.loc}")
+             for i, v in enumerate(operands)]
+    _emit_like(p, op, local, [want] * len(op.results))
+
+
+def _broadcast_in_dim(p: _Partitioner, op: ir.Op, operands: list) -> None:
+    s = p.sharding_of(operands[0])
+    out_rank = len(op.results[0].type.shape)
+    dims = [()] * out_rank
+    for i, d in enumerate(op.attrs["broadcast_dimensions"]):
+        dims[d] = s.dims[i]
+    _emit_like(p, op, operands, [Sharding(p.mesh, tuple(dims))])
+
+
+def _transpose(p: _Partitioner, op: ir.Op, operands: list) -> None:
+    s = p.sharding_of(operands[0])
+    _emit_like(p, op, operands, [Sharding(p.mesh, tuple(s.dims[d] for d in op.attrs["permutation"]))])
+
+
+def _reshape(p: _Partitioner, op: ir.Op, operands: list) -> None:
+    """Sharded dimensions that keep their size and the product of the
+    dimensions before them keep their sharding; otherwise gathered."""
+    s, shape_in, shape_out = p.sharding_of(operands[0]), op.operands[0].type.shape, op.results[0].type.shape
+    before_out = {int(np.prod(shape_out[:d], dtype=np.int64)): d for d in range(len(shape_out))}
+    dims = [()] * len(shape_out)
+    for d, axes in enumerate(s.dims):
+        if not axes:
+            continue
+        o = before_out.get(int(np.prod(shape_in[:d], dtype=np.int64)))
+        if o is None or shape_out[o] != shape_in[d]:
+            return _gathered(p, op, operands)
+        dims[o] = axes
+    _emit_like(p, op, operands, [Sharding(p.mesh, tuple(dims))])
+
+
+def _dot_general(p: _Partitioner, op: ir.Op, operands: list) -> None:
+    """Batch and contracting dimensions sharded alike on both sides (a
+    replicated side is sliced to match); free dimensions keep their
+    sharding; contracting over a sharded dimension adds an all_reduce."""
+    dn = op.attrs["dot_dimension_numbers"]
+    where = f"dot_general at {op.loc}"
+    lhs, rhs = operands
+    ls, rs = p.sharding_of(lhs), p.sharding_of(rhs)
+    pairs = list(zip(dn.lhs_batching_dimensions, dn.rhs_batching_dimensions)) + \
+        list(zip(dn.lhs_contracting_dimensions, dn.rhs_contracting_dimensions))
+    rdims = list(rs.dims)
+    for l, r in pairs:                         # the rhs follows the lhs on shared dimensions
+        rdims[r] = ls.dims[l]
+    ldims = list(ls.dims)
+    for l, r in pairs:
+        if not ls.dims[l] and rs.dims[r]:     # ... unless only the rhs is sharded there
+            ldims[l] = rdims[r] = rs.dims[r]
+    want_l, want_r = Sharding(p.mesh, tuple(ldims)), Sharding(p.mesh, tuple(rdims))
+    lhs = p.slice_to(lhs, ls, want_l, None, f"lhs of {where}")
+    rhs = p.slice_to(rhs, rs, want_r, None, f"rhs of {where}")
+    n_l, n_r = len(ldims), len(rdims)
+    lhs_free = [d for d in range(n_l) if d not in dn.lhs_batching_dimensions + dn.lhs_contracting_dimensions]
+    rhs_free = [d for d in range(n_r) if d not in dn.rhs_batching_dimensions + dn.rhs_contracting_dimensions]
+    out = tuple([ldims[d] for d in dn.lhs_batching_dimensions] + [ldims[d] for d in lhs_free]
+                + [rdims[d] for d in rhs_free])
+    used = [a for axes in out for a in axes]
+    if len(used) != len(set(used)):
+        return _gathered(p, op, operands)
+    _emit_like(p, op, [lhs, rhs], [Sharding(p.mesh, out)])
+    summed = tuple(a for d in dn.lhs_contracting_dimensions for a in ldims[d])
+    if summed:
+        result = p.env[op.results[0]]
+        p.env[op.results[0]] = total = p.all_reduce(result, summed, "add")
+        p.sharding[total] = p.sharding[result]
+
+
+def _reduce(p: _Partitioner, op: ir.Op, operands: list) -> None:
+    """Each IPU reduces its shard; reduced sharded dimensions are combined
+    by an all_reduce with the body's op."""
+    from jax_ipu.compiler.reduce import _single_op
+    n = len(operands) // 2
+    s = p.sharding_of(operands[0])
+    if any(p.sharding_of(v).dims != s.dims for v in operands[1:n]) or \
+            any(not p.sharding_of(v).replicated for v in operands[n:]):
+        return _gathered(p, op, operands)
+    reduced = sorted(op.attrs["dimensions"])
+    summed = tuple(a for d in reduced for a in s.dims[d])
+    which = _single_op(op.regions[0]) if n == 1 else None
+    if summed and which is None:
+        return _gathered(p, op, operands)
+    kept = Sharding(p.mesh, tuple(axes for d, axes in enumerate(s.dims) if d not in reduced))
+    _emit_like(p, op, operands, [kept] * n)
+    if summed:
+        result = p.env[op.results[0]]
+        p.env[op.results[0]] = total = p.all_reduce(result, summed, which)
+        p.sharding[total] = kept
+
+
+def _global_rules() -> dict:
+    from jax_ipu.model.elementwise import ELEMENTWISE_OPS
+    rules = {name: _elementwise for name in ELEMENTWISE_OPS}
+    rules.update(broadcast_in_dim=_broadcast_in_dim, transpose=_transpose, reshape=_reshape,
+                 dot_general=_dot_general, reduce=_reduce)
+    return rules
+
+
+GLOBAL_RULES: dict = _global_rules()
 
 
 def partition(module: ir.Module) -> ir.Module:
