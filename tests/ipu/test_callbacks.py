@@ -1,0 +1,90 @@
+"""Host callbacks inside ipu programs, on-device loops included, with
+ordered effects kept in order."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.experimental import io_callback
+
+
+def test_debug_print(ipu, capfd):
+    def f(x):
+        jax.debug.print("value {x} sum {s}", x=x, s=x.sum())
+        return x * 2
+    y = jax.jit(f)(jax.device_put(np.arange(3, dtype=np.float32), ipu))
+    jax.effects_barrier()
+    np.testing.assert_array_equal(np.asarray(y), [0, 2, 4])
+    assert "value [0. 1. 2.] sum 3.0" in capfd.readouterr().out
+
+
+def test_debug_callback_inside_a_device_loop(ipu):
+    seen = []
+
+    def f(x):
+        def body(i, x):
+            jax.debug.callback(lambda i, x: seen.append((int(i), float(x))), i, x.sum(), ordered=True)
+            return x + 1
+        return lax.fori_loop(0, 5, body, x)
+    y = jax.jit(f)(jax.device_put(np.zeros(4, np.float32), ipu))
+    jax.effects_barrier()
+    np.testing.assert_array_equal(np.asarray(y), np.full(4, 5.0))
+    assert seen == [(i, 4.0 * i) for i in range(5)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.float16, np.uint8], ids=lambda d: np.dtype(d).name)
+def test_pure_callback_results_feed_the_program(ipu, dtype):
+    def f(x):
+        y = jax.pure_callback(lambda a: (a[::-1] * 2).astype(a.dtype), jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+        return y + x
+    x = np.arange(6).astype(dtype)
+    got = jax.jit(f)(jax.device_put(x, ipu))
+    want = jax.jit(f, backend="cpu")(x)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert got.devices() == {ipu}
+
+
+def test_ordered_io_callbacks_keep_their_order(ipu):
+    log = []
+
+    def f(x):
+        for k in range(4):
+            io_callback(lambda v, k=k: log.append((k, float(v))), None, x * k, ordered=True)
+        return io_callback(lambda: np.float32(42), jax.ShapeDtypeStruct((), np.float32), ordered=True) + x
+    y = jax.jit(f)(jax.device_put(np.float32(1.5), ipu))
+    assert float(y) == 43.5
+    assert log == [(k, 1.5 * k) for k in range(4)]
+
+
+def test_callback_returning_the_wrong_shape_is_a_clear_error(ipu):
+    def f(x):
+        return jax.pure_callback(lambda a: np.zeros(3, np.float32), jax.ShapeDtypeStruct((4,), np.float32), x)
+    with pytest.raises(Exception, match=r"expected float32\[4\], got float32\[3\]"):
+        jax.jit(f)(jax.device_put(np.ones(4, np.float32), ipu)).block_until_ready()
+
+
+def test_callback_exception_reaches_the_user(ipu):
+    def boom(a):
+        raise ValueError("the user's callback failed")
+
+    def f(x):
+        return jax.pure_callback(boom, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+    with pytest.raises(Exception, match="the user's callback failed"):
+        jax.jit(f)(jax.device_put(np.ones(2, np.float32), ipu)).block_until_ready()
+
+
+def test_host_exchange_is_charged_at_the_host_link_rate(ipu):
+    from jax_ipu.compiler import compile_module
+    from jax_ipu.graph.programs import HostCall, leaves
+    from jax_ipu.model.targets import get_target
+    from jax_ipu.stablehlo import import_module
+
+    def f(x):
+        return jax.pure_callback(np.negative, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+    text = jax.jit(f).lower(jax.device_put(np.ones(1 << 16, np.float32), ipu)).as_text()
+    target = get_target("ipu2")
+    program = compile_module(import_module(text), target)
+    calls = [s for s in leaves(program.body) if isinstance(s, HostCall)]
+    assert len(calls) == 1 and calls[0].host_bytes == 2 * 4 * (1 << 16)
+    link_cycles = calls[0].host_bytes / target.host_link_bytes_per_second * target.clock_hz
+    assert calls[0].cycles >= link_cycles
