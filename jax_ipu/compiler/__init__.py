@@ -41,7 +41,7 @@ def compile_module(module: ir.Module, target: Target, options: CompileOptions = 
     if options.f64_policy != "error":
         raise IpuCompileError(f"f64_policy={options.f64_policy!r} is not supported; use 'error'")
     ranks = module.num_replicas * module.num_partitions
-    module = spmd.partition(module)     # several IPUs: the program each one runs
+    module, layout = spmd.partition(module)     # several IPUs: the program each one runs
     remove_tokens(module)
     main = module.main
     flat = legalize(module)
@@ -68,5 +68,5 @@ def compile_module(module: ir.Module, target: Target, options: CompileOptions = 
         outputs=outputs, input_types=[a.type for a in flat.args], output_types=[v.type for v in flat.results],
         aliases=aliases, in_place=in_place_outputs(b.steps, inputs, outputs, aliases, first, last),
         cycles=sum(getattr(s, "cycles", 0) for s in b.steps), host_cycles=host_cycles, memory=memory,
-        flops=b.flops, transcendentals=b.transcendentals,
+        shardings=layout, flops=b.flops, transcendentals=b.transcendentals,
         bytes_accessed=float(sum(t.nbytes for t in b.tensors if t.constant is None)))

@@ -200,16 +200,19 @@ class _Partitioner:
         for op in main.body.ops:
             self.loc = op.loc
             self.op(op)
-        results = []
+        results, wants = [], []
         result_shardings = main.result_shardings or [None] * len(main.body.results)
         for i, (value, text) in enumerate(zip(main.body.results, result_shardings)):
             local = self.env[value]
             have = self.sharding_of(local)
             want = self._annotation(text, value.type, f"result {i} of {where}") if text else have
             results.append(self.slice_to(local, have, want, value.type.shape, f"result {i} of {where}"))
+            wants.append(want)
         function = dataclasses.replace(main, body=ir.Block(args, self.ops, results),
                                        arg_shardings=[], result_shardings=[])
         self.functions[main.name] = function
+        self.layout = (self.mesh, [s.dims for s in shardings],
+                       [w.dims for w in wants])
         return dataclasses.replace(self.module, functions=self.functions)
 
     def _annotation(self, text: str | None, t, where: str) -> Sharding:
@@ -417,11 +420,14 @@ def _global_rules() -> dict:
 GLOBAL_RULES: dict = _global_rules()
 
 
-def partition(module: ir.Module) -> ir.Module:
-    """The program one IPU runs, for a module over several partitions."""
+def partition(module: ir.Module) -> tuple[ir.Module, tuple | None]:
+    """The program one IPU runs, for a module over several partitions, and
+    its layout: (mesh, per argument and per result the mesh axes splitting
+    each dimension); None for one partition."""
     if module.num_partitions == 1:
-        return module
+        return module, None
     if module.num_replicas != 1:
         raise IpuUnimplementedError(f"program {module.name}: {module.num_replicas} replicas x "
                                     f"{module.num_partitions} partitions is not supported; use one of them")
-    return _Partitioner(module).run()
+    partitioner = _Partitioner(module)
+    return partitioner.run(), partitioner.layout

@@ -30,6 +30,9 @@ class Program:
     host_cycles: int = 0
     memory: MemoryReport | None = None
     flops: float = 0.0
+    # Over several IPUs: (mesh, argument dims, result dims), the mesh axes
+    # splitting each dimension of each argument and result (compiler.spmd).
+    shardings: tuple | None = None
     bytes_accessed: float = 0.0
     transcendentals: float = 0.0
 

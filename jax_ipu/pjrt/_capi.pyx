@@ -184,6 +184,21 @@ cdef extern from "pjrt_decls.h" nogil:
     ctypedef struct PJRT_Blob:
         void* py
 
+    int IPU_EXTENSION_TYPE_SHARDINGS
+    ctypedef struct PJRT_Extension_Base:
+        size_t struct_size
+        int type
+        PJRT_Extension_Base* next
+    ctypedef struct PJRT_Shardings_Args:
+        PJRT_LoadedExecutable* executable
+        size_t num_shardings
+        const char* const* shardings
+        const size_t* sharding_sizes
+    ctypedef struct PJRT_Shardings_Extension:
+        PJRT_Extension_Base base
+        void* parameter_shardings
+        void* output_shardings
+
     ctypedef struct PJRT_Api_Version:
         size_t struct_size
         void* extension_start
@@ -1575,6 +1590,42 @@ cdef PJRT_Error* e_loaded_executable_device_assignment(PJRT_Executable_Blob_Args
     a.deleter = blob_delete
     return NULL
 
+cdef PJRT_Error* shardings_of(PJRT_Shardings_Args* a, bint outputs) noexcept with gil:
+    """The executable's serialized OpShardings (null arrays when unknown):
+    JAX's view of how a program over several IPUs splits its values."""
+    cdef const uintptr_t[:] ptrs
+    cdef const size_t[:] sizes
+    a.num_shardings = 0
+    a.shardings = NULL
+    a.sharding_sizes = NULL
+    saved = py_enter()
+    try:
+        import numpy as np
+        py_exe = <object>a.executable.py
+        protos = py_exe.output_shardings if outputs else py_exe.parameter_shardings
+        if protos is None:
+            return NULL
+        blobs = [bytes(p) + b"\0" for p in protos]      # never an empty buffer
+        ptr_arr = np.asarray([<uintptr_t>PyBytes_AS_STRING(b) for b in blobs] + [0], dtype=np.uintp)
+        size_arr = np.asarray([len(p) for p in protos] + [0], dtype=np.uintp)
+        py_exe.keepalive.extend([blobs, ptr_arr, size_arr])
+        ptrs = ptr_arr
+        sizes = size_arr
+        a.num_shardings = len(protos)
+        a.shardings = <const char* const*>&ptrs[0]
+        a.sharding_sizes = &sizes[0]
+        return NULL
+    except BaseException as exc:
+        return error_from_exception(exc)
+    finally:
+        py_leave(saved)
+
+cdef PJRT_Error* e_parameter_shardings(PJRT_Shardings_Args* a) noexcept nogil:
+    return shardings_of(a, False)
+
+cdef PJRT_Error* e_output_shardings(PJRT_Shardings_Args* a) noexcept nogil:
+    return shardings_of(a, True)
+
 cdef PJRT_Error* e_loaded_executable_execute(PJRT_LoadedExecutable_Execute_Args* a) noexcept nogil:
     cdef PJRT_LoadedExecutable* e = a.executable
     cdef PJRT_Buffer* b
@@ -1619,7 +1670,14 @@ cdef PJRT_Error* e_loaded_executable_execute(PJRT_LoadedExecutable_Execute_Args*
 
 cdef PJRT_Api* API = <PJRT_Api*>calloc(1, sizeof(PJRT_Api))
 API.struct_size = sizeof(PJRT_Api)
-API.extension_start = NULL
+# Extensions: shardings (for programs over several IPUs).
+cdef PJRT_Shardings_Extension* SHARDINGS = <PJRT_Shardings_Extension*>calloc(1, sizeof(PJRT_Shardings_Extension))
+SHARDINGS.base.struct_size = sizeof(PJRT_Shardings_Extension)
+SHARDINGS.base.type = IPU_EXTENSION_TYPE_SHARDINGS
+SHARDINGS.base.next = NULL
+SHARDINGS.parameter_shardings = <void*>e_parameter_shardings
+SHARDINGS.output_shardings = <void*>e_output_shardings
+API.extension_start = <void*>SHARDINGS
 API.pjrt_api_version.struct_size = sizeof(PJRT_Api_Version)
 API.pjrt_api_version.major_version = IPU_PJRT_MAJOR
 API.pjrt_api_version.minor_version = IPU_PJRT_MINOR

@@ -11,6 +11,7 @@ from jax_ipu.errors import IpuInvalidArgument
 from jax_ipu.model import links
 from jax_ipu.pjrt._capi import Event
 from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer
+from jax_ipu.pjrt.shardings import executable_shardings
 
 
 def _varints(data: bytes):
@@ -83,6 +84,9 @@ class Executable:
         self.num_params = len(program.input_types)
         self.cost_analysis = {k: float(v) for k, v in program.cost_analysis().items()}
         self.memory_stats = program.memory_stats()
+        # Serialized xla.OpSharding per argument and result (None: unknown).
+        self.parameter_shardings, self.output_shardings = executable_shardings(
+            program.shardings, self.num_params, len(self.output_specs))
         self.keepalive: list = []  # what the C structs point at
 
     # -- execution --

@@ -127,6 +127,24 @@ struct PJRT_LoadedExecutable {
 
 struct PJRT_Blob { void* py; }; /* PyObject*: bytes */
 
+/* ---- extensions ------------------------------------------------------ */
+#define IPU_EXTENSION_TYPE_SHARDINGS 19 /* PJRT_Extension_Type_Shardings */
+typedef struct PJRT_Extension_Base {
+  size_t struct_size; int type; struct PJRT_Extension_Base* next;
+} PJRT_Extension_Base;
+/* Both calls of the shardings extension take these arguments. */
+typedef struct {
+  ARGS_HEAD PJRT_Executable* executable;
+  size_t num_shardings;                 /* out */
+  const char* const* shardings;         /* out: serialized xla.OpSharding each */
+  const size_t* sharding_sizes;         /* out */
+} PJRT_Shardings_Args;
+typedef struct {
+  PJRT_Extension_Base base;
+  void* parameter_shardings;
+  void* output_shardings;
+} PJRT_Shardings_Extension;
+
 /* ---- argument structs ----------------------------------------------- */
 typedef struct { ARGS_HEAD int major_version; int minor_version; } PJRT_Api_Version;
 typedef struct { ARGS_HEAD PJRT_Error* error; } PJRT_Error_Destroy_Args;

@@ -54,8 +54,6 @@ def train_step(p, xb, yb):
     return jax.tree.map(lambda w, g: w - 0.1 * g, p, grads), jax.lax.pmean(loss, "i")
 
 
-# The plugin cannot yet report an executable's shardings to JAX: jit of a
-# program over several devices names them.
 BATCH, REPLICATED = NamedSharding(mesh, P("i")), NamedSharding(mesh, P())
 
 
@@ -63,13 +61,14 @@ def cases():
     for name, fn in COLLECTIVES.items():
         yield "pmap_" + name, lambda fn=fn: jax.pmap(fn, axis_name="i", devices=devices)(x)
         yield "shard_map_" + name, lambda fn=fn: jax.jit(jax.shard_map(
-            lambda a: fn(a[0])[None], mesh=mesh, in_specs=P("i"), out_specs=P("i")),
-            in_shardings=BATCH, out_shardings=BATCH)(x)
+            lambda a: fn(a[0])[None], mesh=mesh, in_specs=P("i"), out_specs=P("i")))(x)
     for name, fn in INT_COLLECTIVES.items():
         yield "pmap_" + name, lambda fn=fn: jax.pmap(fn, axis_name="i", devices=devices)(ints)
     yield "pmap_train_step", lambda: jax.pmap(train_step, axis_name="i", devices=devices)(
         jax.tree.map(lambda w: np.stack([w] * N), params), batch_x.reshape(N, 8, 6), batch_y.reshape(N, 8, 3))
     yield "shard_map_train_step", lambda: jax.jit(jax.shard_map(
+        train_step, mesh=mesh, in_specs=(P(), P("i"), P("i")), out_specs=(P(), P())))(params, batch_x, batch_y)
+    yield "shard_map_named_shardings", lambda: jax.jit(jax.shard_map(
         train_step, mesh=mesh, in_specs=(P(), P("i"), P("i")), out_specs=(P(), P())),
         in_shardings=(REPLICATED, BATCH, BATCH), out_shardings=REPLICATED)(params, batch_x, batch_y)
     full = jax.device_put((params, batch_x, batch_y), devices[0])
@@ -78,13 +77,15 @@ def cases():
     # jit of sharded arrays: batch over the devices, replicated parameters.
     xs, ys = jax.device_put(batch_x, BATCH), jax.device_put(batch_y, BATCH)
     ps = jax.device_put(params, REPLICATED)
-    yield "jit_sharded_forward", lambda: jax.jit(lambda p, a: jnp.tanh(a @ p["w1"] + p["b1"]) @ p["w2"],
-                                                 out_shardings=BATCH)(ps, xs)
-    yield "jit_sharded_loss", lambda: jax.jit(mlp_loss, out_shardings=REPLICATED)(ps, xs, ys)
-    yield "jit_sharded_grad", lambda: jax.jit(jax.grad(mlp_loss), out_shardings=REPLICATED)(ps, xs, ys)
+    yield "jit_sharded_forward", lambda: jax.jit(lambda p, a: jnp.tanh(a @ p["w1"] + p["b1"]) @ p["w2"])(ps, xs)
+    yield "jit_sharded_loss", lambda: jax.jit(mlp_loss)(ps, xs, ys)
+    yield "jit_sharded_grad", lambda: jax.jit(jax.grad(mlp_loss))(ps, xs, ys)
     yield "jit_sharded_train_step", lambda: jax.jit(
-        lambda p, a, b: jax.tree.map(lambda w, g: w - 0.1 * g, p, jax.grad(mlp_loss)(p, a, b)),
-        out_shardings=REPLICATED)(ps, xs, ys)
+        lambda p, a, b: jax.tree.map(lambda w, g: w - 0.1 * g, p, jax.grad(mlp_loss)(p, a, b)))(ps, xs, ys)
+    yield "jit_sharded_out_shardings", lambda: jax.jit(
+        lambda p, a: jnp.tanh(a @ p["w1"]), out_shardings=REPLICATED)(ps, xs)
+    yield "jit_sharded_layouts", lambda: [str(o.sharding.spec) for o in jax.tree.leaves(
+        jax.jit(lambda p, a, b: (jnp.tanh(a @ p["w1"]), mlp_loss(p, a, b)))(ps, xs, ys))]
 
 
 results = {}
