@@ -57,3 +57,13 @@ def test_flax_optax_example_trains(capsys):
     module = runpy.run_path(str(EXAMPLES / "flax_optax_training.py"))
     losses, accuracy = module["main"](["--steps", "40"])
     assert losses[-1] < losses[0] / 2 and accuracy > 0.7, capsys.readouterr().out
+
+
+def test_mnist_classifier_with_infeed_matches_the_python_loop(capsys):
+    pytest.importorskip("sklearn")
+    loop = runpy.run_path(str(EXAMPLES / "mnist_classifier_with_infeed.py"))
+    accuracy = loop["main"](["--epochs", "2", "--hidden", "64"])
+    out = capsys.readouterr().out
+    plain = runpy.run_path(str(EXAMPLES / "mnist_classifier.py"))
+    assert abs(plain["main"](["--epochs", "2", "--hidden", "64"]) - accuracy) < 1e-6, out
+    assert "estimated IPU time per step" in out
