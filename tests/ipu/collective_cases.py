@@ -82,6 +82,10 @@ def cases():
     yield "jit_sharded_grad", lambda: jax.jit(jax.grad(mlp_loss))(ps, xs, ys)
     yield "jit_sharded_train_step", lambda: jax.jit(
         lambda p, a, b: jax.tree.map(lambda w, g: w - 0.1 * g, p, jax.grad(mlp_loss)(p, a, b)))(ps, xs, ys)
+    # Ops with no partitioning rule run on gathered operands.
+    yield "jit_sharded_sort", lambda: jax.jit(lambda a: jnp.sort(a, axis=0))(xs)
+    yield "jit_sharded_cumsum", lambda: jax.jit(lambda a: jnp.cumsum(a, axis=0) + 1.0)(xs)
+    yield "jit_sharded_concatenate", lambda: jax.jit(lambda a: jnp.concatenate([a, 2 * a], axis=1).T @ a)(xs)
     yield "jit_sharded_out_shardings", lambda: jax.jit(
         lambda p, a: jnp.tanh(a @ p["w1"]), out_shardings=REPLICATED)(ps, xs)
     yield "jit_sharded_layouts", lambda: [str(o.sharding.spec) for o in jax.tree.leaves(

@@ -15,6 +15,7 @@ NAMES = [
         "psum", "pmean", "pmax", "pmin", "all_gather", "all_gather_tiled", "all_to_all", "ppermute",
         "psum_scatter", "axis_index", "psum_in_loop", "ppermute_in_loop", "train_step")),
     "shard_map_named_shardings", "jit_sharded_out_shardings", "jit_sharded_layouts",
+    "jit_sharded_sort", "jit_sharded_cumsum", "jit_sharded_concatenate",
     "pmap_psum_int", "pmap_pmax_int",
     "full_batch_step", "jit_sharded_forward", "jit_sharded_loss", "jit_sharded_grad", "jit_sharded_train_step",
 ]
