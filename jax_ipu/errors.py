@@ -30,6 +30,12 @@ class IpuUnimplementedError(IpuCompileError):
     pjrt_code = "UNIMPLEMENTED"
 
 
+class IpuInternalCompilerError(IpuCompileError):
+    """A jax-ipu bug met while compiling: the message names the op."""
+
+    pjrt_code = "INTERNAL"
+
+
 class IpuOutOfMemoryError(IpuCompileError):
     """The compiled program does not fit in the tiles' SRAM."""
 

@@ -8,7 +8,7 @@ from jax_ipu.compiler.builder import Builder
 from jax_ipu.compiler.elementwise import lower_cluster
 from jax_ipu.compiler.fuse import Cluster, reads_of
 from jax_ipu.compiler.legalize import FlatFunction
-from jax_ipu.errors import IpuUnimplementedError
+from jax_ipu.errors import IpuError, IpuInternalCompilerError, IpuUnimplementedError
 
 RULES = {**layout.RULES, **matmul.RULES, **reduce.RULES, **conv.RULES, **control.RULES, **indexing.RULES,
          **sort.RULES, **windows.RULES, **linalg.RULES, **custom_calls.RULES}
@@ -55,4 +55,11 @@ def lower(b: Builder, flat: FlatFunction, nodes: list) -> None:
                 what = f"custom_call @{node.attrs.get('call_target_name')}"
             raise IpuUnimplementedError.for_op(node, f"{what} is not supported by jax-ipu yet",
                                                "File an issue, or avoid the op in this program")
-        rule(b, node)
+        try:
+            rule(b, node)
+        except IpuError:
+            raise
+        except Exception as exc:  # a compiler bug: say where it happened
+            raise IpuInternalCompilerError.for_op(
+                node, f"internal error {type(exc).__name__}: {exc}",
+                "This is a jax-ipu bug: please report it with this message") from exc

@@ -5,7 +5,7 @@ import numpy as np
 
 import jax_ipu
 from jax_ipu import config as config_lib
-from jax_ipu.errors import IpuInvalidArgument
+from jax_ipu.errors import IpuError, IpuInternalCompilerError, IpuInvalidArgument
 from jax_ipu.model.targets import get_target
 from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer, check_ipu_dtype
 from jax_ipu.pjrt.device import Device
@@ -41,8 +41,15 @@ class Client:
             raise IpuInvalidArgument(f"jax-ipu compiles StableHLO ('mlir') programs, not {fmt!r}")
         parsed = CompileOptions.ParseFromString(options)
         module = import_module(code)
-        program = compile_module(module, self.target,
-                                 IpuCompileOptions(allow_out_of_memory=self.config.allow_out_of_memory))
+        try:
+            program = compile_module(module, self.target,
+                                     IpuCompileOptions(allow_out_of_memory=self.config.allow_out_of_memory))
+        except IpuError:
+            raise
+        except Exception as exc:  # a compiler bug outside the op rules
+            raise IpuInternalCompilerError(
+                f"internal error compiling {module.name}: {type(exc).__name__}: {exc}. This is a jax-ipu "
+                f"bug: please report it with this message") from exc
         if not program.memory.fits:
             import warnings
             warnings.warn(f"{program.name} does not fit in {self.target.describe()} ({program.memory.describe()}); "

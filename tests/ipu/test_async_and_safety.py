@@ -136,3 +136,21 @@ def test_eight_threads_calling_at_once(ipus):
     assert not any(t.is_alive() for t in threads), "a thread hung"
     assert not errors, errors[0]
     assert all(c > 0 for c in counts)
+
+
+def test_a_compiler_bug_is_reported_with_the_op_and_line(ipu, monkeypatch):
+    import importlib
+    lower = importlib.import_module("jax_ipu.compiler.lower")  # the package re-exports lower()
+
+    def broken_rule(b, op):
+        raise ValueError("simulated compiler bug")
+    monkeypatch.setitem(lower.RULES, "dot_general", broken_rule)
+
+    def f(a):
+        return a @ a  # the op the broken rule compiles
+    with pytest.raises(Exception) as info:
+        jax.jit(f)(jax.device_put(np.ones((3, 3), np.float32), ipu))
+    text = str(info.value)
+    assert text.startswith("INTERNAL") and "stablehlo.dot_general" in text
+    assert f"test_async_and_safety.py:{f.__code__.co_firstlineno + 1}" in text
+    assert "simulated compiler bug" in text and "jax-ipu bug" in text
