@@ -13,7 +13,7 @@ import numpy as np
 
 from jax_ipu import ir
 from jax_ipu.compiler import reduce
-from jax_ipu.compiler.builder import Builder, Splat
+from jax_ipu.compiler.builder import Builder, ScalarBroadcast, Splat
 from jax_ipu.compiler.elementwise import lower_cluster
 from jax_ipu.compiler.fuse import Cluster
 from jax_ipu.compiler.layout import copy_to_new, name_of
@@ -48,21 +48,53 @@ def _op(name: str, operands: list, dtype, shape=(), **attrs) -> ir.Op:
 
 def pad(b: Builder, op: ir.Op) -> None:
     x_t, out_t = op.operands[0].type, op.results[0].type
+    if out_t.size == 0:
+        b.values[op.results[0]] = Splat(np.zeros((), out_t.dtype), out_t.shape)
+        return
+    if not isinstance(b.values[op.operands[1]], Splat):
+        _pad_with_run_time_value(b, op)
+        return
+    fill = b.values[op.operands[1]].value
+    if x_t.size == 0:
+        b.values[op.results[0]] = Splat(fill, out_t.shape)
+        return
+    b.values[op.results[0]] = b.values[_gathered(b, op, op.operands[0], _pad_indices(op), fill)]
+
+
+def _pad_indices(op: ir.Op) -> np.ndarray:
+    """Per result element, the flat operand element it is, or -1 (padding)."""
+    x_t, out_t = op.operands[0].type, op.results[0].type
     rank = len(x_t.shape)
     lows, highs = attr(op, "edge_padding_low", rank, 0), attr(op, "edge_padding_high", rank, 0)
     interior = attr(op, "interior_padding", rank, 0)
-    fill = _constant_scalar(b, op, op.operands[1], "padding value")
-    if x_t.size == 0 or out_t.size == 0:
-        b.values[op.results[0]] = Splat(fill, out_t.shape)
-        return
+    if x_t.size == 0:
+        return np.full(out_t.shape, -1)
     per_axis = []
     for d in range(rank):
         idx = axis_windows(x_t.shape[d], 1, 1, (lows[d], highs[d]), interior[d] + 1, 1, out_t.shape[d])[:, 0]
         shape = [1] * rank
         shape[d] = out_t.shape[d]
         per_axis.append(idx.reshape(shape))
-    indices = np.broadcast_to(combine(per_axis, row_major_strides(x_t.shape)), out_t.shape)
-    b.values[op.results[0]] = b.values[_gathered(b, op, op.operands[0], indices, fill)]
+    return np.broadcast_to(combine(per_axis, row_major_strides(x_t.shape)), out_t.shape)
+
+
+def _pad_with_run_time_value(b: Builder, op: ir.Op) -> None:
+    """pad whose padding value is computed on the device: the gather pads
+    with zeros, then one element-wise select puts the value where a
+    constant mask says padding."""
+    x, value = op.operands
+    out_t = op.results[0].type
+    indices = _pad_indices(op)
+    if x.type.size == 0:
+        b.values[op.results[0]] = ScalarBroadcast(b.view(value).then("reshape", ()), out_t.shape)
+        return
+    gathered = _gathered(b, op, x, indices, np.zeros((), out_t.dtype))
+    mask = _new(ir.TensorType(out_t.shape, np.dtype(np.bool_)))
+    b.values[mask] = b.constant(f"{name_of(op)}/padding mask", np.ascontiguousarray(indices < 0))
+    select = _op("select", [mask, value, gathered], out_t.dtype, out_t.shape)
+    select.loc = op.loc
+    lower_cluster(b, Cluster(out_t.shape, [select]), {select.results[0]})
+    b.values[op.results[0]] = b.values[select.results[0]]
 
 
 def reverse(b: Builder, op: ir.Op) -> None:

@@ -99,3 +99,19 @@ def test_pad_and_reverse(dtype):
     check(lambda a: (jnp.pad(a, ((1, 2), (0, 1), (2, 0))),
                      lax.pad(a, np.asarray(3, dtype), ((1, 2, 1), (-1, 0, 2), (0, -2, 0))),
                      lax.rev(a, (0, 2))), x)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.uint8, np.bool_],
+                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("config", [((1, 2, 1), (-1, 0, 2), (0, -2, 0)), ((0, 0, 0), (2, 1, 0), (1, 1, 1))],
+                         ids=["negative-interior", "edges"])
+def test_pad_with_run_time_value(dtype, config):
+    """The padding value is an argument (associative_scan pads so)."""
+    x = rand((3, 4, 5), dtype) if dtype != np.bool_ else rand((3, 4, 5), np.int32) > 0
+    check(lambda a, v: lax.pad(a, v, config), x, np.asarray(7 if dtype != np.bool_ else True, dtype))
+    check(lambda a, v: lax.pad(a, v[1], config), x, np.asarray([3, 4], dtype))
+
+
+def test_pad_with_run_time_value_of_empty_operand():
+    check(lambda a, v: lax.pad(a, v, ((1, 2, 0), (0, 1, 0))), np.zeros((0, 3), np.float32),
+          np.asarray(2.5, np.float32))
