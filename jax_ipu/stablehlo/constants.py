@@ -45,7 +45,7 @@ def from_text(text: str) -> np.ndarray:
     else:
         flat = _parse_literals(_LITERAL.findall(body), dtype)
     if flat.size == 1:  # a splat
-        flat = np.broadcast_to(flat, shape)
+        flat = np.broadcast_to(flat.reshape(()), shape)
     return np.array(flat.reshape(shape), dtype)
 
 

@@ -133,6 +133,8 @@ def test_pytrees_flatten_into_arguments(lower):
     np.array([1.0, 2.5, -np.inf], np.float16),
     np.array([1.0, 0.33, np.nan], ml_dtypes.bfloat16),        # the bindings refuse bf16
     np.full((2, 2), 0.5, ml_dtypes.bfloat16),
+    np.array(-0.99609, ml_dtypes.bfloat16),                   # a 0-d bf16 splat
+    np.array(1 + 2j, np.complex64),
     np.array([4294967295, 0, 7], np.uint32),
     np.array([-128, 127, 3], np.int8),
     np.array([1 + 2j, -3.5j], np.complex64),                  # the bindings cannot wrap it
@@ -368,3 +370,12 @@ def test_bad_programs_raise_clear_errors(code, error, words):
         import_module(code)
     for word in words:
         assert word in str(raised.value)
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16], ids=lambda d: np.dtype(d).name)
+def test_scalar_constants_of_absent_types_are_refused_clearly(ipu, dtype):
+    """A 0-d bf16 constant (as jax.random.normal(..., bfloat16) has) is read,
+    then refused naming the type, not with a numpy error."""
+    with pytest.raises(Exception, match="the IPU has no|element type"):
+        jax.jit(lambda x: x.astype(dtype) * jnp.asarray(0.5, dtype))(
+            jax.device_put(np.ones(3, np.float32), ipu)).block_until_ready()
