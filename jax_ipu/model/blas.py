@@ -7,9 +7,11 @@ threads wait on one another: on 2 shared cores a 128x49x512 block took
 alone, set with OpenBLAS's per-thread switch so nothing else is affected."""
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import glob
 import os
+import threading
 
 import numpy as np
 
@@ -36,13 +38,46 @@ def _thread_switch():
 _switch = _thread_switch()
 
 
+# A planned matmul of at least this many multiply-adds (all chunks) shares
+# its single-threaded chunks with a helper thread: each chunk is still one
+# BLAS call of its own, so the partials are the same bits either way.
+SHARED_MACS = 1 << 22
+
+_helper: concurrent.futures.ThreadPoolExecutor | None = None
+_helper_lock = threading.Lock()
+
+
+def _helper_pool() -> concurrent.futures.ThreadPoolExecutor | None:
+    global _helper
+    if _helper is None and _switch is not None and (os.cpu_count() or 1) > 1:
+        with _helper_lock:
+            if _helper is None:
+                _helper = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="ipu-model-blas", initializer=_switch, initargs=(1,))
+    return _helper
+
+
+def _blocks(a, b, out, lo: int, hi: int, size: int) -> None:
+    for j in range(lo, hi):
+        np.matmul(a[..., j * size:(j + 1) * size], b[..., j * size:(j + 1) * size, :], out=out[j])
+
+
 def matmul_blocks(a: np.ndarray, b: np.ndarray, out: np.ndarray, chunks: int, size: int) -> None:
     """out[j] = a[..., j-th K-chunk] @ b[..., j-th K-chunk, :], one BLAS call per chunk."""
-    small = a.shape[-2] * size * b.shape[-1] < SINGLE_THREAD_MACS
+    block_macs = a.shape[-2] * size * b.shape[-1] * int(np.prod(a.shape[:-2], dtype=np.int64))
+    small = block_macs < SINGLE_THREAD_MACS
     previous = _switch(1) if small and _switch is not None else None
     try:
-        for j in range(chunks):
-            np.matmul(a[..., j * size:(j + 1) * size], b[..., j * size:(j + 1) * size, :], out=out[j])
+        pool = _helper_pool() if small and chunks > 1 and block_macs * chunks >= SHARED_MACS else None
+        if pool is None:
+            _blocks(a, b, out, 0, chunks, size)
+        else:   # the helper takes the second half of the chunks
+            half = chunks // 2
+            other = pool.submit(_blocks, a, b, out, half, chunks, size)
+            try:
+                _blocks(a, b, out, 0, half, size)
+            finally:
+                other.result()
     finally:
         if previous is not None:
             _switch(previous)

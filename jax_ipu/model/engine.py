@@ -6,13 +6,16 @@ outputs, and records the steps' estimated cycles and exchanged bytes."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 import weakref
 
 import numpy as np
 
 from jax_ipu.errors import IpuRuntimeError
+from jax_ipu.graph import codelets
 from jax_ipu.graph import programs as p
 from jax_ipu.graph.program import Program
+from jax_ipu.graph.tensors import Tensor
 from jax_ipu.model import kernels
 from jax_ipu.model.targets import Target
 
@@ -46,11 +49,59 @@ def _describe(step) -> tuple[str, str, int, int]:
     return (type(step).__name__, str(step.index), step.cycles, 0)
 
 
+def _tensor_ids(obj, found: list) -> list:
+    """Ids of the tensors `obj` (a step, kernel, view, ...) refers to, once per mention."""
+    if isinstance(obj, Tensor):
+        found.append(obj.id)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for field in dataclasses.fields(obj):
+            _tensor_ids(getattr(obj, field.name), found)
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            _tensor_ids(item, found)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            _tensor_ids(item, found)
+    return found
+
+
+def _scratch_partials(program: Program) -> set[int]:
+    """Matmul partials that only reductions read (each makes a new array of
+    them) and the run does not return: their buffers may serve every run."""
+    partials, other = set(), []
+    for step in p.leaves(program.body):
+        kernel = step.compute_set.kernel if isinstance(step, p.Execute) else step
+        if isinstance(kernel, codelets.MatMulPartials):
+            partials.add(kernel.out.id)
+            _tensor_ids((kernel.lhs, kernel.rhs), other)
+        elif isinstance(kernel, codelets.ReduceCombine):
+            _tensor_ids((kernel.init, kernel.out), other)
+        elif isinstance(kernel, codelets.ReducePartials):
+            _tensor_ids(kernel.out, other)
+        else:
+            _tensor_ids(kernel, other)
+    if not partials:
+        return set()
+    for ctl in _controls(program.body):
+        _tensor_ids([getattr(ctl, f) for f in ("predicate", "control") if hasattr(ctl, f)], other)
+    _tensor_ids(program.outputs, other)
+    _tensor_ids(program.inputs, other)
+    return partials - set(other)
+
+
+def _controls(step):
+    if isinstance(step, p.CONTROL):
+        yield step
+        for child in p.children(step):
+            yield from _controls(child)
+
+
 class _Loaded:
     """A Program made ready to run: closures, storage template, checks."""
 
     def __init__(self, program: Program):
         self.template: list = [t.constant for t in program.tensors]
+        self.scratch = _scratch_partials(program)
         self.has_control = any(isinstance(s, p.CONTROL) for s in program.body.steps)
         self.trace: list | None = [] if self.has_control else None
         self.steps = self._sequence(program.body)
@@ -83,7 +134,8 @@ class _Loaded:
 
     def _leaf(self, step):
         if isinstance(step, p.Execute):
-            return kernels.build(step.compute_set.kernel)
+            kernel = step.compute_set.kernel
+            return kernels.build(kernel, scratch=getattr(getattr(kernel, "out", None), "id", None) in self.scratch)
         if isinstance(step, p.Copy):
             src, tid, dtype, shape = step.src, step.dst.id, step.dst.dtype, step.dst.shape
 
@@ -148,6 +200,18 @@ def _run_steps(steps, state) -> None:
         fn(state)
 
 
+_THREAD = threading.local()
+
+
+def quiet_numpy_on_this_thread() -> None:
+    """Sets numpy to ignore floating-point errors for good on the calling
+    thread (a device worker, which runs nothing but programs): runs on it
+    then skip entering np.errstate each time. The IPU's arithmetic does not
+    trap, so nor does the Model's."""
+    np.seterr(all="ignore")
+    _THREAD.quiet = True
+
+
 class Engine:
     """One per device."""
 
@@ -183,8 +247,12 @@ class Engine:
                     state[output_id] = state[input_id]
         if loaded.trace is not None:
             loaded.trace.clear()
-        with np.errstate(all="ignore"):
+        if getattr(_THREAD, "quiet", False):
             for fn in loaded.steps:
                 fn(state)
+        else:
+            with np.errstate(all="ignore"):
+                for fn in loaded.steps:
+                    fn(state)
         self.last_run = loaded.static_record or RunRecord(list(loaded.trace))
         return [np.array(get(state)) if copy else get(state) for get, copy in loaded.outputs]

@@ -156,17 +156,30 @@ def _build_fill(k: codelets.Fill):
     return run
 
 
-def _build_matmul(k: codelets.MatMulPartials):
+def _build_matmul(k: codelets.MatMulPartials, reuse: bool = False):
+    """reuse: the partials are scratch (read only by reductions, which make
+    new arrays, within the run), so one buffer serves every run: a fresh
+    one of several MiB costs page faults on each run."""
     lhs, rhs, tid = reader(k.lhs), reader(k.rhs), k.out.id
     chunks, batch, m, n = k.out.shape
     kdim = k.lhs.shape[2]
     acc = k.out.dtype
     size = kdim // chunks if chunks else 0
+    kept = []
 
     def run(state):
-        a = lhs(state).astype(acc, copy=False)
-        b = rhs(state).astype(acc, copy=False)
-        out = np.empty((chunks, batch, m, n), dtype=acc)
+        a = lhs(state)
+        if a.dtype != acc:
+            a = a.astype(acc)
+        b = rhs(state)
+        if b.dtype != acc:
+            b = b.astype(acc)
+        if kept:
+            out = kept[0]
+        else:
+            out = np.empty((chunks, batch, m, n), dtype=acc)
+            if reuse:
+                kept.append(out)
         blas.matmul_blocks(a, b, out, chunks, size)
         state[tid] = out
     return run
@@ -195,7 +208,7 @@ def _build_reduce_combine(k: codelets.ReduceCombine):
         value = ufunc.reduce(get(state), axis=axis, dtype=acc)
         if init is not None:
             value = ufunc(init(state).astype(acc, copy=False), value)
-        state[tid] = np.asarray(value).astype(dtype).reshape(shape)
+        state[tid] = np.asarray(value).astype(dtype, copy=False).reshape(shape)   # value is new
     return run
 
 
@@ -254,5 +267,10 @@ from jax_ipu.model import kernels_collectives  # noqa: E402
 BUILDERS.update(kernels_collectives.BUILDERS)
 
 
-def build(kernel) -> Callable:
+def build(kernel, scratch: bool = False) -> Callable:
+    """scratch: the kernel's output is only read, within a run, by kernels
+    that make new arrays of it (the engine decides), so its executor may
+    keep one output buffer across runs."""
+    if scratch and type(kernel) is codelets.MatMulPartials:
+        return _build_matmul(kernel, reuse=True)
     return BUILDERS[type(kernel)](kernel)

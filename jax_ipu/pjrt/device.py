@@ -4,7 +4,7 @@ from __future__ import annotations
 import queue
 import threading
 
-from jax_ipu.model.engine import Engine
+from jax_ipu.model.engine import Engine, quiet_numpy_on_this_thread
 from jax_ipu.pjrt._capi import drain_released
 from jax_ipu.model.targets import Target
 
@@ -45,6 +45,7 @@ class DeviceWorker:
         return self._thread.is_alive() and not getattr(self, "closed", False)
 
     def _loop(self) -> None:
+        quiet_numpy_on_this_thread()
         while (job := self._jobs.get()) is not None:
             job()  # jobs report their own errors through events
             drain_released()

@@ -81,6 +81,7 @@ class Executable:
         self.output_shapes = [spec.shape for spec in self.output_specs]
         self.input_specs = [(tuple(t.shape), t.dtype) for t in program.input_types]
         self.donated = sorted(set(program.aliases.values()))
+        self.donated_set = frozenset(self.donated)
         self.num_params = len(program.input_types)
         self.cost_analysis = {k: float(v) for k, v in program.cost_analysis().items()}
         self.memory_stats = program.memory_stats()
@@ -100,7 +101,18 @@ class Executable:
         if len(args) != len(ids):
             raise IpuInvalidArgument(f"{self.name} runs on {len(ids)} IPUs but got argument "
                                      f"lists for {len(args)}")
-        donated = [i for i in self.donated if i not in non_donatable] if non_donatable else self.donated
+        if non_donatable:
+            donated = [i for i in self.donated if i not in non_donatable]
+            donated_set = frozenset(donated)
+        else:
+            donated, donated_set = self.donated, self.donated_set
+        if len(ids) == 1:    # the common case, kept lean: it is paid on every call
+            device = self.client.device(ids[0])
+            row = args[0]
+            self._check_arguments(row, device)
+            outs = [DeviceBuffer(device, spec) for spec in self.output_specs]
+            done = Event()
+            return [outs], [done], donated, [_Run(self.program, device, row, donated_set, outs, done)]
         outputs, events, runs = [], [], []
         launch = links.Launch(len(ids)) if len(ids) > 1 else None   # the replicas' IPU-Links
         for rank, (device_id, row) in enumerate(zip(ids, args)):
@@ -109,7 +121,7 @@ class Executable:
             outs = [DeviceBuffer(device, spec) for spec in self.output_specs]
             done = Event()
             replica = links.Replica(launch, rank, *divmod(rank, self.num_partitions)) if launch else None
-            runs.append(_Run(self.program, device, row, donated, outs, done, replica))
+            runs.append(_Run(self.program, device, row, donated_set, outs, done, replica))
             outputs.append(outs)
             events.append(done)
         return outputs, events, donated, runs
@@ -118,6 +130,9 @@ class Executable:
 
     @classmethod
     def launch(cls, runs: list) -> None:
+        if len(runs) == 1:   # nothing to keep in step with
+            runs[0].device.worker.submit(runs[0])
+            return
         # One launch's runs reach every worker before another's: the
         # replicas of two launches must not meet in opposite orders.
         with cls._submitting:
@@ -129,7 +144,8 @@ class Executable:
         if len(row) != len(specs):
             raise IpuInvalidArgument(f"{self.name} takes {len(specs)} arguments, got {len(row)}")
         for i, (buf, (shape, dtype)) in enumerate(zip(row, specs)):
-            if buf.spec.shape != shape or buf.spec.dtype != dtype:
+            spec = buf.spec
+            if spec.shape != shape or spec.dtype != dtype:
                 raise IpuInvalidArgument(f"argument {i} of {self.name}: expected {dtype.name}{list(shape)}, "
                                          f"got {buf.dtype.name}{list(buf.shape)}")
             if buf.device is not device:
@@ -147,16 +163,23 @@ class _Run:
         self.donated, self.outputs, self.done = donated, outputs, done
         self.replica = replica             # links.Replica when it runs with others
 
+    def _run(self) -> list:
+        args = self.args
+        for buf in args:
+            if not buf.ready.is_ready:
+                buf.ready.wait()
+        inputs = [buf.array() for buf in args]
+        for i in self.donated:
+            args[i].take()
+        return self.device.engine.run(self.program, inputs, self.donated)
+
     def __call__(self) -> None:
         try:
-            with links.running(self.replica):   # a failure here releases the other replicas
-                for buf in self.args:
-                    if not buf.ready.is_ready:
-                        buf.ready.wait()
-                inputs = [buf.array() for buf in self.args]
-                for i in self.donated:
-                    self.args[i].take()
-                results = self.device.engine.run(self.program, inputs, frozenset(self.donated))
+            if self.replica is None:
+                results = self._run()
+            else:
+                with links.running(self.replica):   # a failure here releases the other replicas
+                    results = self._run()
         except BaseException as exc:  # reaches the user at the next sync point
             for out in self.outputs:
                 out.fail(exc)
