@@ -58,7 +58,10 @@ def _inline(module, block: ir.Block, env: dict, out: list, depth: int) -> list[i
             # A function called twice is inlined twice: its results need new values.
             results = [ir.Value(r.type) for r in op.results] if depth else op.results
             regions = [_inline_region(module, r, env, depth) for r in op.regions]
-            out.append(ir.Op(op.name, operands, results, op.attrs, regions, op.loc))
+            if op.name == "bitcast_convert" and _widths_differ(op):
+                _bitcast_of_widths(operands[0], results[0], op.loc, out)
+            else:
+                out.append(ir.Op(op.name, operands, results, op.attrs, regions, op.loc))
             env.update(zip(op.results, results))
     return [env[v] for v in block.results]
 
@@ -86,3 +89,57 @@ def _check_type(t: ir.Type, op: ir.Op | None, where: str | None) -> None:
     if op is None:
         raise IpuUnimplementedError(f"{where}: {problem}. {advice}")
     raise IpuUnimplementedError.for_op(op, problem, advice)
+
+
+def _widths_differ(op: ir.Op) -> bool:
+    src, dst = op.operands[0].type, op.results[0].type
+    return (isinstance(src, ir.TensorType) and src.dtype.itemsize != dst.dtype.itemsize
+            and np.bool_ not in (src.dtype, dst.dtype))
+
+
+def _bitcast_of_widths(x: ir.Value, result: ir.Value, loc: str, out: list) -> None:
+    """bitcast_convert between element types of different widths, as XLA
+    defines it (little-endian): a wide element is the narrow elements along
+    a new minor axis, the first in its low bits. Written as element-wise
+    shifts of unsigned integers of the two widths."""
+    def emit(name, operands, shape, dtype, **attrs) -> ir.Value:
+        value = ir.Value(ir.TensorType(tuple(shape), np.dtype(dtype)))
+        out.append(ir.Op(name, list(operands), [value], attrs, [], loc))
+        return value
+
+    def as_type(v: ir.Value, dtype) -> ir.Value:   # same width
+        return v if v.type.dtype == np.dtype(dtype) else emit("bitcast_convert", [v], v.type.shape, dtype)
+
+    src, dst = x.type, result.type
+    wide, narrow = (src, dst) if src.dtype.itemsize > dst.dtype.itemsize else (dst, src)
+    bits = 8 * narrow.dtype.itemsize
+    k = wide.dtype.itemsize // narrow.dtype.itemsize
+    u_wide, u_narrow = np.dtype(f"u{wide.dtype.itemsize}"), np.dtype(f"u{narrow.dtype.itemsize}")
+    shape = wide.shape
+    rank = len(shape)
+    if src is wide:
+        full = shape + (k,)
+        spread = emit("broadcast_in_dim", [as_type(x, u_wide)], full, u_wide, broadcast_dimensions=tuple(range(rank)))
+        amounts = emit("constant", [], (k,), u_wide, value=(np.arange(k) * bits).astype(u_wide))
+        amounts = emit("broadcast_in_dim", [amounts], full, u_wide, broadcast_dimensions=(rank,))
+        parts = emit("convert", [emit("shift_right_logical", [spread, amounts], full, u_wide)], full, u_narrow)
+        final = as_type(parts, dst.dtype)
+    else:
+        u = as_type(x, u_narrow)
+        total = None
+        for j in range(k):
+            part = emit("slice", [u], shape + (1,), u_narrow, start_indices=(0,) * rank + (j,),
+                        limit_indices=shape + (j + 1,), strides=(1,) * (rank + 1))
+            part = emit("convert", [emit("reshape", [part], shape, u_narrow)], shape, u_wide)
+            if j:
+                amount = emit("constant", [], (), u_wide, value=np.array(j * bits, u_wide))
+                amount = emit("broadcast_in_dim", [amount], shape, u_wide, broadcast_dimensions=())
+                part = emit("shift_left", [part, amount], shape, u_wide)
+            total = part if total is None else emit("or", [total, part], shape, u_wide)
+        final = as_type(total, dst.dtype)
+    # The last op makes `result` itself.
+    last = out[-1] if out and out[-1].results[0] is final else None
+    if last is not None:
+        last.results[0] = result
+    else:
+        out.append(ir.Op("bitcast_convert", [final], [result], {}, [], loc))

@@ -166,7 +166,9 @@ def _convert(a, dtype, attrs):
 
 
 def _bitcast_convert(a, dtype, attrs):
-    return np.ascontiguousarray(a).view(dtype)
+    # ascontiguousarray makes a 0-d array 1-d: keep the operand's shape.
+    a = np.asarray(a)
+    return np.ascontiguousarray(a).view(dtype).reshape(a.shape)
 
 
 OPS = {

@@ -1,0 +1,61 @@
+"""stablehlo.bitcast_convert between element types of different widths
+(XLA's little-endian reinterpretation: the wide element is the narrow ones
+along a new minor axis) on the ipu device against JAX's CPU backend,
+compared bit for bit."""
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from jax import lax
+
+WIDE = [np.uint32, np.int32, np.float32, np.uint16, np.int16, np.float16]
+NARROW = [np.uint16, np.int16, np.float16, np.uint8, np.int8]
+PAIRS = [(w, n) for w in WIDE for n in NARROW if np.dtype(w).itemsize > np.dtype(n).itemsize]
+
+
+def bits(shape, dtype, seed=0):
+    """Random bit patterns of `dtype` (NaNs included for floats)."""
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).view(dtype).reshape(shape)
+
+
+def check(f, x):
+    ipu, cpu = jax.devices("ipu")[0], jax.devices("cpu")[0]
+    got = np.asarray(jax.jit(f)(jax.device_put(x, ipu)))
+    want = np.asarray(jax.jit(f)(jax.device_put(x, cpu)))
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("shape", [(), (5,), (3, 4)], ids=str)
+@pytest.mark.parametrize("wide, narrow", PAIRS, ids=lambda d: np.dtype(d).name)
+def test_wide_to_narrow(wide, narrow, shape):
+    check(lambda a: lax.bitcast_convert_type(a, narrow), bits(shape, wide))
+
+
+@pytest.mark.parametrize("shape", [(), (5,), (3, 4)], ids=str)
+@pytest.mark.parametrize("wide, narrow", PAIRS, ids=lambda d: np.dtype(d).name)
+def test_narrow_to_wide(wide, narrow, shape):
+    k = np.dtype(wide).itemsize // np.dtype(narrow).itemsize
+    check(lambda a: lax.bitcast_convert_type(a, wide), bits(shape + (k,), narrow))
+
+
+def test_round_trip_inside_a_loop_body():
+    """Inlined into regions too, with arithmetic around it."""
+    def f(x):
+        def body(i, v):
+            halves = lax.bitcast_convert_type(v, np.uint16)
+            return lax.bitcast_convert_type(halves[..., ::-1] + np.uint16(1), np.uint32)
+        return lax.fori_loop(0, 3, body, x)
+    check(f, bits((6,), np.uint32))
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (4,)], ids=str)
+@pytest.mark.parametrize("src, dst", [(np.float32, np.int32), (np.uint32, np.float32), (np.float16, np.int16),
+                                      (np.int8, np.uint8)], ids=lambda d: np.dtype(d).name)
+def test_same_width_keeps_the_shape(src, dst, shape):
+    """A 0-d bitcast gave a (1,) array (random_test's key_data equality)."""
+    check(lambda a: lax.bitcast_convert_type(a, dst), bits(shape, src))
+    x = bits(shape, src)
+    check(lambda a: lax.bitcast_convert_type(a, dst) == lax.bitcast_convert_type(a[None][0], dst), x)
