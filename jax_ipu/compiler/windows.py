@@ -38,6 +38,26 @@ def _gathered(b: Builder, op: ir.Op, value: ir.Value, indices: np.ndarray, fill)
     return out
 
 
+def _gathered_filled(b: Builder, op: ir.Op, value: ir.Value, indices: np.ndarray, fill: ir.Value) -> ir.Value:
+    """_gathered with the 0-d value `fill` where indices < 0: an immediate
+    when it is a constant, else a select on a constant mask after the
+    gather (a value computed at run time)."""
+    lowered = b.values[fill]
+    if isinstance(lowered, Splat):
+        return _gathered(b, op, value, indices, lowered.value)
+    dtype = value.type.dtype
+    gathered = _gathered(b, op, value, indices, np.zeros((), dtype))
+    if not (indices < 0).any():
+        return gathered
+    shape = tuple(indices.shape)
+    mask = _new(ir.TensorType(shape, np.dtype(np.bool_)))
+    b.values[mask] = b.constant(f"{name_of(op)}/padding mask", np.ascontiguousarray(indices < 0))
+    select = _op("select", [mask, fill, gathered], dtype, shape)
+    select.loc = op.loc
+    lower_cluster(b, Cluster(shape, [select]), {select.results[0]})
+    return select.results[0]
+
+
 def _new(type_: ir.TensorType) -> ir.Value:
     return ir.Value(type_)
 
@@ -88,13 +108,7 @@ def _pad_with_run_time_value(b: Builder, op: ir.Op) -> None:
     if x.type.size == 0:
         b.values[op.results[0]] = ScalarBroadcast(b.view(value).then("reshape", ()), out_t.shape)
         return
-    gathered = _gathered(b, op, x, indices, np.zeros((), out_t.dtype))
-    mask = _new(ir.TensorType(out_t.shape, np.dtype(np.bool_)))
-    b.values[mask] = b.constant(f"{name_of(op)}/padding mask", np.ascontiguousarray(indices < 0))
-    select = _op("select", [mask, value, gathered], out_t.dtype, out_t.shape)
-    select.loc = op.loc
-    lower_cluster(b, Cluster(out_t.shape, [select]), {select.results[0]})
-    b.values[op.results[0]] = b.values[select.results[0]]
+    b.values[op.results[0]] = b.values[_gathered_filled(b, op, x, indices, value)]
 
 
 def reverse(b: Builder, op: ir.Op) -> None:
@@ -130,8 +144,7 @@ def reduce_window(b: Builder, op: ir.Op) -> None:
     inits = list(op.operands[n:])
     if x_t.size == 0:
         indices = np.full(indices.shape, -1)
-    patches = [_gathered(b, op, x, indices, _constant_scalar(b, op, init, "reduce_window init value"))
-               for x, init in zip(op.operands[:n], inits)]
+    patches = [_gathered_filled(b, op, x, indices, init) for x, init in zip(op.operands[:n], inits)]
     flat = [_new(ir.TensorType((outs,), r.type.dtype)) for r in op.results]
     reduce.reduce(b, ir.Op("reduce_window", patches + inits, flat, {"dimensions": (1,)}, op.regions, op.loc))
     for r, v in zip(op.results, flat):

@@ -115,3 +115,30 @@ def test_pad_with_run_time_value(dtype, config):
 def test_pad_with_run_time_value_of_empty_operand():
     check(lambda a, v: lax.pad(a, v, ((1, 2, 0), (0, 1, 0))), np.zeros((0, 3), np.float32),
           np.asarray(2.5, np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", ["max-same-overlap", "min-pad", "sum-dilated", "mul"],
+                         ids=lambda c: f"stablehlo.reduce_window-{c}")
+def test_reduce_window_with_run_time_init(case, dtype):
+    """The init value is an argument (lax_test passes it so): padding and
+    dilation holes hold it, and the reduction starts from it. (XLA:CPU
+    skips holes rather than reading the init value there: the two agree
+    when the init value is the body's identity, or there are no holes.)"""
+    init, fn, window, strides, padding, kwargs = POOLS[case]
+    if np.dtype(dtype).kind != "f" and np.isinf(init):
+        init = np.iinfo(dtype).min if init < 0 else np.iinfo(dtype).max
+    if case == "mul":
+        init = 2     # no padding: any init value
+    x = rand((2, 7, 6, 3), dtype) * (np.asarray(0.5, dtype) if fn is lax.mul else np.asarray(1, dtype))
+    check(lambda a, init: lax.reduce_window(a, init, fn, window, strides, padding, **kwargs),
+          x, np.asarray(init, dtype))
+
+
+def test_variadic_reduce_window_with_run_time_inits():
+    def f(a, b, ia, ib):
+        def body(x, y):
+            pick = x[0] >= y[0]
+            return lax.select(pick, x[0], y[0]), lax.select(pick, x[1], y[1])
+        return lax.reduce_window((a, b), (ia, ib), body, (2, 3), (1, 2), ((1, 0), (1, 1)))
+    check(f, rand((5, 6), np.float32), rand((5, 6), np.int32, 1), np.float32(-1.5), np.int32(-7))
