@@ -47,13 +47,21 @@ _helper: concurrent.futures.ThreadPoolExecutor | None = None
 _helper_lock = threading.Lock()
 
 
-def _helper_pool() -> concurrent.futures.ThreadPoolExecutor | None:
+def _init_helper() -> None:
+    np.seterr(all="ignore")    # as on the device workers: the IPU does not trap
+    if _switch is not None:
+        _switch(1)
+
+
+def helper_pool() -> concurrent.futures.ThreadPoolExecutor | None:
+    """One thread that takes half of a large kernel's independent pieces
+    (matmul K-chunks, element-wise chain chunks), or None on one core."""
     global _helper
-    if _helper is None and _switch is not None and (os.cpu_count() or 1) > 1:
+    if _helper is None and (os.cpu_count() or 1) > 1:
         with _helper_lock:
             if _helper is None:
                 _helper = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="ipu-model-blas", initializer=_switch, initargs=(1,))
+                    1, thread_name_prefix="ipu-model-helper", initializer=_init_helper)
     return _helper
 
 
@@ -68,7 +76,7 @@ def matmul_blocks(a: np.ndarray, b: np.ndarray, out: np.ndarray, chunks: int, si
     small = block_macs < SINGLE_THREAD_MACS
     previous = _switch(1) if small and _switch is not None else None
     try:
-        pool = _helper_pool() if small and chunks > 1 and block_macs * chunks >= SHARED_MACS else None
+        pool = helper_pool() if small and _switch is not None and chunks > 1 and block_macs * chunks >= SHARED_MACS else None
         if pool is None:
             _blocks(a, b, out, 0, chunks, size)
         else:   # the helper takes the second half of the chunks

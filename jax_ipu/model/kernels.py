@@ -45,6 +45,9 @@ def _instruction(ins: codelets.Instruction, dtypes: list) -> tuple[Callable, boo
 # Elements of a large fused chain evaluated at a time (a multiple of any
 # SIMD width): 64 KiB of f32 per temporary, so that they stay in cache.
 CHAIN_CHUNK = 16384
+# A chunked chain of at least this many elements shares its chunks with a
+# helper thread (blas.helper_pool) when there is a second core.
+SHARED_CHAIN = 8 * CHAIN_CHUNK
 
 
 def _build_chain(k: codelets.ElementwiseChain):
@@ -110,8 +113,22 @@ def _build_chain(k: codelets.ElementwiseChain):
             else:
                 return run(state)
             dests.append((reg, dest))
-        for lo in range(0, size, CHAIN_CHUNK):
-            hi = min(lo + CHAIN_CHUNK, size)
+        pool = blas.helper_pool() if size >= SHARED_CHAIN else None
+        if pool is None:
+            _span(regs, flat, dests, 0, size)
+            return
+        # Element-wise: the helper thread takes the second half (each element
+        # is computed by the same ufuncs either way).
+        half = (size // 2 + CHAIN_CHUNK - 1) // CHAIN_CHUNK * CHAIN_CHUNK
+        other = pool.submit(_span, regs.copy(), flat, dests, half, size)
+        try:
+            _span(regs, flat, dests, 0, half)
+        finally:
+            other.result()
+
+    def _span(regs, flat, dests, start, stop):
+        for lo in range(start, stop, CHAIN_CHUNK):
+            hi = min(lo + CHAIN_CHUNK, stop)
             for reg, value in flat:
                 regs[reg] = value[lo:hi]
             for fn, args, dest, reuse in plan:
