@@ -16,7 +16,7 @@ from jax_ipu.graph.views import View
 from jax_ipu.model import elementwise
 
 # Attributes an element-wise op's semantics depend on.
-SEMANTIC_ATTRS = ("comparison_direction", "compare_type")
+SEMANTIC_ATTRS = ("comparison_direction", "compare_type", "exponent_bits", "mantissa_bits")
 
 
 def _check(op: ir.Op) -> None:

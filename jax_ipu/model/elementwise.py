@@ -171,7 +171,36 @@ def _bitcast_convert(a, dtype, attrs):
     return np.ascontiguousarray(a).view(dtype).reshape(a.shape)
 
 
+def _reduce_precision(a, dtype, attrs):
+    """Rounds to the nearest value (ties to even) with `mantissa_bits` and
+    `exponent_bits`, as XLA: overflow goes to infinity, values below the
+    smallest normal to zero, NaN stays NaN."""
+    x = np.asarray(a)
+    finfo = np.finfo(x.dtype)
+    src_mantissa, src_exponent = finfo.nmant, finfo.nexp
+    mantissa, exponent = int(attrs["mantissa_bits"]), int(attrs["exponent_bits"])
+    u = _unsigned(x.dtype)
+    nbits = 8 * x.dtype.itemsize
+    bits = np.ascontiguousarray(x).view(u).reshape(x.shape).astype(np.uint64)
+    if mantissa < src_mantissa:
+        last = np.uint64(1 << (src_mantissa - mantissa))
+        bias = (bits & last) // last + np.uint64((int(last) >> 1) - 1)
+        bits = (bits + bias) & np.uint64(~(int(last) - 1) & ((1 << nbits) - 1))
+    if exponent < src_exponent:
+        sign = bits & np.uint64(1 << (nbits - 1))
+        exp_mask = np.uint64(((1 << src_exponent) - 1) << src_mantissa)
+        exp_bias = (1 << (src_exponent - 1)) - 1
+        reduced_bias = (1 << (exponent - 1)) - 1
+        exps = bits & exp_mask
+        overflow = exps > np.uint64((exp_bias + reduced_bias) << src_mantissa)
+        underflow = exps <= np.uint64((exp_bias - reduced_bias) << src_mantissa)
+        bits = np.where(overflow, sign | exp_mask, np.where(underflow, sign, bits))
+    out = np.asarray(bits).astype(u).view(x.dtype).reshape(x.shape)
+    return np.where(np.isnan(x), x, out).astype(dtype)
+
+
 OPS = {
+    "reduce_precision": _reduce_precision,
     "divide": _int_divide, "remainder": _int_remainder, "power": _int_power, "sign": _sign,
     "round_nearest_afz": _round_afz, "rsqrt": _rsqrt, "logistic": _logistic,
     "is_finite": _is_finite, "clamp": _clamp, "select": _select, "compare": _compare,
