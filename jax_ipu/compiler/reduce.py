@@ -33,16 +33,31 @@ def _single_op(body: ir.Block) -> str | None:
     return None
 
 
-def _body_program(op: ir.Op, body: ir.Block) -> tuple[tuple, tuple]:
-    """The body as (instructions, result registers) for a TreeReduce."""
+def _body_program(op: ir.Op, body: ir.Block, outer: dict | None = None) -> tuple[tuple, tuple]:
+    """The body as (instructions, result registers) for a TreeReduce.
+    `outer` (the builder's values) gives constants the body reads from
+    outside it, which become constant instructions."""
     registers = {arg: i for i, arg in enumerate(body.args)}
     program = []
+
+    def read(v: ir.Value) -> bool:
+        """Whether v has a register, giving an outer constant one."""
+        if v in registers:
+            return True
+        lowered = (outer or {}).get(v)
+        if not isinstance(lowered, Splat):
+            return False
+        value = np.asarray(lowered.value).astype(v.type.dtype).reshape(())
+        program.append(codelets.Instruction("constant", (), v.type.dtype, (("value", value),)))
+        registers[v] = len(body.args) + len(program) - 1
+        return True
+
     for inner in body.ops:
         dtype = inner.results[0].type.dtype
         if inner.name == "constant":
             value = np.asarray(inner.attrs["value"]).astype(dtype).reshape(())
             program.append(codelets.Instruction("constant", (), dtype, (("value", value),)))
-        elif inner.name in ELEMENTWISE_OPS and all(v in registers for v in inner.operands):
+        elif inner.name in ELEMENTWISE_OPS and all([read(v) for v in inner.operands]):
             attrs = tuple(sorted((k, inner.attrs[k]) for k in SEMANTIC_ATTRS if k in inner.attrs))
             program.append(codelets.Instruction(inner.name, tuple(registers[v] for v in inner.operands),
                                                 dtype, attrs))
@@ -51,6 +66,9 @@ def _body_program(op: ir.Op, body: ir.Block) -> tuple[tuple, tuple]:
                 op, f"a reduction body with stablehlo.{inner.name} is not supported (bodies may hold "
                     "element-wise ops and constants on the block's arguments)", "File an issue")
         registers[inner.results[0]] = len(body.args) + len(program) - 1
+    if not all([read(v) for v in body.results]):
+        raise IpuUnimplementedError.for_op(op, "a reduction body returning a value computed outside it "
+                                               "at run time is not supported", "File an issue")
     return tuple(program), tuple(registers[v] for v in body.results)
 
 
@@ -74,7 +92,7 @@ def reduce(b: Builder, op: ir.Op) -> None:
     n = len(op.operands) // 2
     body = op.regions[0]
     single = _single_op(body) if n == 1 else None
-    program, results = _body_program(op, body) if single is None else ((), ())
+    program, results = _body_program(op, body, b.values) if single is None else ((), ())
     x_t = op.operands[0].type
     dims = sorted(op.attrs["dimensions"])
     kept_dims = [d for d in range(len(x_t.shape)) if d not in dims]

@@ -142,3 +142,17 @@ def test_variadic_reduce_window_with_run_time_inits():
             return lax.select(pick, x[0], y[0]), lax.select(pick, x[1], y[1])
         return lax.reduce_window((a, b), (ia, ib), body, (2, 3), (1, 2), ((1, 0), (1, 1)))
     check(f, rand((5, 6), np.float32), rand((5, 6), np.int32, 1), np.float32(-1.5), np.int32(-7))
+
+
+def _custom_max(x, y):
+    return lax.select(x >= y, x, y)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("padding", ["VALID", "SAME"])
+def test_jvp_of_reduce_window_with_a_custom_body(dtype, padding):
+    """The generic reduce_window JVP's body reads constants defined outside
+    it (lax_test's testReduceWindowCustomSameAsMonoid)."""
+    x, t = rand((4, 6), dtype), rand((4, 6), dtype, 1)
+    f = lambda a: lax.reduce_window(a, np.asarray(-np.inf, dtype), _custom_max, (2, 3), (1, 2), padding)
+    check(lambda a, b: jax.jvp(f, (a,), (b,)), x, t)
