@@ -21,7 +21,8 @@ class IpuCompileError(IpuError):
     @classmethod
     def for_op(cls, op, problem: str, advice: str) -> "IpuCompileError":
         """`op` is a jax_ipu.ir.Op: the message names it and its location."""
-        return cls(f"stablehlo.{op.name} at {op.loc}: {problem}. {advice}")
+        name = op.name if "." in op.name else f"stablehlo.{op.name}"  # chlo.*, sdy.* keep their dialect
+        return cls(f"{name} at {op.loc}: {problem}. {advice}")
 
 
 class IpuUnimplementedError(IpuCompileError):
