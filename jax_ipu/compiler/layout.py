@@ -32,6 +32,8 @@ def _reshaped(lowered, shape):
 def _as_constant(b: Builder, op: ir.Op, value: np.ndarray):
     """A constant whose elements are all the same bits is a Splat."""
     value = np.ascontiguousarray(value)
+    if value.size == 0:
+        return b.constant(name_of(op), value)
     bits = value.view(np.uint8).reshape(value.size, -1)
     if value.size == 1 or (value.size > 1 and (bits == bits[0]).all()):
         return Splat(np.asarray(value.flat[0]), value.shape)

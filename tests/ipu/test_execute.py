@@ -135,3 +135,20 @@ def test_results_feed_further_programs(ipu):
     for _ in range(5):
         x = f(x)
     np.testing.assert_allclose(np.asarray(x), np.full(8, 1.5 ** 5), rtol=1e-6)
+
+
+EMPTY_PROGRAMS = {
+    "stablehlo.iota-eye0": lambda: jnp.eye(0),
+    "stablehlo.iota-eye3x0": lambda: jnp.eye(3, 0),
+    "stablehlo.iota-arange0": lambda: jnp.arange(0),
+    "stablehlo.while-scan0": lambda: jax.lax.scan(lambda c, x: (c + x, x * 2), 0.0, jnp.zeros(0)),
+    "stablehlo.add-empty": lambda: jnp.zeros((0, 3)) + 1,
+}
+
+
+@pytest.mark.parametrize("name", list(EMPTY_PROGRAMS))
+def test_programs_of_empty_arrays(ipu, name):
+    f = EMPTY_PROGRAMS[name]
+    with jax.default_device(ipu):
+        got = jax.jit(f)()
+    assert_same(got, on_cpu(f))
