@@ -74,7 +74,7 @@ class Builder:
         return t
 
     def constant(self, name: str, value: np.ndarray) -> View:
-        value = np.ascontiguousarray(value)
+        value = np.array(value, order="C")  # a copy of its own, and 0-d stays 0-d
         value.setflags(write=False)
         return View(self.tensor(name, value.shape, value.dtype, constant=value))
 

@@ -31,11 +31,11 @@ def _reshaped(lowered, shape):
 
 def _as_constant(b: Builder, op: ir.Op, value: np.ndarray):
     """A constant whose elements are all the same bits is a Splat."""
-    value = np.ascontiguousarray(value)
+    value = np.asarray(value, order="C")  # (ascontiguousarray makes 0-d arrays 1-d)
     if value.size == 0:
         return b.constant(name_of(op), value)
-    bits = value.view(np.uint8).reshape(value.size, -1)
-    if value.size == 1 or (value.size > 1 and (bits == bits[0]).all()):
+    if value.size == 1 or (value.reshape(-1).view(np.uint8).reshape(value.size, -1) ==
+                           value.reshape(-1)[:1].view(np.uint8)).all():
         return Splat(np.asarray(value.flat[0]), value.shape)
     return b.constant(name_of(op), value)
 

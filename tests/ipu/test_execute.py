@@ -152,3 +152,12 @@ def test_programs_of_empty_arrays(ipu, name):
     with jax.default_device(ipu):
         got = jax.jit(f)()
     assert_same(got, on_cpu(f))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float32, np.bool_], ids=lambda d: np.dtype(d).name)
+def test_constant_scalar_results_keep_shape_and_feed_further_programs(ipu, dtype):
+    with jax.default_device(ipu):
+        six = jax.jit(lambda: jnp.asarray(6, dtype))()
+        assert six.shape == ()
+        same = jax.jit(lambda a: a == jnp.asarray(6, dtype))(six)  # the next program checks its input
+    assert same.shape == () and bool(same)
