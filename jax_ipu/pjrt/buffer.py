@@ -124,10 +124,9 @@ class DeviceBuffer:
             done.set(exc)
 
     def copy_to_device(self, device) -> "DeviceBuffer":
-        """An on-chip copy to another IPU of the same client (over IPU-Links,
-        not the host link)."""
-        if device is self.device:
-            raise IpuInvalidArgument(f"the buffer is already on {device.to_string}")
+        """A copy on another IPU of the same client (over IPU-Links, not the
+        host link), or a fresh copy on the same IPU (JAX asks for one when it
+        must not alias a buffer)."""
         out = DeviceBuffer(device, self.spec)
 
         def copy():

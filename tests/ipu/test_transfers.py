@@ -58,3 +58,13 @@ def test_deleted_array_raises_jax_error(ipu):
     assert y.is_deleted()
     with pytest.raises(RuntimeError, match="deleted"):
         np.asarray(y)
+
+
+def test_copies_on_the_same_ipu_do_not_alias(ipu):
+    x = jax.device_put(np.arange(5, dtype=np.float32), ipu)
+    y = jax.device_put(x, ipu, may_alias=False)
+    z = jax.numpy.array(x, copy=True)
+    x.delete()
+    for copy in (y, z):
+        assert copy.devices() == {ipu}
+        np.testing.assert_array_equal(np.asarray(copy), np.arange(5))
