@@ -128,6 +128,12 @@ class DeviceBuffer:
         host link), or a fresh copy on the same IPU (JAX asks for one when it
         must not alias a buffer)."""
         out = DeviceBuffer(device, self.spec)
+        if self.ready.is_ready:  # copy now: the caller may delete this buffer next
+            try:
+                out.fulfil(self.array().copy())
+            except BaseException as exc:
+                out.fail(exc)
+            return out
 
         def copy():
             self.ready.wait()

@@ -156,19 +156,24 @@ class Executable:
 class _Run:
     """One execution on one device's worker."""
 
-    __slots__ = ("program", "device", "args", "donated", "outputs", "done", "replica")
+    __slots__ = ("program", "device", "args", "held", "donated", "outputs", "done", "replica")
 
     def __init__(self, program, device, args, donated, outputs, done, replica=None):
         self.program, self.device, self.args = program, device, args
+        # The contents of the arguments ready now: the caller may delete its
+        # arrays as soon as the call returns, as JAX allows.
+        self.held = [buf._array for buf in args]
         self.donated, self.outputs, self.done = donated, outputs, done
         self.replica = replica             # links.Replica when it runs with others
 
     def _run(self) -> list:
         args = self.args
-        for buf in args:
-            if not buf.ready.is_ready:
+        inputs = []
+        for buf, held in zip(args, self.held):
+            if held is None:
                 buf.ready.wait()
-        inputs = [buf.array() for buf in args]
+                held = buf.array()
+            inputs.append(held)
         for i in self.donated:
             args[i].take()
         return self.device.engine.run(self.program, inputs, self.donated)

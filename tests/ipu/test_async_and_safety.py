@@ -154,3 +154,17 @@ def test_a_compiler_bug_is_reported_with_the_op_and_line(ipu, monkeypatch):
     assert text.startswith("INTERNAL") and "stablehlo.dot_general" in text
     assert f"test_async_and_safety.py:{f.__code__.co_firstlineno + 1}" in text
     assert "simulated compiler bug" in text and "jax-ipu bug" in text
+
+
+def test_arguments_deleted_right_after_dispatch_are_still_used(ipu, monkeypatch):
+    engine = ipu_device_object(ipu).engine
+    gate = threading.Event()
+    real_run = engine.run
+    f = jax.jit(lambda x: x + 1)
+    x = jax.device_put(np.arange(4, dtype=np.float32), ipu)
+    f(x).block_until_ready()
+    monkeypatch.setattr(engine, "run", lambda *a, **k: (gate.wait(60), real_run(*a, **k))[1])
+    y = f(x)
+    x.delete()  # JAX allows this: the pending run keeps what it needs
+    gate.set()
+    np.testing.assert_array_equal(np.asarray(y), np.arange(4) + 1)
