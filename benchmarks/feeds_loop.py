@@ -17,7 +17,6 @@ import time
 import jax
 import jax.numpy as jnp
 import jax_ipu
-import numpy as np
 from jax import lax
 
 training = runpy.run_path(str(pathlib.Path(__file__).with_name("training.py")))

@@ -128,19 +128,16 @@ class DeviceBuffer:
         host link), or a fresh copy on the same IPU (JAX asks for one when it
         must not alias a buffer)."""
         out = DeviceBuffer(device, self.spec)
-        if self.ready.is_ready:  # copy now: the caller may delete this buffer next
-            try:
-                out.fulfil(self.array().copy())
-            except BaseException as exc:
-                out.fail(exc)
-            return out
 
         def copy():
             self.ready.wait()
             try:
                 out.fulfil(self.array().copy())
-            except BaseException as exc:
+            except BaseException as exc:  # reported through the copy
                 out.fail(exc)
-        self.device.worker.submit(copy)
+        if self.ready.is_ready:  # copy now: the caller may delete this buffer next
+            copy()
+        else:
+            self.device.worker.submit(copy)
         return out
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import hashlib
 import threading
 
-import numpy as np
 
 from jax_ipu import profile
 from jax_ipu.errors import IpuInvalidArgument

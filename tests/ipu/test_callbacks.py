@@ -1,7 +1,6 @@
 """Host callbacks inside ipu programs, on-device loops included, with
 ordered effects kept in order."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
