@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import weakref
+from threading import get_ident
 
 import numpy as np
 
@@ -106,6 +107,7 @@ class _Loaded:
         self.trace: list | None = [] if self.has_control else None
         self.steps = self._sequence(program.body)
         self.inputs = [(t.id, tuple(t.shape), t.dtype) for t in program.inputs]
+        self.input_ids = [t.id for t in program.inputs]
         owned_elsewhere = {t.id for t in program.inputs} | {t.id for t in program.tensors
                                                              if t.constant is not None}
         self.outputs = []
@@ -118,6 +120,29 @@ class _Loaded:
         self.static_record = None if self.has_control else RunRecord(
             [_describe(s) for s in p.leaves(program.body)
              if not isinstance(s, (p.HostToDevice, p.DeviceToHost))])
+        self.straight = None if self.has_control else self._straight_line(program)
+
+    def _straight_line(self, program: Program):
+        """fn(inputs) -> outputs for a program without control flow: the
+        steps called one after the other in one generated function (small
+        programs run on every call, where the loops of run() show)."""
+        env = {"template": self.template, "np": np}
+        lines = ["def run(inputs):", "    state = template.copy()"]
+        lines += [f"    state[{tid}] = inputs[{i}]" for i, tid in enumerate(self.input_ids)]
+        for i, fn in enumerate(self.steps):
+            env[f"s{i}"] = fn
+            lines.append(f"    s{i}(state)")
+        results = []
+        for j, (view, (get, copy)) in enumerate(zip(program.outputs, self.outputs)):
+            if view.is_whole_tensor and view.shape == view.tensor.shape:
+                value = f"state[{view.tensor.id}]"
+            else:
+                env[f"g{j}"] = get
+                value = f"g{j}(state)"
+            results.append(f"np.array({value})" if copy else value)
+        lines.append(f"    return [{', '.join(results)}]")
+        exec(compile("\n".join(lines), f"<program {program.name}>", "exec"), env)
+        return env["run"]
 
     def _sequence(self, seq: p.Sequence) -> list:
         return [fn for step in seq.steps if (fn := self._step(step)) is not None]
@@ -200,7 +225,28 @@ def _run_steps(steps, state) -> None:
         fn(state)
 
 
-_THREAD = threading.local()
+# Threads whose numpy ignores floating-point errors for good (device workers).
+_QUIET_THREADS: set[int] = set()
+
+try:   # numpy 2: the floating-point error state is a context variable
+    from numpy._core._ufunc_config import _extobj_contextvar, _make_extobj
+    _QUIET = _make_extobj(all="ignore")
+
+    def _quiet_numpy():
+        """Ignores floating-point errors on this thread until _restore_numpy
+        (np.errstate, without its per-use setup: it is paid on every run)."""
+        return _extobj_contextvar.set(_QUIET)
+
+    def _restore_numpy(token) -> None:
+        _extobj_contextvar.reset(token)
+except ImportError:   # pragma: no cover - older numpy
+    def _quiet_numpy():
+        state = np.errstate(all="ignore")
+        state.__enter__()
+        return state
+
+    def _restore_numpy(token) -> None:
+        token.__exit__(None, None, None)
 
 
 def quiet_numpy_on_this_thread() -> None:
@@ -209,7 +255,12 @@ def quiet_numpy_on_this_thread() -> None:
     then skip entering np.errstate each time. The IPU's arithmetic does not
     trap, so nor does the Model's."""
     np.seterr(all="ignore")
-    _THREAD.quiet = True
+    _QUIET_THREADS.add(threading.get_ident())
+
+
+def forget_quiet_thread() -> None:
+    """A quiet thread's end (its ident may be reused by another thread)."""
+    _QUIET_THREADS.discard(threading.get_ident())
 
 
 class Engine:
@@ -218,41 +269,65 @@ class Engine:
     def __init__(self, target: Target):
         self.target = target
         self.last_run: RunRecord | None = None
-        self._loaded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # Loaded programs by id(program), each entry dropped when its program
+        # dies (before the id can be reused): a plain dict is read on every run.
+        self._loaded: dict[int, _Loaded] = {}
 
     def load(self, program: Program) -> _Loaded:
         if (program.target_name, program.num_tiles) != (self.target.name, self.target.num_tiles):
             raise IpuRuntimeError(f"program {program.name} was compiled for {program.target_name} with "
                                   f"{program.num_tiles} tiles, not for this {self.target.describe()}")
-        loaded = self._loaded.get(program)
+        loaded = self._loaded.get(id(program))
         if loaded is None:
-            loaded = self._loaded[program] = _Loaded(program)
+            loaded = self._loaded[id(program)] = _Loaded(program)
+            weakref.finalize(program, self._loaded.pop, id(program), None)
         return loaded
 
-    def run(self, program: Program, inputs: list[np.ndarray], donated=frozenset()) -> list[np.ndarray]:
-        loaded = self._loaded.get(program) or self.load(program)
-        if len(inputs) != len(loaded.inputs):
-            raise IpuRuntimeError(f"program {program.name} takes {len(loaded.inputs)} inputs, "
-                                  f"got {len(inputs)}")
+    def run(self, program: Program, inputs: list[np.ndarray], donated=frozenset(),
+            checked: bool = True) -> list[np.ndarray]:
+        """Runs the program; `checked=False` when the caller has already
+        checked the inputs against the program's (the device's runs)."""
+        loaded = self._loaded.get(id(program)) or self.load(program)
+        if not checked and not donated and loaded.straight is not None:   # the common case, lean
+            if get_ident() in _QUIET_THREADS:
+                results = loaded.straight(inputs)
+            else:
+                token = _quiet_numpy()
+                try:
+                    results = loaded.straight(inputs)
+                finally:
+                    _restore_numpy(token)
+            self.last_run = loaded.static_record
+            return results
         state = loaded.template.copy()
-        for i, ((tid, shape, dtype), array) in enumerate(zip(loaded.inputs, inputs)):
-            if type(array) is not np.ndarray or array.dtype != dtype or array.shape != shape:
-                raise IpuRuntimeError(
-                    f"input {i} of {program.name}: expected {dtype.name}{list(shape)}, got "
-                    f"{getattr(array, 'dtype', type(array).__name__)}{list(getattr(array, 'shape', ()))}")
-            state[tid] = array
+        if checked:
+            if len(inputs) != len(loaded.inputs):
+                raise IpuRuntimeError(f"program {program.name} takes {len(loaded.inputs)} inputs, "
+                                      f"got {len(inputs)}")
+            for i, ((tid, shape, dtype), array) in enumerate(zip(loaded.inputs, inputs)):
+                if type(array) is not np.ndarray or array.dtype != dtype or array.shape != shape:
+                    raise IpuRuntimeError(
+                        f"input {i} of {program.name}: expected {dtype.name}{list(shape)}, got "
+                        f"{getattr(array, 'dtype', type(array).__name__)}{list(getattr(array, 'shape', ()))}")
+                state[tid] = array
+        else:
+            for tid, array in zip(loaded.input_ids, inputs):
+                state[tid] = array
         if donated:
             for i, input_id, output_id in loaded.in_place:
                 if i in donated and state[input_id].flags.writeable:
                     state[output_id] = state[input_id]
         if loaded.trace is not None:
             loaded.trace.clear()
-        if getattr(_THREAD, "quiet", False):
+        if get_ident() in _QUIET_THREADS:
             for fn in loaded.steps:
                 fn(state)
         else:
-            with np.errstate(all="ignore"):
+            token = _quiet_numpy()
+            try:
                 for fn in loaded.steps:
                     fn(state)
+            finally:
+                _restore_numpy(token)
         self.last_run = loaded.static_record or RunRecord(list(loaded.trace))
         return [np.array(get(state)) if copy else get(state) for get, copy in loaded.outputs]

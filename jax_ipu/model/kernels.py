@@ -157,7 +157,51 @@ def _build_chain(k: codelets.ElementwiseChain):
                 state[tid] = value
             else:                             # an input, a view or a scalar: give it its own data
                 state[tid] = np.array(np.broadcast_to(value, shape), dtype=dtype)
-    return run_chunked if chunkable else run
+    if chunkable:
+        return run_chunked
+    return _straight_line(k, fetch, plan, outputs, template, shape) or run
+
+
+def _straight_line(k, fetch, plan, outputs, template, shape):
+    """`run` of a chain as one generated function: the same reads, ufunc
+    calls and output rules, without the loops over the plan. Small chains
+    run on every call of small programs, where those loops cost more than
+    the arithmetic."""
+    env = {"np": np, "ndarray": np.ndarray, "shape": shape}
+    lines = ["def run(state):"]
+    for reg, get in fetch:
+        source = k.inputs[reg]
+        plain = (not source.ops or source.is_whole_tensor) and source.shape == source.tensor.shape
+        if plain:
+            lines.append(f"    r{reg} = state[{source.tensor.id}]")
+        else:
+            env[f"g{reg}"] = get
+            lines.append(f"    r{reg} = g{reg}(state)")
+    for reg, value in enumerate(template):
+        if value is not None:
+            env[f"r{reg}"] = value          # immediates: read as globals
+    for i, (fn, args, dest, reuse) in enumerate(plan):
+        env[f"f{i}"] = fn
+        operands = ", ".join(f"r{a}" for a in args)
+        if reuse is None:
+            lines.append(f"    r{dest} = f{i}({operands})")
+        else:
+            lines.append(f"    r{dest} = f{i}({operands}, out=r{reuse})")
+    for j, (reg, tid, dtype, computed) in enumerate(outputs):
+        env[f"d{j}"] = dtype
+        lines.append(f"    target = state[{tid}]")
+        lines.append("    if target is not None:")
+        lines.append(f"        np.copyto(target, r{reg}, casting='unsafe')")
+        if computed:
+            lines.append(f"    elif type(r{reg}) is ndarray and r{reg}.base is None and r{reg}.dtype == d{j}:")
+            lines.append(f"        state[{tid}] = r{reg}")
+        lines.append("    else:")
+        lines.append(f"        state[{tid}] = np.array(np.broadcast_to(r{reg}, shape), dtype=d{j})")
+    try:
+        exec(compile("\n".join(lines), f"<chain {k.outputs[0][1].name if k.outputs else ''}>", "exec"), env)
+    except SyntaxError:      # pragma: no cover - a bug here must not stop a run
+        return None
+    return env["run"]
 
 
 def _same_layout(a: np.ndarray, b: np.ndarray) -> bool:

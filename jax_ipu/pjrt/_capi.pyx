@@ -22,6 +22,7 @@ from libc.string cimport memcpy, memset, strlen
 cdef extern from "Python.h" nogil:
     int _Py_IsFinalizing()
     int PyGILState_Check()
+    void* PyGILState_GetThisThreadState()
 
 cdef extern from "pthread.h" nogil:
     ctypedef struct pthread_mutex_t:
@@ -636,11 +637,14 @@ cdef void drain_released_now() noexcept:
     global RELEASED
     cdef Released* r
     cdef Released* nxt
-    with nogil:
-        pthread_mutex_lock(&RELEASED_LOCK)
-        r = RELEASED
-        RELEASED = NULL
-        pthread_mutex_unlock(&RELEASED_LOCK)
+    if RELEASED == NULL:    # a racy read, but only a hint: the next drain sees it
+        return
+    # The lock's holders never wait for the GIL, so it is taken without
+    # letting the GIL go (which would hand it to a waiting worker).
+    pthread_mutex_lock(&RELEASED_LOCK)
+    r = RELEASED
+    RELEASED = NULL
+    pthread_mutex_unlock(&RELEASED_LOCK)
     while r != NULL:
         nxt = r.next
         Py_DECREF(<object>r.obj)
@@ -1163,16 +1167,20 @@ cdef PJRT_Error* e_memory_addressable_by_devices(PJRT_Memory_AddressableByDevice
 
 cdef PJRT_Buffer* wrap_buffer(PJRT_Client* c, object py_buffer) except NULL:
     """A C handle for a jax_ipu.pjrt.buffer.DeviceBuffer (which owns `dims`)."""
+    # Paid for every output of every run: plain attribute reads, and the
+    # dimensions read in place from the spec's array (which the buffer keeps).
+    spec = py_buffer.spec
+    cdef size_t num_dims = len(<tuple>spec.shape)
+    cdef uintptr_t dims_address = spec.dims_address
     cdef PJRT_Buffer* b = <PJRT_Buffer*>calloc(1, sizeof(PJRT_Buffer))
-    cdef const int64_t[:] dims = py_buffer.dims
     Py_INCREF(py_buffer)
     b.py = <void*>py_buffer
     b.client = c
-    b.device = device_by_id(c, py_buffer.device_id)
-    b.type = py_buffer.pjrt_type
-    b.num_dims = dims.shape[0]
-    b.dims = &dims[0] if b.num_dims else NULL
-    b.nbytes = py_buffer.nbytes
+    b.device = device_by_id(c, py_buffer.device.id)
+    b.type = spec.pjrt_type
+    b.num_dims = num_dims
+    b.dims = <int64_t*>dims_address if num_dims else NULL
+    b.nbytes = spec.nbytes
     b.ready = event_of(py_buffer.ready)
     ipu_atomic_add64(&b.device.bytes_in_use, <int64_t>b.nbytes)
     ipu_atomic_add64(&b.device.num_allocs, 1)
@@ -1247,7 +1255,20 @@ cdef PJRT_Error* e_buffer_memory(PJRT_Buffer_Memory_Args* a) noexcept nogil:
 
 cdef PJRT_Error* e_buffer_ready_event(PJRT_Buffer_ReadyEvent_Args* a) noexcept nogil:
     a.event = event_ref(a.buffer.ready)
+    # Someone will wait for (or poll) this buffer: its device's deferred
+    # quick runs get no grace. Only from a thread Python knows (never take
+    # the GIL on a framework thread); elsewhere the grace simply runs out.
+    if not a.buffer.ready.ready and PyGILState_GetThisThreadState() != NULL and not python_is_gone():
+        urge_device_of(a.buffer.py)
     return NULL
+
+cdef void urge_device_of(void* py_buffer) noexcept with gil:
+    saved = py_enter()
+    try:
+        (<object>py_buffer).device.worker.urge()
+    except BaseException:
+        pass    # only a hint: the worker runs the job after its grace anyway
+    py_leave(saved)
 
 cdef PJRT_Error* e_buffer_increase_external_refs(PJRT_Buffer_Args* a) noexcept nogil:
     ipu_atomic_add(&a.buffer.external_refs, 1)

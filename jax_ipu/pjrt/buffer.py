@@ -42,15 +42,29 @@ class ArraySpec:
     """What a buffer's C handle reports: computed once per shape, shared by
     every buffer of it (executables make one per output at compile time)."""
 
-    __slots__ = ("dtype", "shape", "dims", "pjrt_type", "nbytes")
+    __slots__ = ("dtype", "shape", "dims", "dims_address", "pjrt_type", "nbytes")
 
     def __init__(self, dtype: np.dtype, shape: tuple[int, ...]):
         self.dtype = np.dtype(dtype)
         self.shape = tuple(int(d) for d in shape)
         self.dims = np.asarray(self.shape, dtype=np.int64)  # the C side points into it
         self.dims.flags.writeable = False
+        self.dims_address = self.dims.ctypes.data
         self.pjrt_type = pjrt_type(self.dtype)
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    @classmethod
+    def of(cls, dtype, shape) -> "ArraySpec":
+        """The one spec of a dtype and shape, so that checks on every call
+        compare identities (comparing numpy dtypes is slow)."""
+        key = (np.dtype(dtype), tuple(int(d) for d in shape))
+        spec = _SPECS.get(key)
+        if spec is None:
+            spec = _SPECS.setdefault(key, cls(*key))
+        return spec
+
+
+_SPECS: dict = {}
 
 
 class DeviceBuffer:
@@ -106,6 +120,8 @@ class DeviceBuffer:
         """Copies bytes [offset, offset+len(dst)) into dst once ready;
         `order` permutes the dimensions (major to minor) for the host."""
         done = Event()
+        if not self.ready.is_ready:
+            self.device.worker.help()      # the host waits for it: no grace
         if self.ready.is_ready:
             self._copy(dst, offset, order, done)
         else:
@@ -135,6 +151,8 @@ class DeviceBuffer:
                 out.fulfil(self.array().copy())
             except BaseException as exc:  # reported through the copy
                 out.fail(exc)
+        if not self.ready.is_ready:
+            self.device.worker.help()
         if self.ready.is_ready:  # copy now: the caller may delete this buffer next
             copy()
         else:

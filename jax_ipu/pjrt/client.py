@@ -76,7 +76,7 @@ class Client:
         device = self.device(device_id)
         data = np.array(array, order="C", copy=True)  # the caller's memory is only lent
         device.transfers.host_to_device += data.nbytes
-        return DeviceBuffer(device, ArraySpec(data.dtype, data.shape), data)
+        return DeviceBuffer(device, ArraySpec.of(data.dtype, data.shape), data)
 
     def copy_buffer(self, buffer: DeviceBuffer, device_id: int) -> DeviceBuffer:
         return buffer.copy_to_device(self.device(device_id))

@@ -1,10 +1,12 @@
 """An IPU device of the client: its description, its worker and engine."""
 from __future__ import annotations
 
+import collections
 import queue
 import threading
+import time
 
-from jax_ipu.model.engine import Engine, quiet_numpy_on_this_thread
+from jax_ipu.model.engine import Engine, forget_quiet_thread, quiet_numpy_on_this_thread
 from jax_ipu.pjrt._capi import drain_released
 from jax_ipu.model.targets import Target
 
@@ -24,31 +26,97 @@ class TransferCounters:
 
 
 class DeviceWorker:
-    """Runs a device's jobs in submission order on one thread, so that an
+    """Runs a device's jobs in submission order, one at a time, so that an
     Execute call returns before its program has finished (asynchronous
-    dispatch, as on the hardware's stream)."""
+    dispatch, as on the hardware's stream).
+
+    Most jobs wake the worker thread at once. A *quick* job (a run of a
+    program that is known to take less than QUICK_SECONDS and cannot block)
+    is deferred instead: the worker picks it up after GRACE_SECONDS, unless
+    a thread that needs the device first runs it itself (help()): the next
+    Execute on the device, a copy to the host, or anyone asking for a
+    buffer's ready event (urge()). Waking a thread and handing it the GIL
+    costs more than such a program takes to run, so back-to-back dispatch
+    of small programs would otherwise be paid in thread switches."""
+
+    GRACE_SECONDS = 0.0005
 
     def __init__(self, name: str):
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs: collections.deque = collections.deque()   # (job, quick, due, seq)
+        self._wake: queue.SimpleQueue = queue.SimpleQueue()
+        self._run_lock = threading.Lock()    # held while a job runs: one at a time, in order
+        self._submitted = 0
+        self._urged = 0                      # jobs up to this number are due now
+        self._idle = False                   # sleeping with no deadline: a deferred job must wake it
+        self.closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, job) -> None:
-        self._jobs.put(job)
+    def submit(self, job, quick: bool = False) -> None:
+        self._submitted += 1
+        if quick:
+            self._jobs.append((job, True, time.perf_counter() + self.GRACE_SECONDS, self._submitted))
+            if self._idle:
+                self._idle = False
+                self._wake.put(True)
+        else:
+            self._jobs.append((job, False, 0.0, self._submitted))
+            self._wake.put(True)
+
+    def urge(self) -> None:
+        """Someone waits for the jobs submitted so far: no grace for them."""
+        if self._urged != self._submitted and self._jobs:
+            self._urged = self._submitted
+            self._wake.put(True)
+
+    def help(self) -> None:
+        """Runs the quick jobs waiting at the front on the calling thread
+        (they never block), unless a job is running now."""
+        jobs = self._jobs
+        if not jobs or not jobs[0][1] or not self._run_lock.acquire(False):
+            return
+        try:
+            while jobs and jobs[0][1]:
+                jobs.popleft()[0]()
+        finally:
+            self._run_lock.release()
 
     def close(self) -> None:
         self.closed = True
-        self._jobs.put(None)
+        self._wake.put(False)
 
     @property
     def running(self) -> bool:
-        return self._thread.is_alive() and not getattr(self, "closed", False)
+        return self._thread.is_alive() and not self.closed
 
     def _loop(self) -> None:
         quiet_numpy_on_this_thread()
-        while (job := self._jobs.get()) is not None:
-            job()  # jobs report their own errors through events
-            drain_released()
+        try:
+            self._serve()
+        finally:
+            forget_quiet_thread()
+
+    def _serve(self) -> None:
+        jobs, wake, run_lock = self._jobs, self._wake, self._run_lock
+        while True:
+            timeout = None
+            self._idle = True          # set before looking: a submit after the look wakes us
+            if jobs:
+                self._idle = False
+                _, quick, due, seq = jobs[0]
+                if quick and seq > self._urged:
+                    timeout = due - time.perf_counter()
+                if timeout is None or timeout <= 0:
+                    with run_lock:
+                        if jobs:
+                            jobs.popleft()[0]()   # jobs report their own errors through events
+                    drain_released()
+                    continue
+            try:
+                if not wake.get(timeout=timeout):
+                    return                 # closed
+            except queue.Empty:
+                pass
 
 
 class Device:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import hashlib
 import threading
 
-
 from jax_ipu import profile
+from jax_ipu.graph import programs as p
 from jax_ipu.errors import IpuInvalidArgument
 from jax_ipu.model import links
 from jax_ipu.pjrt._capi import Event
@@ -75,10 +75,10 @@ class Executable:
         self.logical_ids = [(r, p) for r in range(self.num_replicas) for p in range(self.num_partitions)]
         self.device_ids = [assignment[r][p] for r, p in self.logical_ids]
         self.serialized_device_assignment = serialized_assignment
-        self.output_specs = [ArraySpec(t.dtype, t.shape) for t in program.output_types]
+        self.output_specs = [ArraySpec.of(t.dtype, t.shape) for t in program.output_types]
         self.output_types = [spec.pjrt_type for spec in self.output_specs]
         self.output_shapes = [spec.shape for spec in self.output_specs]
-        self.input_specs = [(tuple(t.shape), t.dtype) for t in program.input_types]
+        self.input_specs = [ArraySpec.of(t.dtype, t.shape) for t in program.input_types]
         self.donated = sorted(set(program.aliases.values()))
         self.donated_set = frozenset(self.donated)
         self.num_params = len(program.input_types)
@@ -88,6 +88,7 @@ class Executable:
         self.parameter_shardings, self.output_shardings = executable_shardings(
             program.shardings, self.num_params, len(self.output_specs))
         self.keepalive: list = []  # what the C structs point at
+        self.quick = is_quick(program, len(self.device_ids))
 
     # -- execution --
     def execute(self, args: list[list[DeviceBuffer]], device_id: int | None,
@@ -107,20 +108,22 @@ class Executable:
             donated, donated_set = self.donated, self.donated_set
         if len(ids) == 1:    # the common case, kept lean: it is paid on every call
             device = self.client.device(ids[0])
+            device.worker.help()     # quick runs still waiting: their results may be our arguments
             row = args[0]
             self._check_arguments(row, device)
             outs = [DeviceBuffer(device, spec) for spec in self.output_specs]
-            done = Event()
-            return [outs], [done], donated, [_Run(self.program, device, row, donated_set, outs, done)]
+            # Complete when the last output is: runs fulfil outputs in order.
+            done = outs[-1].ready if outs else Event()
+            return [outs], [done], donated, [_Run(self, device, row, donated_set, outs, done)]
         outputs, events, runs = [], [], []
         launch = links.Launch(len(ids)) if len(ids) > 1 else None   # the replicas' IPU-Links
         for rank, (device_id, row) in enumerate(zip(ids, args)):
             device = self.client.device(device_id)
             self._check_arguments(row, device)
             outs = [DeviceBuffer(device, spec) for spec in self.output_specs]
-            done = Event()
+            done = outs[-1].ready if outs else Event()
             replica = links.Replica(launch, rank, *divmod(rank, self.num_partitions)) if launch else None
-            runs.append(_Run(self.program, device, row, donated_set, outs, done, replica))
+            runs.append(_Run(self, device, row, donated_set, outs, done, replica))
             outputs.append(outs)
             events.append(done)
         return outputs, events, donated, runs
@@ -130,7 +133,10 @@ class Executable:
     @classmethod
     def launch(cls, runs: list) -> None:
         if len(runs) == 1:   # nothing to keep in step with
-            runs[0].device.worker.submit(runs[0])
+            run = runs[0]
+            # Arguments still to come from this IPU's earlier runs are ready by
+            # the time the run starts (one at a time, in order): it cannot block.
+            run.device.worker.submit(run, run.executable.quick and not run.waits_elsewhere)
             return
         # One launch's runs reach every worker before another's: the
         # replicas of two launches must not meet in opposite orders.
@@ -140,61 +146,113 @@ class Executable:
 
     def _check_arguments(self, row: list[DeviceBuffer], device) -> None:
         specs = self.input_specs
+        if len(row) == len(specs):
+            for buf, expected in zip(row, specs):   # specs are interned: the usual case is two identities
+                if buf.spec is not expected or buf.device is not device:
+                    break
+            else:
+                return
+        self._argument_error(row, device)
+
+    def _argument_error(self, row: list[DeviceBuffer], device) -> None:
+        specs = self.input_specs
         if len(row) != len(specs):
             raise IpuInvalidArgument(f"{self.name} takes {len(specs)} arguments, got {len(row)}")
-        for i, (buf, (shape, dtype)) in enumerate(zip(row, specs)):
+        for i, (buf, expected) in enumerate(zip(row, specs)):
             spec = buf.spec
-            if spec.shape != shape or spec.dtype != dtype:
-                raise IpuInvalidArgument(f"argument {i} of {self.name}: expected {dtype.name}{list(shape)}, "
+            if spec.shape != expected.shape or spec.dtype != expected.dtype:
+                raise IpuInvalidArgument(f"argument {i} of {self.name}: expected "
+                                         f"{expected.dtype.name}{list(expected.shape)}, "
                                          f"got {buf.dtype.name}{list(buf.shape)}")
             if buf.device is not device:
                 raise IpuInvalidArgument(f"argument {i} of {self.name} is on {buf.device.to_string}, "
                                          f"not on {device.to_string}")
 
 
+# Programs up to this many elements in all their tensors (and no loops) run
+# in microseconds on the Model (see is_quick).
+QUICK_ELEMENTS = 1 << 17
+
+
+def is_quick(program, num_devices: int) -> bool:
+    """Whether the program's runs are quick and cannot block: one device, no
+    host calls (a callback or feed may wait for the host), no loops, and
+    little data. Such a run may wait DeviceWorker.GRACE_SECONDS for the
+    worker or run on the next thread that needs the device: handing it to
+    the worker thread would cost more than running it."""
+    if num_devices != 1 or sum(t.size for t in program.tensors) > QUICK_ELEMENTS:
+        return False
+    def blocks_or_loops(step) -> bool:
+        if isinstance(step, (p.HostCall, p.Repeat, p.RepeatWhileTrue)):
+            return True
+        return any(blocks_or_loops(child) for child in p.children(step))
+    return not blocks_or_loops(program.body)
+
+
 class _Run:
     """One execution on one device's worker."""
 
-    __slots__ = ("program", "device", "args", "held", "donated", "outputs", "done", "replica")
+    __slots__ = ("executable", "program", "device", "args", "held", "all_held", "waits_elsewhere",
+                 "donated", "outputs", "done", "replica")
 
-    def __init__(self, program, device, args, donated, outputs, done, replica=None):
-        self.program, self.device, self.args = program, device, args
+    def __init__(self, executable, device, args, donated, outputs, done, replica=None):
+        self.executable, self.program = executable, executable.program
+        self.device, self.args = device, args
         # The contents of the arguments ready now: the caller may delete its
         # arrays as soon as the call returns, as JAX allows.
-        self.held = [buf._array for buf in args]
+        self.held = held = []
+        all_held = True
+        self.waits_elsewhere = False    # for an argument another IPU has still to produce
+        for buf in args:
+            array = buf._array
+            if array is None:
+                all_held = False
+                if buf.device is not device:
+                    self.waits_elsewhere = True
+            held.append(array)
+        self.all_held = all_held
         self.donated, self.outputs, self.done = donated, outputs, done
         self.replica = replica             # links.Replica when it runs with others
 
     def _run(self) -> list:
         args = self.args
-        inputs = []
-        for buf, held in zip(args, self.held):
+        inputs = self.held if self.all_held else []
+        for buf, held in zip(args, self.held) if not self.all_held else ():
             if held is None:
+                if buf.device is not self.device:
+                    buf.device.worker.urge()
                 buf.ready.wait()
                 held = buf.array()
             inputs.append(held)
         for i in self.donated:
             args[i].take()
-        return self.device.engine.run(self.program, inputs, self.donated)
+        return self.device.engine.run(self.program, inputs, self.donated, checked=False)
 
     def __call__(self) -> None:
         try:
             if self.replica is None:
-                results = self._run()
+                if self.all_held and not self.donated:    # the usual case: one call less
+                    results = self.device.engine.run(self.program, self.held, (), checked=False)
+                else:
+                    results = self._run()
             else:
                 with links.running(self.replica):   # a failure here releases the other replicas
                     results = self._run()
         except BaseException as exc:  # reaches the user at the next sync point
             for out in self.outputs:
                 out.fail(exc)
-            self.done.set(exc)
+            if not self.outputs:
+                self.done.set(exc)
             return
         self.device.last_program = self.program
         if profile.ACTIVE is not None:
             profile.ACTIVE.record(self.program, self.device, self.device.engine.last_run)
-        for out, result in zip(self.outputs, results):
-            out.fulfil(result)
-        self.done.set()
+        outputs = self.outputs
+        if outputs:         # the last output's event is the run's completion
+            for out, result in zip(outputs, results):
+                out.fulfil(result)
+        else:
+            self.done.set()
 
 
 def fingerprint(code: bytes, options: bytes, target) -> bytes:

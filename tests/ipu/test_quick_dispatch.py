@@ -1,0 +1,155 @@
+"""Quick runs: small programs that cannot block are deferred for a short
+grace and run by the next thread that needs the device (the next Execute,
+a copy to the host, a wait on a buffer) or else by the device's worker.
+Dispatch stays asynchronous; results, ordering, donation, errors and the
+caller's numpy error state are as with any other run."""
+import threading
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+
+def device_object(ipu):
+    from jax_ipu.pjrt import client
+    return client.CURRENT.device(ipu.id)
+
+
+def runs_by_thread(monkeypatch):
+    """Counts runs per thread name."""
+    from jax_ipu.pjrt import executable
+    counts: dict[str, int] = {}
+    real = executable._Run.__call__
+
+    def counted(run):
+        name = threading.current_thread().name
+        counts[name] = counts.get(name, 0) + 1
+        return real(run)
+    monkeypatch.setattr(executable._Run, "__call__", counted)
+    return counts
+
+
+def test_back_to_back_small_runs_are_taken_by_the_dispatching_thread(ipu, monkeypatch):
+    f = jax.jit(lambda x: x * 2 + 1)
+    x = jax.device_put(np.arange(4, dtype=np.float32), ipu)
+    f(x).block_until_ready()            # compiled, and seen to be quick
+    counts = runs_by_thread(monkeypatch)
+    y = x
+    for _ in range(50):
+        y = f(y)
+    expected = np.arange(4, dtype=np.float32)
+    for _ in range(50):
+        expected = expected * 2 + 1
+    np.testing.assert_array_equal(np.asarray(y), expected)
+    # Each call ran its predecessor (or the copy to the host ran the last):
+    # at most a few runs were left to the worker's grace.
+    assert counts.get(threading.current_thread().name, 0) >= 45, counts
+    assert sum(counts.values()) == 50
+
+
+def test_a_deferred_run_completes_without_anyone_asking(ipu):
+    f = jax.jit(lambda x: x - 3)
+    x = jax.device_put(np.arange(6, dtype=np.int32), ipu)
+    f(x).block_until_ready()
+    worker = device_object(ipu).worker
+    y = f(x)
+    deadline = time.monotonic() + 10
+    while worker._jobs and time.monotonic() < deadline:   # nobody asks JAX for y meanwhile
+        time.sleep(0.001)
+    assert not worker._jobs, "the worker never picked up the deferred run"
+    np.testing.assert_array_equal(np.asarray(y), np.arange(6) - 3)
+
+
+def test_quick_runs_stay_asynchronous(ipu, monkeypatch):
+    engine = device_object(ipu).engine
+    f = jax.jit(lambda x: x + 1)
+    x = jax.device_put(np.zeros(4, np.float32), ipu)
+    f(x).block_until_ready()            # quick from now on
+    gate = threading.Event()
+    real_run = engine.run
+
+    def gated_run(*args, **kwargs):
+        assert gate.wait(60)
+        return real_run(*args, **kwargs)
+    monkeypatch.setattr(engine, "run", gated_run)
+    y = f(x)
+    assert not y.is_ready()             # asking urges the worker, which waits at the gate
+    time.sleep(0.01)
+    assert not y.is_ready()
+    gate.set()
+    np.testing.assert_array_equal(np.asarray(y), np.ones(4))
+
+
+def test_donated_state_through_many_quick_steps(ipu):
+    step = jax.jit(lambda w, g: w - 0.5 * g, donate_argnums=0)
+    w = jax.device_put(np.zeros(8, np.float32), ipu)
+    g = jax.device_put(np.ones(8, np.float32), ipu)
+    for _ in range(200):
+        w = step(w, g)
+    np.testing.assert_allclose(np.asarray(w), np.full(8, -100.0))
+
+
+def test_quick_run_feeds_another_ipu(ipus):
+    assert len(ipus) >= 2               # conftest models two
+    f = jax.jit(lambda x: x * 3)
+    g = jax.jit(lambda x: x + 1, device=ipus[1])
+    x = jax.device_put(np.arange(5, dtype=np.float32), ipus[0])
+    f(x).block_until_ready()
+    for _ in range(20):
+        y = f(x)                                   # deferred on ipu0
+        z = g(jax.device_put(y, ipus[1]))          # needed on ipu1 at once
+        np.testing.assert_array_equal(np.asarray(z), np.arange(5) * 3 + 1)
+
+
+def test_error_in_a_quick_run_reaches_the_sync_point(ipu, monkeypatch):
+    engine = device_object(ipu).engine
+    f = jax.jit(lambda x: x * 5)
+    x = jax.device_put(np.ones(3, np.float32), ipu)
+    f(x).block_until_ready()
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("simulated exchange fault")
+    monkeypatch.setattr(engine, "run", failing)
+    y = f(x)
+    z = f(x)     # runs y's program first, on this thread: the error stays with y
+    with pytest.raises(Exception, match="simulated exchange fault"):
+        np.asarray(y)
+    with pytest.raises(Exception, match="simulated exchange fault"):
+        z.block_until_ready()
+    monkeypatch.undo()
+    np.testing.assert_array_equal(np.asarray(f(x)), np.full(3, 5.0))
+
+
+def test_the_callers_numpy_error_state_is_kept(ipu):
+    f = jax.jit(lambda x: (1.0 / x, jnp.sqrt(x - 2)))
+    x = jax.device_put(np.array([0.0, 1.0, 4.0], np.float32), ipu)
+    f(x)[0].block_until_ready()
+    before = np.geterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")              # a numpy RuntimeWarning would raise
+        for _ in range(5):
+            inv, root = f(x)                        # run inline on this thread
+        inv, root = np.asarray(inv), np.asarray(root)
+    assert np.geterr() == before
+    assert np.isinf(inv[0]) and inv[2] == 0.25
+    assert np.isnan(root[0]) and root[2] == pytest.approx(np.sqrt(2.0))
+
+
+def test_programs_with_host_callbacks_are_never_run_inline(ipu, monkeypatch):
+    seen = []
+
+    def f(x):
+        jax.debug.callback(lambda v: seen.append(threading.current_thread().name), x)
+        return x + 1
+    g = jax.jit(f)
+    x = jax.device_put(np.zeros(2, np.float32), ipu)
+    for _ in range(5):
+        x = g(x)
+    x.block_until_ready()
+    jax.effects_barrier()
+    assert len(seen) == 5
+    assert threading.current_thread().name not in seen   # always the device's worker
+    np.testing.assert_array_equal(np.asarray(x), np.full(2, 5.0))
