@@ -81,10 +81,20 @@ def _owners(mapping, intervals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def cost_execute(target: Target, step: Execute) -> np.ndarray:
-    """Fills step.cycles / exchange_bytes; returns bytes received per tile."""
+    """Fills step.cycles / exchange_bytes; returns the bytes of exchange
+    buffers per tile (what each tile receives, or a data-dependent
+    exchange's planned buffers)."""
     vertices = step.compute_set.vertices
     compute = np.bincount([v.tile for v in vertices], weights=[v.cycles for v in vertices],
                           minlength=target.num_tiles) if vertices else np.zeros(target.num_tiles)
+    plan = step.compute_set.exchange
+    if plan is not None:   # each round: exchange, then sync (vertex cycles include every round)
+        step.exchange_bytes = int(plan.received.sum())
+        step.cycles = int(plan.rounds * (target.exchange_fixed_cycles + target.sync_cycles)
+                          + -(-max(int(plan.sent.max(initial=0)), int(plan.received.max(initial=0)))
+                              // target.exchange_bytes_per_cycle)
+                          + compute.max(initial=0))
+        return plan.buffers
     by_tensor: dict = {}
     for v in vertices:
         for region in v.reads:
