@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jax_ipu.graph import programs as p
 from jax_ipu.graph.programs import CONTROL, Copy, Execute, HostCall, leaves
 from jax_ipu.graph.views import source_elements
 from jax_ipu.model.targets import Target
@@ -158,3 +159,33 @@ def cost_steps(target: Target, steps: list) -> list[np.ndarray]:
         else:
             out.append(none)
     return out
+
+
+def static_cycles(body) -> tuple[int, list[dict]]:
+    """One run's cycles as known at compile time, host streams excluded:
+    a Repeat counts its body times its count, an If or Switch its longest
+    branch. A RepeatWhileTrue's trip count is known only at run time: it
+    counts its condition once (no iteration), and is listed as {name,
+    cycles_per_iteration (condition and body), entered (times a run enters
+    it; None inside another such loop)}."""
+    loops: list[dict] = []
+
+    def walk(step, entered) -> int:
+        if isinstance(step, p.Sequence):
+            return sum(walk(s, entered) for s in step.steps)
+        if isinstance(step, p.Call):
+            return walk(step.function, entered)
+        if isinstance(step, p.Repeat):
+            return step.count * walk(step.body, None if entered is None else entered * step.count)
+        if isinstance(step, p.RepeatWhileTrue):
+            condition = walk(step.condition, entered)
+            record = {"name": step.name or step.predicate.name, "cycles_per_iteration": 0, "entered": entered}
+            loops.append(record)
+            record["cycles_per_iteration"] = condition + walk(step.body, None)
+            return condition
+        if isinstance(step, (p.If, p.Switch)):
+            return max(walk(branch, entered) for branch in p.children(step))
+        if isinstance(step, (p.HostToDevice, p.DeviceToHost)):
+            return 0
+        return int(getattr(step, "cycles", 0))
+    return walk(body, 1), loops

@@ -35,6 +35,7 @@ class Copy:
 class Repeat:
     count: int
     body: Sequence
+    name: str = ""                 # the loop, for estimates and profiles
 
 
 @dataclasses.dataclass(eq=False)
@@ -43,6 +44,7 @@ class RepeatWhileTrue:
     condition: Sequence
     predicate: Tensor
     body: Sequence
+    name: str = ""
 
 
 @dataclasses.dataclass(eq=False)
