@@ -91,10 +91,10 @@ def cost_execute(target: Target, step: Execute) -> np.ndarray:
     plan = step.compute_set.exchange
     if plan is not None:   # each round: exchange, then sync (vertex cycles include every round)
         step.exchange_bytes = int(plan.received.sum())
-        step.cycles = int(plan.rounds * (target.exchange_fixed_cycles + target.sync_cycles)
-                          + -(-max(int(plan.sent.max(initial=0)), int(plan.received.max(initial=0)))
-                              // target.exchange_bytes_per_cycle)
-                          + compute.max(initial=0))
+        busiest = max(int(plan.sent.max(initial=0)), int(plan.received.max(initial=0)))
+        step.exchange_cycles = plan.rounds * target.exchange_fixed_cycles + -(-busiest // target.exchange_bytes_per_cycle)
+        step.sync_cycles = plan.rounds * target.sync_cycles
+        step.cycles = int(step.exchange_cycles + compute.max(initial=0) + step.sync_cycles)
         return plan.buffers
     by_tensor: dict = {}
     for v in vertices:
@@ -112,7 +112,9 @@ def cost_execute(target: Target, step: Execute) -> np.ndarray:
         sent += np.bincount(owners[remote], weights=nbytes, minlength=target.num_tiles).astype(np.int64)
         received += np.bincount(readers[remote], weights=nbytes, minlength=target.num_tiles).astype(np.int64)
     step.exchange_bytes = int(received.sum())
-    step.cycles = int(exchange_cycles(target, sent, received) + compute.max(initial=0) + target.sync_cycles)
+    step.exchange_cycles = int(exchange_cycles(target, sent, received))
+    step.sync_cycles = target.sync_cycles
+    step.cycles = int(step.exchange_cycles + compute.max(initial=0) + step.sync_cycles)
     return received
 
 
@@ -130,7 +132,9 @@ def cost_copy(target: Target, step: Copy) -> np.ndarray:
     local = np.bincount(readers[readers == owners], minlength=target.num_tiles) * itemsize
     on_tile = -(-local.max(initial=0) // target.sram_write_bytes_per_cycle)
     step.exchange_bytes = int(received.sum())
-    step.cycles = int(exchange_cycles(target, sent, received) + on_tile + target.sync_cycles)
+    step.exchange_cycles = int(exchange_cycles(target, sent, received) + on_tile)
+    step.sync_cycles = target.sync_cycles
+    step.cycles = step.exchange_cycles + step.sync_cycles
     return received
 
 

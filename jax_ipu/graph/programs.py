@@ -20,6 +20,8 @@ class Execute:
     compute_set: ComputeSet
     cycles: int = 0                # exchange in + compute + sync
     exchange_bytes: int = 0        # bytes vertices read from other tiles
+    exchange_cycles: int = 0       # the parts of `cycles` (profiles' timelines)
+    sync_cycles: int = 0
 
 
 @dataclasses.dataclass(eq=False)
@@ -29,6 +31,8 @@ class Copy:
     dst: Tensor
     cycles: int = 0
     exchange_bytes: int = 0
+    exchange_cycles: int = 0       # the parts of `cycles`: exchange and on-tile copy, sync
+    sync_cycles: int = 0
 
 
 @dataclasses.dataclass(eq=False)
