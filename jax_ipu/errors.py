@@ -42,9 +42,10 @@ class IpuOutOfMemoryError(IpuCompileError):
 
     pjrt_code = "RESOURCE_EXHAUSTED"
 
-    def __init__(self, message: str, report=None):
+    def __init__(self, message: str, report=None, program=None):
         super().__init__(message)
-        self.report = report
+        self.report = report        # the graph.memory.MemoryReport
+        self.program = program      # the graph.Program that does not fit, for its profile
 
 
 class IpuRuntimeError(IpuError):

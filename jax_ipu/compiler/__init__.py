@@ -8,7 +8,7 @@ from jax_ipu import ir
 from jax_ipu.compiler import spmd
 from jax_ipu.compiler.builder import Builder
 from jax_ipu.compiler.collectives import charge_links
-from jax_ipu.compiler.cost import cost_steps
+from jax_ipu.compiler.cost import cost_steps, static_cycles
 from jax_ipu.compiler.fuse import fuse
 from jax_ipu.compiler.legalize import legalize
 from jax_ipu.compiler.lower import lower
@@ -57,16 +57,18 @@ def compile_module(module: ir.Module, target: Target, options: CompileOptions = 
     received = cost_steps(target, b.steps)
     charge_links(target, b.steps, ranks)
     body, host_cycles = schedule(target, b.steps, inputs, outputs)
+    cycles, unknown_loops = static_cycles(body)
     first, last = lifetimes(b.steps, len(b.tensors))
     aliases = _aliases(main, flat.results)
     memory = plan_memory(target, b.tensors, b.steps, inputs, outputs, received, first, last,
                          sum(inputs[i].nbytes for i in aliases.values()))
-    if not options.allow_out_of_memory:
-        check_fits(memory, b.tensors, target)
-    return Program(
+    program = Program(
         name=module.name, target_name=target.name, num_tiles=target.num_tiles, tensors=b.tensors, body=body, inputs=inputs,
         outputs=outputs, input_types=[a.type for a in flat.args], output_types=[v.type for v in flat.results],
         aliases=aliases, in_place=in_place_outputs(b.steps, inputs, outputs, aliases, first, last),
-        cycles=sum(getattr(s, "cycles", 0) for s in b.steps), host_cycles=host_cycles, memory=memory,
+        cycles=cycles, unknown_trip_loops=unknown_loops, host_cycles=host_cycles, memory=memory,
         shardings=layout, flops=b.flops, transcendentals=b.transcendentals,
         bytes_accessed=float(sum(t.nbytes for t in b.tensors if t.constant is None)))
+    if not options.allow_out_of_memory:
+        check_fits(memory, b.tensors, target, program)
+    return program

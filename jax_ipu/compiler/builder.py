@@ -95,8 +95,8 @@ class Builder:
         return View(t)
 
     # -- steps --
-    def execute(self, name: str, kernel, vertices: list[Vertex]) -> None:
-        self.steps.append(Execute(ComputeSet(name, vertices, kernel)))
+    def execute(self, name: str, kernel, vertices: list[Vertex], exchange=None) -> None:
+        self.steps.append(Execute(ComputeSet(name, vertices, kernel, exchange)))
 
     def copy(self, src: View | Concat, dst: Tensor) -> None:
         self.steps.append(Copy(src, dst))

@@ -1,5 +1,7 @@
-"""Control flow: while -> RepeatWhileTrue, if -> If, case -> Switch. The
-loop runs on the device: each loop-carried value has one fixed tensor, the
+"""Control flow: while -> Repeat when its trip count is known at compile
+time (fori_loop and scan: a counter from a constant, below a constant, by
+one), else RepeatWhileTrue; if -> If, case -> Switch. The loop runs on the
+device: each loop-carried value has one fixed tensor, the
 condition region computes a scalar predicate tensor, and the body region's
 results are copied back into the carried tensors every iteration. Branch
 results are copied into one output tensor per result. Regions are fused
@@ -9,12 +11,14 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
+
 from jax_ipu import ir
-from jax_ipu.compiler.builder import Builder, Lowered
+from jax_ipu.compiler.builder import Builder, Lowered, Splat
 from jax_ipu.compiler.fuse import fuse
 from jax_ipu.compiler.layout import copy_to_new, name_of
 from jax_ipu.compiler.legalize import FlatFunction
-from jax_ipu.graph.programs import If, RepeatWhileTrue, Sequence, Switch
+from jax_ipu.graph.programs import If, Repeat, RepeatWhileTrue, Sequence, Switch
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View
 
@@ -64,20 +68,62 @@ def _write_results(b: Builder, op: ir.Op, results: list[ir.Value], targets: list
             b.copy(source.then("reshape", target.shape), target)
 
 
+def _integer_constant(b: Builder, block: ir.Block, value: ir.Value) -> int | None:
+    """The value of an integer scalar constant made in `block` or outside it."""
+    for inner in block.ops:
+        if value in inner.results:
+            found = inner.attrs.get("value") if inner.name == "constant" else None
+            break
+    else:
+        outer = b.values.get(value)
+        found = outer.value if isinstance(outer, Splat) else None
+    if found is None or np.asarray(found).dtype.kind not in "iu" or np.asarray(found).size != 1:
+        return None
+    return int(np.asarray(found).reshape(()))
+
+
+def trip_count(b: Builder, op: ir.Op) -> int | None:
+    """Iterations of a counted loop: carried counter k starts at constant
+    c0, the condition is `k < n` (n constant) and the body returns k + 1."""
+    cond, body = op.regions
+    if any(inner.name not in ("constant", "compare") for inner in cond.ops):
+        return None     # the condition does more than count
+    made = {r: inner for inner in cond.ops for r in inner.results}
+    compare = made.get(cond.results[0]) if len(cond.results) == 1 else None
+    if (compare is None or compare.name != "compare" or compare.attrs.get("comparison_direction") != "LT"
+            or compare.operands[0] not in cond.args):
+        return None
+    k = cond.args.index(compare.operands[0])
+    limit = _integer_constant(b, cond, compare.operands[1])
+    start = _integer_constant(b, cond, op.operands[k])
+    step = next((inner for inner in body.ops if body.results[k] in inner.results), None)
+    if limit is None or start is None or step is None or step.name != "add" or body.args[k] not in step.operands:
+        return None
+    other = step.operands[1] if step.operands[0] is body.args[k] else step.operands[0]
+    if _integer_constant(b, body, other) != 1:
+        return None
+    return max(limit - start, 0)
+
+
 def while_(b: Builder, op: ir.Op) -> None:
     cond, body = op.regions
+    count = trip_count(b, op)
     carried = []
     for i, value in enumerate(op.operands):
         t = b.tensor(f"{name_of(op)}/carried {i}", value.type.shape, value.type.dtype)
         b.copy(b.view(value, name_of(op)).then("reshape", t.shape), t)
         carried.append(t)
-    with collecting(b) as condition:
-        lower_block(b, cond, [View(t) for t in carried])
-        predicate = scalar_tensor(b, op, cond.results[0])
+    if count is None:
+        with collecting(b) as condition:
+            lower_block(b, cond, [View(t) for t in carried])
+            predicate = scalar_tensor(b, op, cond.results[0])
     with collecting(b) as loop_body:
         lower_block(b, body, [View(t) for t in carried])
         _write_results(b, op, body.results, carried)
-    b.steps.append(RepeatWhileTrue(condition, predicate, loop_body))
+    if count is None:
+        b.steps.append(RepeatWhileTrue(condition, predicate, loop_body, name_of(op)))
+    else:
+        b.steps.append(Repeat(count, loop_body, name_of(op)))
     for result, t in zip(op.results, carried):
         b.values[result] = View(t)
 

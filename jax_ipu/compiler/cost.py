@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jax_ipu.graph import programs as p
 from jax_ipu.graph.programs import CONTROL, Copy, Execute, HostCall, leaves
 from jax_ipu.graph.views import source_elements
 from jax_ipu.model.targets import Target
@@ -81,10 +82,20 @@ def _owners(mapping, intervals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def cost_execute(target: Target, step: Execute) -> np.ndarray:
-    """Fills step.cycles / exchange_bytes; returns bytes received per tile."""
+    """Fills step.cycles / exchange_bytes; returns the bytes of exchange
+    buffers per tile (what each tile receives, or a data-dependent
+    exchange's planned buffers)."""
     vertices = step.compute_set.vertices
     compute = np.bincount([v.tile for v in vertices], weights=[v.cycles for v in vertices],
                           minlength=target.num_tiles) if vertices else np.zeros(target.num_tiles)
+    plan = step.compute_set.exchange
+    if plan is not None:   # each round: exchange, then sync (vertex cycles include every round)
+        step.exchange_bytes = int(plan.received.sum())
+        busiest = max(int(plan.sent.max(initial=0)), int(plan.received.max(initial=0)))
+        step.exchange_cycles = plan.rounds * target.exchange_fixed_cycles + -(-busiest // target.exchange_bytes_per_cycle)
+        step.sync_cycles = plan.rounds * target.sync_cycles
+        step.cycles = int(step.exchange_cycles + compute.max(initial=0) + step.sync_cycles)
+        return plan.buffers
     by_tensor: dict = {}
     for v in vertices:
         for region in v.reads:
@@ -101,7 +112,9 @@ def cost_execute(target: Target, step: Execute) -> np.ndarray:
         sent += np.bincount(owners[remote], weights=nbytes, minlength=target.num_tiles).astype(np.int64)
         received += np.bincount(readers[remote], weights=nbytes, minlength=target.num_tiles).astype(np.int64)
     step.exchange_bytes = int(received.sum())
-    step.cycles = int(exchange_cycles(target, sent, received) + compute.max(initial=0) + target.sync_cycles)
+    step.exchange_cycles = int(exchange_cycles(target, sent, received))
+    step.sync_cycles = target.sync_cycles
+    step.cycles = int(step.exchange_cycles + compute.max(initial=0) + step.sync_cycles)
     return received
 
 
@@ -119,7 +132,9 @@ def cost_copy(target: Target, step: Copy) -> np.ndarray:
     local = np.bincount(readers[readers == owners], minlength=target.num_tiles) * itemsize
     on_tile = -(-local.max(initial=0) // target.sram_write_bytes_per_cycle)
     step.exchange_bytes = int(received.sum())
-    step.cycles = int(exchange_cycles(target, sent, received) + on_tile + target.sync_cycles)
+    step.exchange_cycles = int(exchange_cycles(target, sent, received) + on_tile)
+    step.sync_cycles = target.sync_cycles
+    step.cycles = step.exchange_cycles + step.sync_cycles
     return received
 
 
@@ -148,3 +163,33 @@ def cost_steps(target: Target, steps: list) -> list[np.ndarray]:
         else:
             out.append(none)
     return out
+
+
+def static_cycles(body) -> tuple[int, list[dict]]:
+    """One run's cycles as known at compile time, host streams excluded:
+    a Repeat counts its body times its count, an If or Switch its longest
+    branch. A RepeatWhileTrue's trip count is known only at run time: it
+    counts its condition once (no iteration), and is listed as {name,
+    cycles_per_iteration (condition and body), entered (times a run enters
+    it; None inside another such loop)}."""
+    loops: list[dict] = []
+
+    def walk(step, entered) -> int:
+        if isinstance(step, p.Sequence):
+            return sum(walk(s, entered) for s in step.steps)
+        if isinstance(step, p.Call):
+            return walk(step.function, entered)
+        if isinstance(step, p.Repeat):
+            return step.count * walk(step.body, None if entered is None else entered * step.count)
+        if isinstance(step, p.RepeatWhileTrue):
+            condition = walk(step.condition, entered)
+            record = {"name": step.name or step.predicate.name, "cycles_per_iteration": 0, "entered": entered}
+            loops.append(record)
+            record["cycles_per_iteration"] = condition + walk(step.body, None)
+            return condition
+        if isinstance(step, (p.If, p.Switch)):
+            return max(walk(branch, entered) for branch in p.children(step))
+        if isinstance(step, (p.HostToDevice, p.DeviceToHost)):
+            return 0
+        return int(getattr(step, "cycles", 0))
+    return walk(body, 1), loops

@@ -1,9 +1,11 @@
 """Rules for data-dependent indexing: dynamic_slice, dynamic_update_slice,
-gather and scatter. Each is one compute set: a vertex per tile of the
-output's linear mapping that reads its indices and the whole operand it
-indexes into (the indices are known only at run time, so the exchange
-charged is that upper bound), with XLA's semantics: starts clamped into
-bounds, out-of-bounds scatter windows skipped."""
+gather and scatter. Each is one compute set planned as popops multiSlice /
+multiUpdate (compiler.plan_slice): the table stays where it lives, the
+indices are broadcast to its tiles, a vertex on each tile handles the
+elements it holds, and a data-dependent exchange moves the slices to the
+output or the updates to the table, in rounds of bounded buffers. XLA's
+semantics: starts clamped into bounds, out-of-bounds scatter windows
+skipped."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,6 +15,7 @@ from jax_ipu.compiler import cost
 from jax_ipu.compiler.builder import Builder, ScalarBroadcast, Splat
 from jax_ipu.compiler.layout import copy_to_new, name_of
 from jax_ipu.compiler.elementwise import SEMANTIC_ATTRS
+from jax_ipu.compiler.plan_slice import plan_slice, plan_update
 from jax_ipu.compiler.reduce import SINGLE_OP
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets, codelets_indexing as ci
@@ -38,19 +41,54 @@ def scalar_source(b: Builder, value: ir.Value) -> View | np.ndarray:
     return lowered.then("reshape", ())
 
 
-def indexed_vertices(b: Builder, codelet: str, outs: list[Tensor], sources: list, per_element: int) -> list:
-    """A vertex per tile of the outputs' mapping, reading every source
-    whole (tensors of views; immediates cost nothing)."""
-    reads = tuple(Region(s.tensor, np.array([[0, s.tensor.size]])) for s in sources
-                  if isinstance(s, View) and s.tensor.size)
-    m = outs[0].mapping
+def _vertices(b: Builder, codelet: str, local: list[Tensor], outs: list[Tensor], sources: list,
+              cycles: np.ndarray) -> list:
+    """A vertex per tile holding part of `local` (the table) or of the
+    outputs: it reads its part of the local tensors and the broadcast
+    sources whole (tensors of views; immediates cost nothing), and writes
+    its part of each output."""
+    broadcast = tuple(Region(s.tensor, np.array([[0, s.tensor.size]])) for s in sources
+                      if isinstance(s, View) and s.tensor.size)
+    tiles = set()
+    for t in [*local, *outs]:
+        tiles.update(int(tile) for tile in t.mapping.tiles_used())
     vertices = []
-    for tile in m.tiles_used():
-        intervals = m.intervals_on(tile)
-        n = int((intervals[:, 1] - intervals[:, 0]).sum())
-        vertices.append(Vertex(codelet, int(tile), reads, tuple(Region(o, intervals) for o in outs),
-                               b.target.supervisor_cycles + cost.worker_cycles(b.target, n, per_element, 1)))
+    for tile in sorted(tiles):
+        reads = tuple(Region(t, t.mapping.intervals_on(tile)) for t in local
+                      if len(t.mapping.intervals_on(tile))) + broadcast
+        writes = tuple(Region(o, o.mapping.intervals_on(tile)) for o in outs if len(o.mapping.intervals_on(tile)))
+        vertices.append(Vertex(codelet, tile, reads, writes, int(cycles[tile])))
     return vertices
+
+
+def _slice(b: Builder, op: ir.Op, what: str, kernel, table: View, out: Tensor, window: int, indices: list):
+    """One multiSlice compute set: `out` holds windows of `window` elements
+    of `table`, chosen by `indices`."""
+    t = b.target
+    windows = max(out.size // max(window, 1), 1)
+    exchange, staged = plan_slice(t, table.tensor, out, windows, window, indices)
+    cycles = np.array([t.supervisor_cycles * exchange.rounds + cost.worker_cycles(t, windows, 2, 1)
+                       + cost.worker_cycles(t, int(n), 1, t.vector_width(out.dtype)) if n else 0 for n in staged])
+    vertices = _vertices(b, f"{what}<{out.dtype.name}>", [table.tensor], [out], indices, cycles)
+    b.execute(f"{what} {name_of(op)}", kernel, vertices, exchange)
+
+
+def _update(b: Builder, op: ir.Op, what: str, kernel, xs: list[View], outs: list[Tensor], window: int,
+            indices: list, updates: list[View], per_element: int):
+    """One multiUpdate compute set: `outs`, mapped as the operands `xs`,
+    are the operands with windows of `window` elements of `updates`
+    written or combined in where `indices` say."""
+    t = b.target
+    windows = max(updates[0].size // max(window, 1), 1)
+    exchange, applied = plan_update(t, outs[0], windows, window, indices, updates)
+    held = outs[0].mapping.elements_per_tile(t.num_tiles)
+    cycles = np.array([t.supervisor_cycles * exchange.rounds + cost.worker_cycles(t, windows, 2, 1)
+                       + cost.worker_cycles(t, int(h), len(xs), t.vector_width(outs[0].dtype))
+                       + cost.worker_cycles(t, int(n), per_element, 1) if h else 0
+                       for h, n in zip(held, applied)])
+    vertices = _vertices(b, f"{what}<{outs[0].dtype.name}>", [x.tensor for x in xs], outs,
+                         [*indices, *updates], cycles)
+    b.execute(f"{what} {name_of(op)}", kernel, vertices, exchange)
 
 
 def region_program(b: Builder, op: ir.Op, body: ir.Block) -> tuple[tuple, tuple]:
@@ -92,11 +130,6 @@ def region_program(b: Builder, op: ir.Op, body: ir.Block) -> tuple[tuple, tuple]
     return tuple(program), tuple(register(v) for v in body.results)
 
 
-def _emit(b: Builder, op: ir.Op, what: str, kernel, outs: list[Tensor], sources: list, per_element: int = 2):
-    codelet = f"{what}<{outs[0].dtype.name}>"
-    b.execute(f"{what} {name_of(op)}", kernel, indexed_vertices(b, codelet, outs, sources, per_element))
-
-
 def dynamic_slice(b: Builder, op: ir.Op) -> None:
     t = op.results[0].type
     if t.size == 0:
@@ -105,7 +138,7 @@ def dynamic_slice(b: Builder, op: ir.Op) -> None:
     x = whole(b, op, op.operands[0])
     starts = tuple(scalar_source(b, v) for v in op.operands[1:])
     out = b.tensor(name_of(op), t.shape, t.dtype)
-    _emit(b, op, "DynamicSlice", ci.DynamicSlice(x, starts, out), [out], [x, *starts])
+    _slice(b, op, "DynamicSlice", ci.DynamicSlice(x, starts, out), x, out, out.size, list(starts))
     b.values[op.results[0]] = View(out)
 
 
@@ -117,9 +150,9 @@ def dynamic_update_slice(b: Builder, op: ir.Op) -> None:
     x = whole(b, op, op.operands[0])
     update = whole(b, op, op.operands[1])
     starts = tuple(scalar_source(b, v) for v in op.operands[2:])
-    out = b.tensor(name_of(op), t.shape, t.dtype)
-    _emit(b, op, "DynamicUpdateSlice", ci.DynamicUpdateSlice(x, update, starts, out), [out],
-          [x, update, *starts], per_element=1)
+    out = b.tensor(name_of(op), t.shape, t.dtype, x.tensor.mapping)
+    _update(b, op, "DynamicUpdateSlice", ci.DynamicUpdateSlice(x, update, starts, out), [x], [out],
+            update.size, list(starts), [update], per_element=1)
     b.values[op.results[0]] = View(out)
 
 
@@ -131,8 +164,9 @@ def gather(b: Builder, op: ir.Op) -> None:
     x = whole(b, op, op.operands[0])
     indices = whole(b, op, op.operands[1])
     out = b.tensor(name_of(op), t.shape, t.dtype)
-    kernel = ci.Gather(x, indices, op.attrs["dimension_numbers"], tuple(op.attrs["slice_sizes"]), out)
-    _emit(b, op, "Gather", kernel, [out], [x, indices], per_element=3)
+    slice_sizes = tuple(op.attrs["slice_sizes"])
+    kernel = ci.Gather(x, indices, op.attrs["dimension_numbers"], slice_sizes, out)
+    _slice(b, op, "Gather", kernel, x, out, int(np.prod(slice_sizes, dtype=np.int64)), [indices])
     b.values[op.results[0]] = View(out)
 
 
@@ -162,12 +196,12 @@ def scatter(b: Builder, op: ir.Op) -> None:
     xs = tuple(whole(b, op, v) for v in op.operands[:n])
     indices = whole(b, op, op.operands[n])
     updates = tuple(whole(b, op, v) for v in op.operands[n + 1:])
-    mapping = b.linear_mapping(types[0].size, types[0].dtype)
-    outs = tuple(b.tensor(name_of(op), t.shape, t.dtype, mapping) for t in types)
-    kernel = ci.Scatter(xs, indices, updates, op.attrs["scatter_dimension_numbers"], combiner, program,
-                        results, outs)
-    _emit(b, op, f"Scatter[{combiner or 'body'}]", kernel, list(outs), [*xs, indices, *updates],
-          per_element=2 + len(program))
+    outs = tuple(b.tensor(name_of(op), t.shape, t.dtype, x.tensor.mapping) for t, x in zip(types, xs))
+    dn = op.attrs["scatter_dimension_numbers"]
+    window = int(np.prod([d for i, d in enumerate(updates[0].shape) if i in dn.update_window_dims], dtype=np.int64))
+    kernel = ci.Scatter(xs, indices, updates, dn, combiner, program, results, outs)
+    _update(b, op, f"Scatter[{combiner or 'body'}]", kernel, list(xs), list(outs), window, [indices],
+            list(updates), per_element=2 + len(program))
     for r, out in zip(op.results, outs):
         b.values[r] = View(out)
 

@@ -55,7 +55,9 @@ def plan_memory(target: Target, tensors: list[Tensor], steps: list, inputs: list
         temporary_bytes=int(peak.sum()))
 
 
-def check_fits(report: MemoryReport, tensors: list[Tensor], target: Target) -> None:
+def check_fits(report: MemoryReport, tensors: list[Tensor], target: Target, program=None) -> None:
+    """Raises IpuOutOfMemoryError (carrying the report and the program, so
+    that a profile can show it) unless the program fits."""
     if report.fits:
         return
     tile = report.max_tile
@@ -67,4 +69,4 @@ def check_fits(report: MemoryReport, tensors: list[Tensor], target: Target) -> N
         f"has {report.bytes_per_tile} ({report.always_live[tile]} always-live, "
         f"{report.not_always_live_peak[tile]} peak not-always-live). Largest tensors there: {largest}. "
         f"Use smaller arrays or batches, more tiles (JAX_IPU_MODEL_NUM_TILES) or IPUs, or a lower "
-        f"available_memory_proportion", report)
+        f"available_memory_proportion", report, program)

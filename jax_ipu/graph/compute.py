@@ -33,10 +33,24 @@ class Vertex:
 
 
 @dataclasses.dataclass(eq=False)
+class DataDependentExchange:
+    """The exchange of a compute set whose sources or destinations depend
+    on indices known only at run time (popops multiSlice / multiUpdate):
+    it replaces the exchange the vertices' read regions imply. Per tile,
+    bytes sent and received over all `rounds` (each round an exchange and a
+    sync), and the bytes of exchange buffers held while the step runs."""
+    rounds: int
+    sent: np.ndarray               # [tiles]
+    received: np.ndarray           # [tiles]
+    buffers: np.ndarray            # [tiles] one round's indices, staged elements or received updates
+
+
+@dataclasses.dataclass(eq=False)
 class ComputeSet:
     name: str
     vertices: list[Vertex]
     kernel: object                 # a graph.codelets kernel
+    exchange: DataDependentExchange | None = None
 
     def tiles(self) -> np.ndarray:
         return np.unique([v.tile for v in self.vertices])

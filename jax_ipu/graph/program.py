@@ -26,7 +26,10 @@ class Program:
     # The aliases whose output can be written into the donated input's
     # buffer: the input is dead by the time the output is written.
     in_place: dict[int, int] = dataclasses.field(default_factory=dict)
-    cycles: int = 0                    # one run, host transfers excluded
+    cycles: int = 0                    # one run, host transfers excluded (compiler.cost.static_cycles)
+    # Loops whose trip count is known only at run time, left out of
+    # `cycles` but for their condition: name, cycles_per_iteration, entered.
+    unknown_trip_loops: list[dict] = dataclasses.field(default_factory=list)
     host_cycles: int = 0
     memory: MemoryReport | None = None
     flops: float = 0.0
@@ -37,9 +40,27 @@ class Program:
     transcendentals: float = 0.0
 
     def cost_analysis(self) -> dict[str, float]:
+        """JAX's figures, and the cycles: estimated_cycles leaves out the
+        iterations of loops whose trip count is unknown at compile time;
+        the last two figures say how many such loops and what one iteration
+        of each (as many times as a run enters it) adds."""
         return {"flops": float(self.flops), "bytes accessed": float(self.bytes_accessed),
                 "transcendentals": float(self.transcendentals),
-                "estimated_cycles": float(self.cycles)}
+                "estimated_cycles": float(self.cycles),
+                "loops_with_unknown_trip_count": float(len(self.unknown_trip_loops)),
+                "estimated_cycles_per_unknown_loop_iteration": float(self.cycles_per_unknown_iteration)}
+
+    @property
+    def cycles_per_unknown_iteration(self) -> int:
+        return sum(loop["cycles_per_iteration"] * (loop["entered"] or 1) for loop in self.unknown_trip_loops)
+
+    def describe_cycles(self) -> str:
+        """The static estimate in words, loops of unknown trip count named."""
+        text = f"estimated {self.cycles} cycles"
+        if self.unknown_trip_loops:
+            text += (f" + {self.cycles_per_unknown_iteration} per iteration of {len(self.unknown_trip_loops)} "
+                     f"loop(s) whose trip count is unknown at compile time")
+        return text
 
     def memory_stats(self) -> dict[str, int]:
         """The figures PJRT's compiled-memory-stats call reports."""
@@ -55,7 +76,7 @@ class Program:
         lines = [
             f"program {self.name} on {self.target_name}: {len(self.tensors)} tensors, "
             f"{len(compute_sets)} compute sets, {len(copies)} copies",
-            f"estimated {self.cycles} cycles (host transfers: {self.host_cycles} more), "
+            f"{self.describe_cycles()} (host transfers: {self.host_cycles} more), "
             f"{exchanged} B exchanged",
             self.memory.describe() if self.memory else "memory: not planned",
         ]

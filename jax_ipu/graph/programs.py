@@ -20,6 +20,8 @@ class Execute:
     compute_set: ComputeSet
     cycles: int = 0                # exchange in + compute + sync
     exchange_bytes: int = 0        # bytes vertices read from other tiles
+    exchange_cycles: int = 0       # the parts of `cycles` (profiles' timelines)
+    sync_cycles: int = 0
 
 
 @dataclasses.dataclass(eq=False)
@@ -29,12 +31,15 @@ class Copy:
     dst: Tensor
     cycles: int = 0
     exchange_bytes: int = 0
+    exchange_cycles: int = 0       # the parts of `cycles`: exchange and on-tile copy, sync
+    sync_cycles: int = 0
 
 
 @dataclasses.dataclass(eq=False)
 class Repeat:
     count: int
     body: Sequence
+    name: str = ""                 # the loop, for estimates and profiles
 
 
 @dataclasses.dataclass(eq=False)
@@ -43,6 +48,7 @@ class RepeatWhileTrue:
     condition: Sequence
     predicate: Tensor
     body: Sequence
+    name: str = ""
 
 
 @dataclasses.dataclass(eq=False)

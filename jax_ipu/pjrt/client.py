@@ -5,7 +5,7 @@ import numpy as np
 
 import jax_ipu
 from jax_ipu import config as config_lib
-from jax_ipu.errors import IpuError, IpuInternalCompilerError, IpuInvalidArgument
+from jax_ipu.errors import IpuError, IpuInternalCompilerError, IpuInvalidArgument, IpuOutOfMemoryError
 from jax_ipu.model.targets import get_target
 from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer, check_ipu_dtype
 from jax_ipu.pjrt.device import Device
@@ -44,6 +44,10 @@ class Client:
         try:
             program = compile_module(module, self.target,
                                      IpuCompileOptions(allow_out_of_memory=self.config.allow_out_of_memory))
+        except IpuOutOfMemoryError as exc:
+            from jax_ipu import profile
+            profile.out_of_memory(exc, self.target)   # with profiling on, a report of what does not fit
+            raise
         except IpuError:
             raise
         except Exception as exc:  # a compiler bug outside the op rules

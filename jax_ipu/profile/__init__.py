@@ -10,9 +10,12 @@ or from Python:
 Profiles are aggregated per compiled program and device: one JSON file per
 program, `DIR/<program>-<n>.json` (n counts the programs of the session),
 with its run count, the cycles of its runs, and the steps of its last run
-(see report.py for the contents). The files are written by stop(), at the
-end of a `with` block, and at interpreter exit for profiles switched on by
-the environment. `jax-ipu report FILE` prints a summary.
+(see report.py for the contents), and beside it `<program>-<n>.trace.json`,
+the last run on a timeline (Chrome / Perfetto trace events, trace.py). A
+program that does not fit in memory gets a report too, of its memory plan
+(no run, no timeline). The files are written by stop(), at the end of a
+`with` block, and at interpreter exit for profiles switched on by the
+environment. `jax-ipu report FILE` prints a summary.
 
 Nothing here is imported by the execution path but ACTIVE: a run checks
 that one attribute, and records only when profiling is on.
@@ -31,6 +34,7 @@ class Session:
     def __init__(self, directory: str | None):
         self.directory = directory
         self.entries: dict = {}    # (id(program), device id) -> [program, device, runs, cycles, min, max, last]
+        self.failed: list = []     # (program, target, message) of compilations out of memory
         self._lock = threading.Lock()
 
     def record(self, program, device, run) -> None:
@@ -50,11 +54,17 @@ class Session:
         except Exception:   # a profile must never break a run
             pass
 
+    def record_failure(self, program, target, message: str) -> None:
+        with self._lock:
+            if not any(p.name == program.name and m == message for p, _, m in self.failed):
+                self.failed.append((program, target, message))
+
     def reports(self) -> list[dict]:
-        from jax_ipu.profile.report import build
+        from jax_ipu.profile.report import build, build_failed
         with self._lock:
             entries = [list(e) for e in self.entries.values()]
-        out = []
+            failed = list(self.failed)
+        out = [build_failed(program, target, message) for program, target, message in failed]
         for program, device, runs, total, low, high, run in entries:
             report = build(program, run, device)
             report["runs"] = {"count": runs, "total_cycles": total, "min_cycles": low, "max_cycles": high,
@@ -63,18 +73,24 @@ class Session:
             out.append(report)
         return out
 
-    def write(self) -> list[str]:
-        """Writes one JSON file per program; returns their paths."""
+    def write(self, reports: list[dict] | None = None) -> list[str]:
+        """Writes one JSON report per program and, for those that ran, its
+        timeline (.trace.json); returns the reports' paths."""
         if not self.directory:
             return []
         from jax_ipu.profile.report import write_json
+        from jax_ipu.profile.trace import write_trace
         import os
         os.makedirs(self.directory, exist_ok=True)
         paths = []
-        for n, report in enumerate(self.reports()):
+        for n, report in enumerate(self.reports() if reports is None else reports):
             name = "".join(c if c.isalnum() or c in "_." else "_" for c in report["program"])
-            suffix = "" if report["device"] == 0 else f"-ipu{report['device']}"
+            suffix = "" if report["device"] in (0, None) else f"-ipu{report['device']}"
             path = os.path.join(self.directory, f"{name}-{n}{suffix}.json")
+            if report["compiled"]:
+                trace = path[:-len(".json")] + ".trace.json"
+                write_trace(report, trace)
+                report["trace_file"] = os.path.basename(trace)
             write_json(report, path)
             paths.append(path)
         return paths
@@ -99,8 +115,9 @@ def stop() -> list[dict]:
     if session is None:
         return []
     _wait_for_devices()
-    session.write()
-    return session.reports()
+    reports = session.reports()
+    session.write(reports)
+    return reports
 
 
 def _write_at_exit(session: Session) -> None:
@@ -140,6 +157,14 @@ def _wait_for_devices(devices=None) -> None:
         events.append(done)
     for done in events:
         done.wait(timeout=600)
+
+
+def out_of_memory(error, target) -> None:
+    """Called when a compilation runs out of memory: with profiling on,
+    the session's files include a report of the program that does not fit."""
+    session = ACTIVE
+    if session is not None and getattr(error, "program", None) is not None:
+        session.record_failure(error.program, target, str(error))
 
 
 def last(device) -> dict | None:

@@ -1,7 +1,11 @@
 """The report of one program's run: a plain dict, written as JSON.
 
     format            "jax-ipu-profile/1"
-    program, device   the program's name (jit_f) and the device id
+    program, device   the program's name (jit_f) and the device id (None when
+                      it did not compile)
+    compiled          False for a program that does not fit in memory: then
+                      `error` is the compiler's message, and there is no run
+                      (no steps; cycles are the static estimate)
     target            the modelled IPU: name, tiles, SRAM per tile, clock, host link
     memory            fits, the busiest tile and its bytes, totals, and per tile
                       (lists indexed by tile): always_live (= arguments +
@@ -11,7 +15,11 @@
     compute_sets      per compute set in the program: vertices, tiles, codelets,
                       estimated cycles and exchanged bytes
     steps             the last run's executed steps in order (Execute or Copy):
-                      name, cycles, exchanged bytes; loops appear once per iteration
+                      name, cycles (with their exchange and sync parts),
+                      exchanged bytes; loops appear once per iteration
+    static_estimate   the compiler's cycles for one run (Program.cycles: counted
+                      loops times their count) and the loops whose trip count
+                      is unknown at compile time, with cycles per iteration
     exchange_bytes    bytes moved between tiles in the last run
     host_transfers    the program's argument and result streams: bytes, cycles
     cycles            device (the last run's steps), host (streams), total
@@ -24,10 +32,11 @@ from __future__ import annotations
 
 import collections
 import json
+import types
 
 import numpy as np
 
-from jax_ipu.graph.programs import DeviceToHost, Execute, HostToDevice, leaves
+from jax_ipu.graph.programs import Copy, DeviceToHost, Execute, HostToDevice, leaves
 
 FORMAT = "jax-ipu-profile/1"
 MAX_STEPS = 10_000     # long loops: the first steps, and the count of the rest
@@ -87,12 +96,30 @@ def host_transfers(program, target) -> dict:
             "cycles": program.host_cycles, "seconds": nbytes / target.host_link_bytes_per_second}
 
 
+def _phases(program) -> dict:
+    """(kind, name) -> (exchange, sync) cycles of the program's steps."""
+    found = {}
+    for step in leaves(program.body):
+        if isinstance(step, (Execute, Copy)):
+            name = step.compute_set.name if isinstance(step, Execute) else step.dst.name
+            found.setdefault((type(step).__name__, name), (step.exchange_cycles, step.sync_cycles))
+    return found
+
+
+def _step(kind: str, name: str, cycles: int, nbytes: int, phases: dict) -> dict:
+    step = {"kind": kind, "name": name, "cycles": int(cycles), "exchange_bytes": int(nbytes)}
+    exchange, sync = phases.get((kind, name), (0, 0))
+    if exchange + sync <= cycles:
+        step["exchange_cycles"], step["sync_cycles"] = int(exchange), int(sync)
+    return step
+
+
 def build(program, run, device) -> dict:
     """The report of `program`'s run (a model.engine.RunRecord) on a pjrt
     Device (or anything with .id and .target)."""
     target = device.target
-    steps = [{"kind": kind, "name": name, "cycles": int(cycles), "exchange_bytes": int(nbytes)}
-             for kind, name, cycles, nbytes in run.steps[:MAX_STEPS]]
+    phases = _phases(program)
+    steps = [_step(kind, name, cycles, nbytes, phases) for kind, name, cycles, nbytes in run.steps[:MAX_STEPS]]
     host = host_transfers(program, target)
     cycles = int(run.cycles)
     device_seconds = cycles / target.clock_hz
@@ -100,6 +127,7 @@ def build(program, run, device) -> dict:
         "format": FORMAT,
         "program": program.name,
         "device": int(device.id),
+        "compiled": True,
         "target": {"name": target.name, "num_tiles": target.num_tiles, "bytes_per_tile": target.bytes_per_tile,
                    "clock_hz": target.clock_hz, "host_link_bytes_per_second": target.host_link_bytes_per_second,
                    "description": target.describe()},
@@ -112,9 +140,29 @@ def build(program, run, device) -> dict:
         "cycles": {"device": cycles, "host": int(program.host_cycles), "total": cycles + int(program.host_cycles)},
         "estimated_seconds": {"device": device_seconds, "host_transfers": host["seconds"],
                               "total": device_seconds + host["seconds"]},
+        "static_estimate": static_estimate(program),
         "cost_analysis": program.cost_analysis(),
         "memory_stats": program.memory_stats(),
     }
+
+
+def static_estimate(program) -> dict:
+    return {"cycles": int(program.cycles),
+            "unknown_trip_loops": [dict(loop) for loop in program.unknown_trip_loops],
+            "cycles_per_unknown_iteration": int(program.cycles_per_unknown_iteration)}
+
+
+def build_failed(program, target, message: str) -> dict:
+    """The report of a program that did not compile for lack of memory:
+    its memory plan, compute sets and static estimate; no run."""
+    no_run = types.SimpleNamespace(steps=[], cycles=0, exchange_bytes=0)
+    report = build(program, no_run, types.SimpleNamespace(id=0, target=target))
+    report.update(device=None, compiled=False, error=message)
+    cycles = report["static_estimate"]["cycles"]
+    report["cycles"].update(device=cycles, total=cycles + report["cycles"]["host"])
+    seconds = report["estimated_seconds"]
+    seconds.update(device=cycles / target.clock_hz, total=cycles / target.clock_hz + seconds["host_transfers"])
+    return report
 
 
 def write_json(report: dict, path: str) -> None:

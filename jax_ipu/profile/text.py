@@ -14,13 +14,45 @@ def _seconds(s: float) -> str:
     return f"{s * 1e6:.1f} us" if s < 1e-2 else f"{s * 1e3:.2f} ms"
 
 
+def _busiest_tiles(mem: dict, top: int) -> list[str]:
+    per_tile = mem["per_tile"]
+    peak = per_tile["peak"]
+    tiles = sorted(range(len(peak)), key=lambda t: -peak[t])[:top]
+    lines = [f"  busiest tiles: {'tile':>6} {'peak':>10} {'always-live':>12} {'not-always-live':>16}"]
+    for t in tiles:
+        over = peak[t] - mem["bytes_per_tile"]
+        lines.append(f"  {'':15}{t:>6} {_bytes(peak[t]):>10} {_bytes(per_tile['always_live'][t]):>12} "
+                     f"{_bytes(per_tile['not_always_live_peak'][t]):>16}"
+                     + (f"  {_bytes(over)} over" if over > 0 else ""))
+    return lines
+
+
+def _static(report: dict) -> list[str]:
+    static = report.get("static_estimate")
+    if not static:
+        return []
+    lines = [f"  compile-time estimate: {static['cycles']:,} cycles"
+             + (" (loops of unknown trip count: no iteration)" if static["unknown_trip_loops"] else "")]
+    for loop in static["unknown_trip_loops"]:
+        entered = loop["entered"]
+        lines.append(f"    + {loop['cycles_per_iteration']:,} cycles per iteration of {loop['name']} "
+                     f"(trip count unknown at compile time"
+                     + ("" if entered == 1 else f"; entered {entered} times" if entered else
+                        "; inside another such loop") + ")")
+    return lines
+
+
 def summary(report: dict, top: int = 10) -> str:
     target, mem, host = report["target"], report["memory"], report["host_transfers"]
     cycles, seconds = report["cycles"], report["estimated_seconds"]
     per_tile = mem["per_tile"]
     tiles_used = sum(1 for p in per_tile["peak"] if p)
-    lines = [
-        f"Program {report['program']} on IPU {report['device']}: {target['description']}",
+    compiled = report.get("compiled", True)
+    where = f"on IPU {report['device']}" if compiled else "did not compile"
+    lines = [f"Program {report['program']} {where}: {target['description']}"]
+    if not compiled:
+        lines += ["", f"  {report['error']}"]
+    lines += [
         "",
         "Memory",
         f"  {'fits' if mem['fits'] else 'DOES NOT FIT'}: peak {_bytes(mem['max_bytes'])} on tile {mem['max_tile']} "
@@ -36,6 +68,9 @@ def summary(report: dict, top: int = 10) -> str:
         for t in mem["largest_tensors_on_max_tile"]:
             lines.append(f"    {_bytes(t['bytes_on_tile']):>10}  {t['name']} {t['dtype']}{t['shape']}"
                          + ("  (always-live)" if t["always_live"] else ""))
+    lines += _busiest_tiles(mem, min(top, 5))
+    if not compiled:
+        return "\n".join(lines + ["", "Execution", *_static(report)])
     steps = report["steps"]
     executes = [s for s in steps if s["kind"] == "Execute"]
     copies = [s for s in steps if s["kind"] == "Copy"]
@@ -50,7 +85,10 @@ def summary(report: dict, top: int = 10) -> str:
         f"{len(host['device_to_host'])} out) = {_seconds(host['seconds'])} "
         f"at {target['host_link_bytes_per_second'] / 1e9:.3g} GB/s",
         f"  estimated IPU time: {_seconds(seconds['total'])}",
+        *_static(report),
     ]
+    if report.get("trace_file"):
+        lines.append(f"  timeline: {report['trace_file']} (open it in https://ui.perfetto.dev or chrome://tracing)")
     runs = report.get("runs")
     if runs:
         lines.append(f"  runs: {runs['count']}, {runs['total_cycles']:,} cycles in all "

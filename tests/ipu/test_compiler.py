@@ -79,7 +79,8 @@ def test_program_interface():
     assert [str(t) for t in program.input_types] == ["tensor<3x4xf32>"] * 2
     assert [str(t) for t in program.output_types] == ["tensor<3x3xf32>", "tensor<3x4xf32>"]
     costs = program.cost_analysis()
-    assert set(costs) == {"flops", "bytes accessed", "transcendentals", "estimated_cycles"}
+    assert set(costs) == {"flops", "bytes accessed", "transcendentals", "estimated_cycles",
+                          "loops_with_unknown_trip_count", "estimated_cycles_per_unknown_loop_iteration"}
     assert costs["flops"] >= 2 * 3 * 3 * 4 and costs["estimated_cycles"] == program.cycles > 0
     assert program.memory.max_bytes <= SMALL.bytes_per_tile
     assert set(program.memory_stats()) == {"code", "arguments", "outputs", "aliased", "temporary", "peak"}

@@ -1,12 +1,18 @@
-"""The cycle model: workers, vector and AMP rates, exchange and sync."""
+"""The cycle model: workers, vector and AMP rates, exchange and sync, and
+the static estimate of loops and branches."""
 from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
 import numpy as np
+import pytest
+from jax import lax
 
 from jax_ipu.compiler import cost
-from jax_ipu.graph.programs import Copy, Execute, leaves
+from jax_ipu.graph.programs import (Copy, DeviceToHost, Execute, HostToDevice, If, Repeat, RepeatWhileTrue,
+                                    Switch, children, leaves)
+from jax_ipu.model.engine import Engine
 from jax_ipu.model.targets import get_target
 from test_compiler import SMALL, compile_fn
 
@@ -52,3 +58,67 @@ def test_compute_set_takes_its_slowest_tile():
     (step,) = [s for s in leaves(program.body) if isinstance(s, Execute)]
     slowest = max(v.cycles for v in step.compute_set.vertices)
     assert step.cycles == slowest + SMALL.sync_cycles and step.exchange_bytes == 0
+
+
+# -- loops and branches in the static estimate (Program.cycles) --
+
+def _loop_cycles(program):
+    """(cycles outside the top-level loop, the loop's body cycles)."""
+    (loop,) = [s for s in program.body.steps if isinstance(s, (Repeat, RepeatWhileTrue))]
+    body = sum(s.cycles for s in leaves(loop.body))
+    outside = sum(getattr(s, "cycles", 0) for s in program.body.steps
+                  if not isinstance(s, (Repeat, RepeatWhileTrue, HostToDevice, DeviceToHost)))
+    return loop, outside, body
+
+
+@pytest.mark.parametrize("count", [1, 2, 10])
+def test_repeat_counts_its_body_times_its_count(count):
+    x = np.ones(64, np.float32)
+    program = compile_fn(lambda a: lax.fori_loop(0, count, lambda i, y: jnp.sin(y) * 2, a), x)
+    loop, outside, body = _loop_cycles(program)
+    assert isinstance(loop, Repeat) and loop.count == count and body > 0
+    assert program.cycles == outside + count * body
+    assert program.unknown_trip_loops == []
+    engine = Engine(SMALL)
+    engine.run(program, [x])
+    assert engine.last_run.cycles == program.cycles      # the run agrees
+
+
+def test_loop_of_unknown_trip_count_is_named_with_its_cycles_per_iteration():
+    x = np.ones(64, np.float32)
+    program = compile_fn(lambda a, n: lax.fori_loop(0, n, lambda i, y: jnp.sin(y) * 2, a), x, np.int32(3))
+    loop, outside, body = _loop_cycles(program)
+    assert isinstance(loop, RepeatWhileTrue)
+    condition = sum(s.cycles for s in leaves(loop.condition))
+    assert program.cycles == outside + condition          # no iteration counted
+    (record,) = program.unknown_trip_loops
+    assert record["cycles_per_iteration"] == condition + body and record["entered"] == 1
+    assert record["name"].startswith("while@")
+    cost_analysis = program.cost_analysis()
+    assert cost_analysis["loops_with_unknown_trip_count"] == 1
+    assert cost_analysis["estimated_cycles_per_unknown_loop_iteration"] == condition + body
+    assert "trip count is unknown at compile time" in program.summary()
+    engine = Engine(SMALL)
+    for n in (0, 3, 7):     # the run counts the real iterations
+        engine.run(program, [x, np.array(n, np.int32)])
+        assert engine.last_run.cycles == program.cycles + n * record["cycles_per_iteration"]
+
+
+def test_unknown_loop_inside_a_counted_loop_is_entered_count_times():
+    def f(a, n):
+        return lax.fori_loop(0, 4, lambda i, y: lax.fori_loop(0, n, lambda j, z: z * 2, y) + 1, a)
+    program = compile_fn(f, np.ones(64, np.float32), np.int32(3))
+    (record,) = program.unknown_trip_loops
+    assert record["entered"] == 4
+    assert program.cost_analysis()["estimated_cycles_per_unknown_loop_iteration"] == 4 * record["cycles_per_iteration"]
+
+
+def test_a_branch_counts_its_longer_side():
+    x = np.ones(256, np.float32)
+    program = compile_fn(lambda a, p: lax.cond(p, lambda y: jnp.tanh(jnp.exp(y)) * 3, lambda y: y, a),
+                         x, np.bool_(True))
+    (branch,) = [s for s in program.body.steps if isinstance(s, (If, Switch))]   # lax.cond: a case
+    sides = [sum(s.cycles for s in leaves(b)) for b in children(branch)]
+    outside = sum(getattr(s, "cycles", 0) for s in program.body.steps
+                  if not isinstance(s, (If, Switch, HostToDevice, DeviceToHost)))
+    assert sides[0] != sides[1] and program.cycles == outside + max(sides)

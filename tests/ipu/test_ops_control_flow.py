@@ -7,7 +7,7 @@ import pytest
 from jax import lax
 
 from jax_ipu.compiler import compile_module
-from jax_ipu.graph.programs import If, RepeatWhileTrue, Switch, leaves
+from jax_ipu.graph.programs import If, Repeat, RepeatWhileTrue, Switch, leaves
 from jax_ipu.model.targets import get_target
 from jax_ipu.stablehlo import import_module
 
@@ -38,7 +38,7 @@ def compiled(f, *args):
 
 
 def top_controls(program):
-    return [s for s in program.body.steps if isinstance(s, (RepeatWhileTrue, If, Switch))]
+    return [s for s in program.body.steps if isinstance(s, (Repeat, RepeatWhileTrue, If, Switch))]
 
 
 DTYPES = [np.float32, np.float16, np.int32, np.uint8]
@@ -53,13 +53,33 @@ def test_fori_loop(ipu, dtype, shape):
 
 
 def test_while_loop_is_repeat_while_true_not_unrolled():
-    f = lambda x: lax.while_loop(lambda c: c[0] < 1000, lambda c: (c[0] + 1, c[1] * 1.001), (0, x))  # noqa: E731
+    f = lambda x: lax.while_loop(lambda c: c[1][0] < 1000, lambda c: (c[0] + 1, c[1] * 1.001), (0, x))  # noqa: E731
     program = compiled(f, jnp.ones(8, jnp.float32))
     loops = top_controls(program)
     assert len(loops) == 1 and isinstance(loops[0], RepeatWhileTrue)
     assert loops[0].predicate.shape == () and loops[0].predicate.dtype == np.bool_
-    # The 1000 iterations are not in the program: only one body's steps.
+    # The iterations are not in the program: only one body's steps.
     assert len(list(leaves(loops[0].body))) < 10
+
+
+@pytest.mark.parametrize("f", [
+    lambda x: lax.while_loop(lambda c: c[0] < 1000, lambda c: (c[0] + 1, c[1] * 1.001), (0, x)),
+    lambda x: lax.fori_loop(3, 1003, lambda i, y: y * 1.001, x),
+    lambda x: lax.scan(lambda c, _: (c * 1.001, None), x, None, length=1000)[0],
+], ids=["while-counter", "fori_loop", "scan"])
+def test_counted_loop_is_repeat(ipu, f):
+    """A counter from a constant, below a constant, by one: Poplar's Repeat."""
+    program = compiled(f, jnp.ones(8, jnp.float32))
+    (loop,) = top_controls(program)
+    assert isinstance(loop, Repeat) and loop.count == 1000
+    assert len(list(leaves(loop.body))) < 10
+    check(ipu, f, np.ones(8, np.float32))
+
+
+def test_a_loop_whose_condition_does_more_stays_repeat_while_true():
+    f = lambda x: lax.while_loop(lambda c: (c[0] < 10) & (c[1][0] < 5), lambda c: (c[0] + 1, c[1] + 1), (0, x))  # noqa: E731
+    (loop,) = top_controls(compiled(f, jnp.ones(8, jnp.float32)))
+    assert isinstance(loop, RepeatWhileTrue)
 
 
 @pytest.mark.parametrize("n", [0, 1, 7], ids=lambda n: f"stablehlo.while-trips{n}")

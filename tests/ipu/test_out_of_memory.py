@@ -38,7 +38,7 @@ def test_allow_out_of_memory_runs_and_profiles(tmp_path):
                       JAX_IPU_PROFILE=str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert "RESULT" in done.stdout and "does not fit" in done.stderr
-    (path,) = tmp_path.glob("jit__lambda-*.json")     # [0, 0] is a program of its own
+    (path,) = tmp_path.glob("jit__lambda-*[0-9].json")     # [0, 0] is a program of its own; no timeline
     memory = json.loads(path.read_text())["memory"]
     assert not memory["fits"] and memory["tiles_over_limit"] >= 1
     assert memory["max_bytes"] > memory["bytes_per_tile"] == 624 * 1024
