@@ -1256,16 +1256,17 @@ cdef PJRT_Error* e_buffer_memory(PJRT_Buffer_Memory_Args* a) noexcept nogil:
 cdef PJRT_Error* e_buffer_ready_event(PJRT_Buffer_ReadyEvent_Args* a) noexcept nogil:
     a.event = event_ref(a.buffer.ready)
     # Someone will wait for (or poll) this buffer: its device's deferred
-    # quick runs get no grace. Only from a thread Python knows (never take
-    # the GIL on a framework thread); elsewhere the grace simply runs out.
+    # quick runs run now, on this thread, and the rest get no grace. Only on
+    # a thread Python knows (never take the GIL on a framework thread);
+    # elsewhere the grace simply runs out.
     if not a.buffer.ready.ready and PyGILState_GetThisThreadState() != NULL and not python_is_gone():
-        urge_device_of(a.buffer.py)
+        want_device_of(a.buffer.py)
     return NULL
 
-cdef void urge_device_of(void* py_buffer) noexcept with gil:
+cdef void want_device_of(void* py_buffer) noexcept with gil:
     saved = py_enter()
     try:
-        (<object>py_buffer).device.worker.urge()
+        (<object>py_buffer).device.worker.wanted()
     except BaseException:
         pass    # only a hint: the worker runs the job after its grace anyway
     py_leave(saved)

@@ -35,9 +35,9 @@ class DeviceWorker:
     is deferred instead: the worker picks it up after GRACE_SECONDS, unless
     a thread that needs the device first runs it itself (help()): the next
     Execute on the device, a copy to the host, or anyone asking for a
-    buffer's ready event (urge()). Waking a thread and handing it the GIL
-    costs more than such a program takes to run, so back-to-back dispatch
-    of small programs would otherwise be paid in thread switches."""
+    buffer's ready event (wanted()). Waking a thread and handing it the GIL
+    costs more than such a program takes to run, so dispatch of small
+    programs would otherwise be paid in thread switches."""
 
     GRACE_SECONDS = 0.0005
 
@@ -68,6 +68,13 @@ class DeviceWorker:
         if self._urged != self._submitted and self._jobs:
             self._urged = self._submitted
             self._wake.put(True)
+
+    def wanted(self) -> None:
+        """Someone asks about the results of the jobs submitted so far (a
+        buffer's ready event): quick ones run now, on the asking thread (it
+        takes less than waking the worker would), the rest without grace."""
+        self.help()
+        self.urge()
 
     def help(self) -> None:
         """Runs the quick jobs waiting at the front on the calling thread

@@ -24,7 +24,9 @@ def test_execute_returns_before_the_program_finishes(ipu, monkeypatch):
         assert gate.wait(60)
         return real_run(*args, **kwargs)
 
-    f = jax.jit(lambda x: x + 1)
+    # A loop: not a quick run (those run on the first thread that asks about
+    # their results; tests/ipu/test_quick_dispatch.py shows them asynchronous).
+    f = jax.jit(lambda x: jax.lax.fori_loop(0, 3, lambda i, v: v + 1.0, x) - 2)
     x = jax.device_put(np.zeros(4, np.float32), ipu)
     f(x).block_until_ready()  # compiled before gating
     monkeypatch.setattr(engine, "run", gated_run)
