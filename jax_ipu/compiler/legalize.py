@@ -4,6 +4,7 @@ barriers), and rejects types the IPU does not hold, naming the op."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 
@@ -31,15 +32,28 @@ class FlatFunction:
 def legalize(module: ir.Module) -> FlatFunction:
     main = module.main
     ops: list[ir.Op] = []
-    results = _inline(module, main.body, {a: a for a in main.body.args}, ops, depth=0)
+    results = _inline(module, main.body, {a: a for a in main.body.args}, ops, depth=0, site=None)
     for value in main.body.args:
         _check_type(value.type, next((op for op in ops if value in op.operands), None),
                     "an argument of the program")
     return FlatFunction(list(main.body.args), ops, results)
 
 
-def _inline(module, block: ir.Block, env: dict, out: list, depth: int) -> list[ir.Value]:
+_SOURCE_POSITION = re.compile(r":\d+:\d+")
+
+
+def _located(op: ir.Op, site: str | None) -> ir.Op:
+    """The op, placed at its call site when its own location names no
+    source line (JAX gives ops inside some called functions, e.g. jnp.fft's,
+    only the function's name)."""
+    if site is None or _SOURCE_POSITION.search(op.loc):
+        return op
+    return dataclasses.replace(op, loc=f"{site} (via {op.loc})")
+
+
+def _inline(module, block: ir.Block, env: dict, out: list, depth: int, site: str | None) -> list[ir.Value]:
     for op in block.ops:
+        op = _located(op, site)
         operands = [env[v] for v in op.operands]
         if op.name in _CALLEES:
             name = op.attrs.get(_CALLEES[op.name])
@@ -47,7 +61,9 @@ def _inline(module, block: ir.Block, env: dict, out: list, depth: int) -> list[i
             if callee is None:
                 raise IpuCompileError.for_op(op, f"calls unknown function {name!r}",
                                              "The program is malformed; please report it")
-            inner = _inline(module, callee.body, dict(zip(callee.body.args, operands)), out, depth + 1)
+            inner_site = op.loc if _SOURCE_POSITION.search(op.loc) else site
+            inner = _inline(module, callee.body, dict(zip(callee.body.args, operands)), out, depth + 1,
+                            inner_site)
             env.update(zip(op.results, inner))
         elif op.name in _IDENTITIES or (op.name == "custom_call"
                                         and op.attrs.get("call_target_name") in _IDENTITY_CUSTOM_CALLS):
@@ -57,7 +73,7 @@ def _inline(module, block: ir.Block, env: dict, out: list, depth: int) -> list[i
                 _check_type(value.type, op, None)
             # A function called twice is inlined twice: its results need new values.
             results = [ir.Value(r.type) for r in op.results] if depth else op.results
-            regions = [_inline_region(module, r, env, depth) for r in op.regions]
+            regions = [_inline_region(module, r, env, depth, site) for r in op.regions]
             if op.name == "bitcast_convert" and _widths_differ(op):
                 _bitcast_of_widths(operands[0], results[0], op.loc, out)
             else:
@@ -66,12 +82,12 @@ def _inline(module, block: ir.Block, env: dict, out: list, depth: int) -> list[i
     return [env[v] for v in block.results]
 
 
-def _inline_region(module, block: ir.Block, env: dict, depth: int) -> ir.Block:
+def _inline_region(module, block: ir.Block, env: dict, depth: int, site: str | None) -> ir.Block:
     """A region (loop body, branch, comparator) with its calls inlined and
     the enclosing values it reads renamed as in `env`."""
     args = [ir.Value(a.type) for a in block.args] if depth else list(block.args)
     ops: list[ir.Op] = []
-    results = _inline(module, block, {**env, **dict(zip(block.args, args))}, ops, depth)
+    results = _inline(module, block, {**env, **dict(zip(block.args, args))}, ops, depth, site)
     return ir.Block(args, ops, results)
 
 

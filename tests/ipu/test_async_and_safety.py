@@ -67,6 +67,19 @@ def test_unsupported_dtype_fails_at_compile_time_naming_op_and_line(ipu):
     assert f"test_async_and_safety.py:{line}" in text
 
 
+def test_op_inside_a_called_function_is_placed_at_the_users_line(ipu):
+    # JAX gives the ops of jnp.fft's private function only the name "fft":
+    # the error names the user's call of it instead.
+    def f(x):
+        return jnp.fft.rfft(x)
+    x = jax.device_put(np.ones(8, np.float32), ipu)
+    with pytest.raises(Exception) as info:
+        jax.jit(f)(x)
+    text = str(info.value)
+    assert "stablehlo.fft" in text and "complex" in text
+    assert f"test_async_and_safety.py:{f.__code__.co_firstlineno + 1}" in text
+
+
 def test_wrong_device_argument_raises(ipus):
     a = jax.device_put(np.ones(3, np.float32), ipus[0])
     b = jax.device_put(np.ones(3, np.float32), ipus[1])
