@@ -4,6 +4,7 @@ a Copy of a view into a new tensor is how layouts change, at a cost."""
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -93,13 +94,35 @@ def _broadcast(array: np.ndarray, shape, dims) -> np.ndarray:
     return np.broadcast_to(array.reshape(expanded), shape)
 
 
+# Per index array of a gather view (they live as long as their program):
+# (weak reference to it, indices with -1 replaced, mask of the -1s or None).
+_GATHER_PLANS: dict[int, tuple] = {}
+
+
+def _gather_plan(indices: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    key = id(indices)
+    plan = _GATHER_PLANS.get(key)
+    if plan is not None and plan[0]() is indices:
+        return plan[1], plan[2]
+    missing = indices < 0
+    if missing.any():
+        safe = np.where(missing, 0, indices).astype(np.intp)
+    else:
+        safe, missing = indices.astype(np.intp, copy=False), None
+    ref = weakref.ref(indices, lambda _, key=key: _GATHER_PLANS.pop(key, None))
+    _GATHER_PLANS[key] = (ref, safe, missing)
+    return safe, missing
+
+
 def _gather(array: np.ndarray, indices: np.ndarray, fill) -> np.ndarray:
     flat = array.reshape(-1)
     if flat.size == 0:
         return np.full(indices.shape, fill, dtype=array.dtype)
-    out = flat[np.maximum(indices, 0)]
-    if fill is not None:
-        out = np.where(indices < 0, np.asarray(fill).astype(array.dtype), out)
+    # Decided once per view, not on every run: which indices are padding.
+    safe, missing = _gather_plan(indices)
+    out = np.asarray(np.take(flat, safe))
+    if fill is not None and missing is not None:
+        np.copyto(out, np.asarray(fill).astype(array.dtype), where=missing)
     return out
 
 
