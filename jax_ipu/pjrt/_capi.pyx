@@ -23,6 +23,7 @@ cdef extern from "Python.h" nogil:
     int _Py_IsFinalizing()
     int PyGILState_Check()
     void* PyGILState_GetThisThreadState()
+    void PyErr_SetInterrupt()
 
 cdef extern from "pthread.h" nogil:
     ctypedef struct pthread_mutex_t:
@@ -553,6 +554,8 @@ cdef PJRT_Error* error_from_exception(object exc) noexcept:
         if not getattr(exc, "pjrt_code", None):
             text = f"{type(exc).__name__}: {text}"
         msg = text.encode("utf-8", "replace")
+        if isinstance(exc, KeyboardInterrupt):
+            PyErr_SetInterrupt()     # Ctrl-C while a run was ours to do: the user's program stops
         return make_error(code, msg, len(msg))
     except BaseException:
         return make_error(CODE_INTERNAL, b"jax-ipu: error while reporting an error", 39)

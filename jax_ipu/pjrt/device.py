@@ -88,6 +88,9 @@ class DeviceWorker:
         finally:
             self._run_lock.release()
 
+    def on_worker_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
     def close(self) -> None:
         self.closed = True
         self._wake.put(False)

@@ -243,6 +243,8 @@ class _Run:
                 out.fail(exc)
             if not self.outputs:
                 self.done.set(exc)
+            if isinstance(exc, KeyboardInterrupt) and not self.device.worker.on_worker_thread():
+                raise    # Ctrl-C during a quick run on the user's thread interrupts the user
             return
         self.device.last_program = self.program
         if profile.ACTIVE is not None:

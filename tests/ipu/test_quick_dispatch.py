@@ -163,3 +163,24 @@ def test_programs_with_host_callbacks_are_never_run_inline(ipu, monkeypatch):
     assert len(seen) == 5
     assert threading.current_thread().name not in seen   # always the device's worker
     np.testing.assert_array_equal(np.asarray(x), np.full(2, 5.0))
+
+
+def test_ctrl_c_during_a_quick_run_on_the_users_thread_interrupts_the_user(ipu, monkeypatch):
+    engine = device_object(ipu).engine
+    f = jax.jit(lambda x: x - 1)
+    x = jax.device_put(np.ones(4, np.float32), ipu)
+    f(x).block_until_ready()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(engine, "run", interrupted)
+    y = f(x)
+    with pytest.raises(KeyboardInterrupt):
+        try:
+            np.asarray(y)        # runs y's program here: the copy fails naming the interrupt
+        except jax.errors.JaxRuntimeError as error:
+            assert "KeyboardInterrupt" in str(error)
+        for _ in range(100000):  # and Ctrl-C is not swallowed: it lands at a bytecode boundary
+            pass
+    monkeypatch.undo()
+    np.testing.assert_array_equal(np.asarray(f(x)), np.zeros(4))
