@@ -1,10 +1,13 @@
-"""How many threads numpy's OpenBLAS uses for the engine's partial products.
+"""The engine's planned matmuls on the host's BLAS: every K-chunk's partial
+product is its own BLAS call on one thread, and the partials are combined
+in the plan's fixed order, so the values never depend on threads or load.
 
-A planned matmul is many small blocks (one per K-chunk). OpenBLAS spreads
-even small products over every core, and when the cores are busy its
-threads wait on one another: on 2 shared cores a 128x49x512 block took
-15 ms instead of 0.15 ms. Small blocks therefore run on the calling thread
-alone, set with OpenBLAS's per-thread switch so nothing else is affected."""
+OpenBLAS spreads even small products over every core, and when the cores
+are busy its threads wait on one another: on 2 shared cores a 128x49x512
+block took 15 ms instead of 0.15 ms. Planned products therefore run with
+OpenBLAS on the calling thread alone (its per-thread switch, so nothing
+else is affected); the engine uses a second core its own way: a helper
+thread takes half of the rows of a large product, or of a large chain."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -15,12 +18,6 @@ import threading
 import time
 
 import numpy as np
-
-# Below this many multiply-adds a block runs on the calling thread. Blocks
-# of a planned matmul are at most tens of millions of multiply-adds; on 2
-# busy cores a 128x784x512 product took 31 ms threaded, 3.8 ms on one thread.
-SINGLE_THREAD_MACS = 1 << 28
-
 
 def _thread_switch():
     """OpenBLAS's openblas_set_num_threads_local (0.3.27+) in numpy's
@@ -39,10 +36,15 @@ def _thread_switch():
 _switch = _thread_switch()
 
 
-# A planned matmul of at least this many multiply-adds (all chunks) shares
-# its single-threaded chunks with a helper thread: each chunk is still one
-# BLAS call of its own, so the partials are the same bits either way.
+# A planned matmul of at least this many multiply-adds (all chunks) is cut
+# into two row halves, whatever the load, so that its values never depend on
+# whether the helper thread takes one: each half runs every K-chunk of its
+# rows as its own BLAS calls, and the planned combine, on one thread.
 SHARED_MACS = 1 << 22
+# Below this many bytes a row block's partials of every chunk are made by
+# one stacked np.matmul (one BLAS call per chunk, without a Python call
+# each) and summed in place; above, chunk after chunk into a running sum.
+STACKED_BYTES = 1 << 20
 
 _helper: concurrent.futures.ThreadPoolExecutor | None = None
 _helper_lock = threading.Lock()
@@ -88,27 +90,99 @@ def helper_pool() -> concurrent.futures.ThreadPoolExecutor | None:
     return _helper
 
 
-def _blocks(a, b, out, lo: int, hi: int, size: int) -> None:
-    for j in range(lo, hi):
-        np.matmul(a[..., j * size:(j + 1) * size], b[..., j * size:(j + 1) * size, :], out=out[j])
+def _row_blocks(batch: int, m: int, k: int, n: int) -> list[tuple[int, int]]:
+    """The rows each piece of work computes: halves (cut at a multiple of 8)
+    for large products, else all rows. Decided by the shape alone."""
+    if m >= 32 and batch * m * k * n >= SHARED_MACS:
+        half = (m // 2 + 7) // 8 * 8
+        return [(0, half), (half, m)]
+    return [(0, m)]
 
 
-def matmul_blocks(a: np.ndarray, b: np.ndarray, out: np.ndarray, chunks: int, size: int) -> None:
-    """out[j] = a[..., j-th K-chunk] @ b[..., j-th K-chunk, :], one BLAS call per chunk."""
-    block_macs = a.shape[-2] * size * b.shape[-1] * int(np.prod(a.shape[:-2], dtype=np.int64))
-    small = block_macs < SINGLE_THREAD_MACS
-    previous = _switch(1) if small and _switch is not None else None
+def _stacked(x: np.ndarray, chunks: int, size: int, axis: int) -> np.ndarray:
+    """x [batch, r, K] (axis -1) or [batch, K, c] (axis -2) as a view
+    [chunks, batch, r, size] or [chunks, batch, size, c]: chunk j first."""
+    if axis == -1:
+        return x.reshape(*x.shape[:-1], chunks, size).transpose(2, 0, 1, 3)
+    return x.reshape(x.shape[0], chunks, size, x.shape[-1]).transpose(1, 0, 2, 3)
+
+
+def _run(pieces) -> None:
+    """Calls each (fn, args): the helper thread takes the last when a core
+    is free. Each piece writes its own rows, so the values are the same."""
+    pool = helper_pool() if len(pieces) > 1 else None
+    if pool is None:
+        for fn, args in pieces:
+            fn(*args)
+        return
+    other = pool.submit(pieces[-1][0], *pieces[-1][1])
     try:
-        pool = helper_pool() if small and _switch is not None and chunks > 1 and block_macs * chunks >= SHARED_MACS else None
-        if pool is None:
-            _blocks(a, b, out, 0, chunks, size)
-        else:   # the helper takes the second half of the chunks
-            half = chunks // 2
-            other = pool.submit(_blocks, a, b, out, half, chunks, size)
-            try:
-                _blocks(a, b, out, 0, half, size)
-            finally:
-                other.result()
+        for fn, args in pieces[:-1]:
+            fn(*args)
     finally:
-        if previous is not None:
-            _switch(previous)
+        other.result()
+
+
+class _OneBlasThread:
+    """OpenBLAS on the calling thread alone within the block."""
+
+    def __enter__(self):
+        self.previous = _switch(1) if _switch is not None else None
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            _switch(self.previous)
+
+
+def matmul_partials(a: np.ndarray, b: np.ndarray, out: np.ndarray, chunks: int, size: int) -> None:
+    """out[j] = a[..., j-th K-chunk] @ b[..., j-th K-chunk, :]: the planned
+    partial products, one BLAS call per chunk (and row block)."""
+    batch, m, k = a.shape
+    n = b.shape[-1]
+    sb = _stacked(b, chunks, size, -2)
+
+    def rows(r0, r1):
+        np.matmul(_stacked(a[:, r0:r1], chunks, size, -1), sb, out=out[:, :, r0:r1])
+    with _OneBlasThread():
+        _run([(rows, block) for block in _row_blocks(batch, m, k, n)])
+
+
+class CombineScratch:
+    """Buffers one combined matmul keeps across runs: per row block, the
+    partials of a chunk (or of every chunk, stacked)."""
+
+    def __init__(self):
+        self.buffers: dict = {}
+
+    def get(self, key, shape, dtype) -> np.ndarray:
+        buf = self.buffers.get(key)
+        if buf is None or buf.shape != shape or buf.dtype != dtype:
+            buf = self.buffers[key] = np.empty(shape, dtype)
+        return buf
+
+
+def matmul_combined(a: np.ndarray, b: np.ndarray, chunks: int, size: int, dtype,
+                    scratch: CombineScratch) -> np.ndarray:
+    """The partials of matmul_partials combined as the plan says, in their
+    fixed order ((p0 + p1) + p2) + ..., in `dtype`: [batch, m, n]. Only a
+    row block's partials exist at a time, in cache, never the whole set."""
+    batch, m, k = a.shape
+    n = b.shape[-1]
+    out = np.empty((batch, m, n), dtype)
+
+    def rows(r0, r1):
+        acc = out[:, r0:r1]
+        ar = a[:, r0:r1]
+        if chunks * acc.size * out.itemsize <= STACKED_BYTES:
+            parts = scratch.get(r0, (chunks, batch, r1 - r0, n), dtype)
+            np.matmul(_stacked(ar, chunks, size, -1), _stacked(b, chunks, size, -2), out=parts)
+            np.add.reduce(parts, axis=0, out=acc)
+            return
+        np.matmul(ar[..., :size], b[..., :size, :], out=acc)
+        part = scratch.get(r0, acc.shape, dtype)
+        for j in range(1, chunks):
+            np.matmul(ar[..., j * size:(j + 1) * size], b[..., j * size:(j + 1) * size, :], out=part)
+            np.add(acc, part, out=acc)
+    with _OneBlasThread():
+        _run([(rows, block) for block in _row_blocks(batch, m, k, n)])
+    return out

@@ -217,32 +217,51 @@ def _build_fill(k: codelets.Fill):
     return run
 
 
-def _build_matmul(k: codelets.MatMulPartials, reuse: bool = False):
-    """reuse: the partials are scratch (read only by reductions, which make
-    new arrays, within the run), so one buffer serves every run: a fresh
-    one of several MiB costs page faults on each run."""
-    lhs, rhs, tid = reader(k.lhs), reader(k.rhs), k.out.id
+def _operands(k: codelets.MatMulPartials):
+    """fn(state) -> (lhs, rhs) in the partials' dtype."""
+    lhs, rhs, acc = reader(k.lhs), reader(k.rhs), k.out.dtype
+
+    def get(state):
+        a, b = lhs(state), rhs(state)
+        return (a if a.dtype == acc else a.astype(acc)), (b if b.dtype == acc else b.astype(acc))
+    return get
+
+
+def _build_matmul(k: codelets.MatMulPartials):
+    operands, tid = _operands(k), k.out.id
     chunks, batch, m, n = k.out.shape
-    kdim = k.lhs.shape[2]
-    acc = k.out.dtype
-    size = kdim // chunks if chunks else 0
-    kept = []
+    size = k.lhs.shape[2] // chunks if chunks else 0
 
     def run(state):
-        a = lhs(state)
-        if a.dtype != acc:
-            a = a.astype(acc)
-        b = rhs(state)
-        if b.dtype != acc:
-            b = b.astype(acc)
-        if kept:
-            out = kept[0]
-        else:
-            out = np.empty((chunks, batch, m, n), dtype=acc)
-            if reuse:
-                kept.append(out)
-        blas.matmul_blocks(a, b, out, chunks, size)
+        a, b = operands(state)
+        out = np.empty((chunks, batch, m, n), dtype=k.out.dtype)
+        blas.matmul_partials(a, b, out, chunks, size)
         state[tid] = out
+    return run
+
+
+class Combined:
+    """What a combined matmul leaves in its partials tensor: the partials
+    already summed over the chunks in the plan's order, [batch * m * n]."""
+    __slots__ = ("value",)
+
+    def __init__(self, value: np.ndarray):
+        self.value = value
+
+
+def _build_matmul_combined(k: codelets.MatMulPartials):
+    """The partials are scratch, read only by the matmul's reduction
+    (ReduceCombine over the chunks, "add"): they are summed here, row
+    block by row block while in cache, in the same fixed order, and the
+    reduction takes the sum."""
+    operands, tid, acc = _operands(k), k.out.id, k.out.dtype
+    chunks = k.out.shape[0]
+    size = k.lhs.shape[2] // chunks if chunks else 0
+    scratch = blas.CombineScratch()
+
+    def run(state):
+        a, b = operands(state)
+        state[tid] = Combined(blas.matmul_combined(a, b, chunks, size, acc, scratch).reshape(-1))
     return run
 
 
@@ -264,9 +283,17 @@ def _build_reduce_combine(k: codelets.ReduceCombine):
         init = None
     dtype, shape = k.out.dtype, k.out.shape
     acc = k.partials.dtype
+    # The matmul's reduction may find its partials already combined.
+    pid, whole = k.partials.tensor.id, k.partials.tensor.shape
+    may_be_combined = (k.op == "add" and axis == 0 and k.partials.is_whole_tensor
+                       and k.partials.shape == (whole[0], int(np.prod(whole[1:], dtype=np.int64))))
 
     def run(state):
-        value = ufunc.reduce(get(state), axis=axis, dtype=acc)
+        raw = state[pid]
+        if may_be_combined and type(raw) is Combined:
+            value = raw.value
+        else:
+            value = ufunc.reduce(get(state), axis=axis, dtype=acc)
         if init is not None:
             value = ufunc(init(state).astype(acc, copy=False), value)
         state[tid] = np.asarray(value).astype(dtype, copy=False).reshape(shape)   # value is new
@@ -330,8 +357,8 @@ BUILDERS.update(kernels_collectives.BUILDERS)
 
 def build(kernel, scratch: bool = False) -> Callable:
     """scratch: the kernel's output is only read, within a run, by kernels
-    that make new arrays of it (the engine decides), so its executor may
-    keep one output buffer across runs."""
+    that make new arrays of it (the engine decides): for matmul partials,
+    only by the matmul's reduction, which then finds them combined."""
     if scratch and type(kernel) is codelets.MatMulPartials:
-        return _build_matmul(kernel, reuse=True)
+        return _build_matmul_combined(kernel)
     return BUILDERS[type(kernel)](kernel)

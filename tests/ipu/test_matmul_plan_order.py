@@ -1,0 +1,98 @@
+"""The IPU Model executes a planned matmul as planned: one fp32 partial
+product per K-chunk, combined in the fixed order ((p0 + p1) + p2) + ...
+
+Within a chunk the rounding is the host BLAS's, which depends on the shape
+of each call (OpenBLAS gives other bits for a row or column block than for
+the whole), so the engine cuts a product by its shape alone: whether the
+helper thread takes a half, or the partials are stacked or made chunk after
+chunk, the values are the same bits."""
+from __future__ import annotations
+
+import concurrent.futures
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_ipu.graph import codelets
+from jax_ipu.graph.programs import Execute, leaves
+from jax_ipu.model import blas, kernels
+from jax_ipu.model.engine import Engine
+from test_compiler import SMALL, compile_fn
+
+
+def left_fold(parts: np.ndarray) -> np.ndarray:
+    total = parts[0].copy()
+    for p in parts[1:]:
+        total += p
+    return total
+
+
+SHAPES = [  # batch, m, k, n, chunks: stacked and chunk-by-chunk, one row block and two
+    (1, 128, 784, 512, 16), (1, 128, 512, 10, 64), (1, 512, 128, 784, 4),
+    (3, 40, 96, 72, 6), (1, 10, 128, 512, 1), (2, 300, 1024, 600, 8), (1, 33, 64, 7, 2),
+]
+
+
+@pytest.mark.parametrize("batch,m,k,n,chunks", SHAPES)
+def test_partials_and_combine_follow_the_plan(batch, m, k, n, chunks):
+    rng = np.random.default_rng(m * n + k)
+    a = rng.standard_normal((batch, m, k)).astype(np.float32)
+    b = rng.standard_normal((batch, k, n)).astype(np.float32)
+    size = k // chunks
+    out = np.empty((chunks, batch, m, n), np.float32)
+    blas.matmul_partials(a, b, out, chunks, size)
+    for j in range(chunks):     # each partial is its chunk's product, in fp32
+        exact = a[..., j * size:(j + 1) * size].astype(np.float64) @ b[..., j * size:(j + 1) * size, :]
+        np.testing.assert_allclose(out[j], exact, rtol=1e-5, atol=1e-5 * np.sqrt(size))
+    combined = blas.matmul_combined(a, b, chunks, size, np.float32, blas.CombineScratch())
+    np.testing.assert_array_equal(combined, left_fold(out))
+    np.testing.assert_allclose(combined, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+@pytest.mark.parametrize("batch,m,k,n,chunks", SHAPES)
+def test_values_do_not_depend_on_the_helper_or_the_stacking(monkeypatch, batch, m, k, n, chunks):
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((batch, m, k)).astype(np.float32)
+    b = rng.standard_normal((batch, k, n)).astype(np.float32)
+    results = []
+    with concurrent.futures.ThreadPoolExecutor(1, initializer=blas._init_helper) as helper:
+        for pool in (helper, None):      # a helper thread whatever the load, then none
+            monkeypatch.setattr(blas, "helper_pool", lambda: pool)
+            results.append(blas.matmul_combined(a, b, chunks, k // chunks, np.float32, blas.CombineScratch()))
+    monkeypatch.setattr(blas, "STACKED_BYTES", 0)       # chunk after chunk, never stacked
+    results.append(blas.matmul_combined(a, b, chunks, k // chunks, np.float32, blas.CombineScratch()))
+    for r in results[1:]:
+        np.testing.assert_array_equal(r, results[0])
+
+
+def test_the_fixed_order_combine_is_a_left_fold():
+    """np.add.reduce over the chunk axis adds the chunks one after the other
+    (no pairwise summation), which the engine relies on."""
+    rng = np.random.default_rng(3)
+    parts = (rng.standard_normal((64, 5000)) * 10.0 ** rng.integers(-4, 5, (64, 1))).astype(np.float32)
+    np.testing.assert_array_equal(np.add.reduce(parts, axis=0), left_fold(parts))
+
+
+def test_engine_combines_scratch_partials_with_the_same_bits(monkeypatch):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((64, 512)).astype(np.float32)
+    w = rng.standard_normal((512, 96)).astype(np.float32)
+    program = compile_fn(lambda x, w: jnp.tanh(x @ w) @ w.T, x, w)
+    matmuls = [s.compute_set.kernel for s in leaves(program.body) if isinstance(s, Execute)
+               and isinstance(s.compute_set.kernel, codelets.MatMulPartials)]
+    assert any(k.out.shape[0] > 1 for k in matmuls)      # the plan splits K
+    built = []
+    real_build = kernels.build
+
+    def spy(kernel, scratch=False):
+        fn = real_build(kernel, scratch)
+        built.append(fn.__qualname__)
+        return fn
+    monkeypatch.setattr(kernels, "build", spy)
+    combined = Engine(SMALL).run(program, [x, w])
+    assert any(name.startswith("_build_matmul_combined") for name in built)
+    monkeypatch.setattr(kernels, "build", lambda kernel, scratch=False: real_build(kernel, False))
+    materialised = Engine(SMALL).run(program, [x, w])
+    np.testing.assert_array_equal(combined[0], materialised[0])
+    np.testing.assert_allclose(combined[0], np.tanh(x.astype(np.float64) @ w) @ w.T, rtol=1e-4, atol=1e-3)
