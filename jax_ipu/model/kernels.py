@@ -74,6 +74,10 @@ def _build_chain(k: codelets.ElementwiseChain):
         dest = n_inputs + i
         full.append(any(full[a] for a in ins.args))
         fn, is_ufunc = _instruction(ins, dtypes)
+        if is_ufunc and fn in _SLOW_WITH_A_SCALAR and full[-1]:
+            scalar = [i for i, a in enumerate(ins.args) if a in constants and np.ndim(constants[a]) == 0]
+            if len(scalar) == 1:
+                fn = _filled_operand(fn, scalar[0])
         # 0-d results are numpy scalars, which cannot be `out` buffers.
         reuse = next((a for a in ins.args if a >= n_inputs and full[a] and a not in output_regs
                       and last_use[a] == i and dtypes[a] == ins.dtype), None) \
@@ -202,6 +206,28 @@ def _straight_line(k, fetch, plan, outputs, template, shape):
     except SyntaxError:      # pragma: no cover - a bug here must not stop a run
         return None
     return env["run"]
+
+
+# numpy's maximum and minimum take 3x as long with a scalar operand as with
+# an array of it (no SIMD path for the scalar): the chain gives them one.
+_SLOW_WITH_A_SCALAR = (np.maximum, np.minimum)
+
+
+def _filled_operand(ufunc: np.ufunc, index: int):
+    """ufunc(*args, out=None) with args[index], a scalar, as an array of the
+    other operand's shape (kept across calls): the same values."""
+    kept = []
+
+    def call(*args, out=None):
+        other = args[1 - index]
+        filled = kept[0] if kept else None
+        if filled is None or filled.size < other.size:
+            filled = np.full(other.size, args[index], dtype=np.result_type(args[index]))
+            kept[:] = [filled]
+        args = list(args)
+        args[index] = filled[:other.size].reshape(other.shape)
+        return ufunc(*args, out=out)
+    return call
 
 
 def _same_layout(a: np.ndarray, b: np.ndarray) -> bool:
