@@ -107,20 +107,33 @@ def _stacked(x: np.ndarray, chunks: int, size: int, axis: int) -> np.ndarray:
     return x.reshape(x.shape[0], chunks, size, x.shape[-1]).transpose(1, 0, 2, 3)
 
 
-def _run(pieces) -> None:
-    """Calls each (fn, args): the helper thread takes the last when a core
-    is free. Each piece writes its own rows, so the values are the same."""
-    pool = helper_pool() if len(pieces) > 1 else None
+def run_halves(first, second) -> None:
+    """Calls first() here and second() on the helper thread when a core is
+    free. If the helper has not started second() by the time first() is
+    done (its core went to another process), second() runs here instead of
+    being waited for. The halves write disjoint outputs: the same values
+    whoever runs them."""
+    pool = helper_pool()
     if pool is None:
-        for fn, args in pieces:
-            fn(*args)
+        first()
+        second()
         return
-    other = pool.submit(pieces[-1][0], *pieces[-1][1])
+    other = pool.submit(second)
     try:
-        for fn, args in pieces[:-1]:
-            fn(*args)
+        first()
     finally:
-        other.result()
+        stolen = other.cancel()
+        if not stolen:
+            other.result()
+    if stolen:
+        second()
+
+
+def _run(rows, blocks) -> None:
+    if len(blocks) == 1:
+        rows(*blocks[0])
+    else:
+        run_halves(lambda: rows(*blocks[0]), lambda: rows(*blocks[1]))
 
 
 class _OneBlasThread:
@@ -144,7 +157,7 @@ def matmul_partials(a: np.ndarray, b: np.ndarray, out: np.ndarray, chunks: int, 
     def rows(r0, r1):
         np.matmul(_stacked(a[:, r0:r1], chunks, size, -1), sb, out=out[:, :, r0:r1])
     with _OneBlasThread():
-        _run([(rows, block) for block in _row_blocks(batch, m, k, n)])
+        _run(rows, _row_blocks(batch, m, k, n))
 
 
 class CombineScratch:
@@ -184,5 +197,5 @@ def matmul_combined(a: np.ndarray, b: np.ndarray, chunks: int, size: int, dtype,
             np.matmul(ar[..., j * size:(j + 1) * size], b[..., j * size:(j + 1) * size, :], out=part)
             np.add(acc, part, out=acc)
     with _OneBlasThread():
-        _run([(rows, block) for block in _row_blocks(batch, m, k, n)])
+        _run(rows, _row_blocks(batch, m, k, n))
     return out

@@ -104,6 +104,8 @@ def _build_chain(k: codelets.ElementwiseChain):
             value = get(state)
             fetched.append(value)
             if full[reg]:
+                if not value.flags.c_contiguous:   # (a transposed copy's layout):
+                    return run(state)              # flattening it would copy it again
                 flat.append((reg, value.reshape(-1)))
             else:
                 regs[reg] = value.reshape(())
@@ -119,18 +121,15 @@ def _build_chain(k: codelets.ElementwiseChain):
             else:
                 return run(state)
             dests.append((reg, dest))
-        pool = blas.helper_pool() if size >= SHARED_CHAIN else None
-        if pool is None:
+        if size < SHARED_CHAIN:
             _span(regs, flat, dests, 0, size)
             return
-        # Element-wise: the helper thread takes the second half (each element
-        # is computed by the same ufuncs either way).
+        # Element-wise: the helper thread may take the second half (each
+        # element is computed by the same ufuncs either way).
         half = (size // 2 + CHAIN_CHUNK - 1) // CHAIN_CHUNK * CHAIN_CHUNK
-        other = pool.submit(_span, regs.copy(), flat, dests, half, size)
-        try:
-            _span(regs, flat, dests, 0, half)
-        finally:
-            other.result()
+        other_regs = regs.copy()
+        blas.run_halves(lambda: _span(regs, flat, dests, 0, half),
+                        lambda: _span(other_regs, flat, dests, half, size))
 
     def _span(regs, flat, dests, start, stop):
         for lo in range(start, stop, CHAIN_CHUNK):

@@ -53,3 +53,14 @@ def test_chunked_chain_writes_a_donated_input_in_place(monkeypatch):
     chunked, whole = _both(monkeypatch, program, [x])
     np.testing.assert_array_equal(out, whole[0])
     np.testing.assert_array_equal(chunked[0], whole[0])
+
+
+def test_chain_on_a_transposed_layout_gives_the_same_values():
+    """An input laid out transposed (what a transposing copy leaves) is not
+    flattened into chunks (that would copy it) but evaluated whole."""
+    rng = np.random.default_rng(2)
+    x, y = rng.standard_normal((2, 600, 400)).astype(np.float32)
+    program = compile_fn(lambda a, b: jnp.tanh(a) * 0.5 - b, x, y)
+    want = Engine(SMALL).run(program, [x, y])[0]
+    got = Engine(SMALL).run(program, [np.asfortranarray(x), y])[0]
+    np.testing.assert_array_equal(got, want)
