@@ -96,3 +96,16 @@ def test_engine_combines_scratch_partials_with_the_same_bits(monkeypatch):
     materialised = Engine(SMALL).run(program, [x, w])
     np.testing.assert_array_equal(combined[0], materialised[0])
     np.testing.assert_allclose(combined[0], np.tanh(x.astype(np.float64) @ w) @ w.T, rtol=1e-4, atol=1e-3)
+
+
+def test_a_half_the_helper_has_not_started_runs_on_the_caller(monkeypatch):
+    import threading
+    with concurrent.futures.ThreadPoolExecutor(1) as helper:
+        release = threading.Event()
+        helper.submit(release.wait)                  # the helper is busy elsewhere
+        monkeypatch.setattr(blas, "helper_pool", lambda: helper)
+        ran_on = []
+        blas.run_halves(lambda: ran_on.append(threading.current_thread()),
+                        lambda: ran_on.append(threading.current_thread()))
+        release.set()
+    assert ran_on == [threading.current_thread()] * 2
