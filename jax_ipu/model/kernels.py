@@ -104,9 +104,10 @@ def _build_chain(k: codelets.ElementwiseChain):
             value = get(state)
             fetched.append(value)
             if full[reg]:
-                if not value.flags.c_contiguous:   # (a transposed copy's layout):
-                    return run(state)              # flattening it would copy it again
-                flat.append((reg, value.reshape(-1)))
+                # One C-order copy of an input laid out otherwise (a transposing
+                # Copy keeps its source's layout): evaluated whole, mixed layouts
+                # cost 8x as much (2.6 ms for a 512x512 SGD update).
+                flat.append((reg, np.ascontiguousarray(value).reshape(-1)))
             else:
                 regs[reg] = value.reshape(())
         dests = []
