@@ -59,8 +59,9 @@ class DeviceWorker:
             if self._idle:
                 self._idle = False
                 self._wake.put(True)
-        else:
+        else:   # due now, and so are the deferred jobs before it
             self._jobs.append((job, False, 0.0, self._submitted))
+            self._urged = self._submitted
             self._wake.put(True)
 
     def urge(self) -> None:
