@@ -14,6 +14,7 @@ from jax_ipu.compiler.legalize import legalize
 from jax_ipu.compiler.lower import lower
 from jax_ipu.compiler.memory import check_fits, plan_memory
 from jax_ipu.compiler.options import CompileOptions
+from jax_ipu.compiler.rng import expand_rng
 from jax_ipu.compiler.tokens import remove_tokens
 from jax_ipu.compiler.schedule import in_place_outputs, lifetimes, schedule
 from jax_ipu.errors import IpuCompileError, IpuUnimplementedError
@@ -43,6 +44,7 @@ def compile_module(module: ir.Module, target: Target, options: CompileOptions = 
     ranks = module.num_replicas * module.num_partitions
     module, layout = spmd.partition(module)     # several IPUs: the program each one runs
     remove_tokens(module)
+    expand_rng(module)              # 64-bit generator states as 32-bit word pairs
     main = module.main
     flat = legalize(module)
     nodes = fuse(flat.ops)
