@@ -98,8 +98,8 @@ def _check_type(t: ir.Type, op: ir.Op | None, where: str | None) -> None:
     problem = f"the IPU has no {name} type (in {t})"
     if np.dtype(t.dtype).itemsize == 8 and t.dtype.kind in "fiu":
         advice = ("Use 32-bit types: keep JAX_ENABLE_X64 off (jax.config.update('jax_enable_x64', "
-                  "False)) and cast to float32/int32. (Some JAX functions use 64-bit integers "
-                  "internally, e.g. jax.random's counters; they cannot run on the IPU yet)")
+                  "False)) and cast to float32/int32; or opt into running 64-bit types as 32-bit ones "
+                  "with JAX_IPU_F64_AS_F32=1 (or jax_ipu.set_f64_as_f32(True))")
     else:
         advice = "Use float32 or float16 (the IPU holds f32, f16, i32, u32, i16, u16, i8, u8, bool)"
     if op is None:
