@@ -7,7 +7,8 @@ rules only for named platforms (jax/_src/lax/linalg.py):
 - geqrf, householder_product (QR): the generic rules emit custom_calls
   "Qr" and "ProductOfElementaryHouseholderReflectors", implemented too.
 - lu: the generic rule is a Python loop of dynamic slices and scatters;
-  eigh and svd have CPU/GPU (LAPACK, cuSOLVER) and TPU rules only. These
+  eigh, svd and tridiagonal have CPU/GPU (LAPACK, cuSOLVER) and TPU rules
+  only. These
   get a custom_call "jax_ipu.<op>:<options>" here, which the compiler
   runs as a Factorize kernel (LAPACK's algorithm, as XLA:CPU).
 
@@ -49,6 +50,10 @@ def _svd(ctx, operand, *, full_matrices, compute_uv, subset_by_index, algorithm=
     return _custom_call("svd", full_matrices=full_matrices, compute_uv=compute_uv)(ctx, operand)
 
 
+def _tridiagonal(ctx, operand, *, lower):
+    return _custom_call("tridiagonal", lower=lower)(ctx, operand)
+
+
 def _iota_2x32_shape(ctx, *, shape):
     import numpy as np
     from jax._src import core
@@ -73,4 +78,5 @@ def register() -> None:
     mlir.register_lowering(linalg.lu_p, _lu, platform=PLATFORM)
     mlir.register_lowering(linalg.eigh_p, _eigh, platform=PLATFORM)
     mlir.register_lowering(linalg.svd_p, _svd, platform=PLATFORM)
+    mlir.register_lowering(linalg.tridiagonal_p, _tridiagonal, platform=PLATFORM)
     mlir.register_lowering(prng.iota_2x32_shape_p, _iota_2x32_shape, platform=PLATFORM)
