@@ -9,8 +9,9 @@ uses as sentinels, become int32's). Integer arithmetic then wraps at 32
 bits. Ops whose meaning depends on the bit width cannot be kept that way
 and are refused, naming the op: bitcast_convert of a 64-bit type (e.g.
 jax.random's float64 sampling builds floats from 64 random bits),
-count_leading_zeros and popcnt of 64-bit integers. complex128 stays
-refused (the IPU has no complex type)."""
+count_leading_zeros and popcnt of 64-bit integers, and shifts of 64-bit
+integers by a constant of 32 or more (jax.random's int64 samplers join two
+32-bit words so). complex128 stays refused (the IPU has no complex type)."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,7 +19,10 @@ import numpy as np
 from jax_ipu import ir
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.model.targets import AS_32
+
 _BIT_LEVEL = {"bitcast_convert", "count_leading_zeros", "popcnt"}
+_SHIFTS = {"shift_left", "shift_right_logical", "shift_right_arithmetic"}
+_SAME_VALUES = {"broadcast_in_dim", "reshape", "convert"}
 
 
 def demote_64bit(module: ir.Module) -> None:
@@ -45,15 +49,24 @@ def _retype(values, seen: set) -> bool:
 
 def _block(block: ir.Block, seen: set) -> None:
     _retype(block.args, seen)
+    largest: dict[ir.Value, int] = {}      # integer constants (and their broadcasts): the largest element
     for op in block.ops:
         wide = _retype(op.operands, seen) | _retype(op.results, seen)
-        if wide and op.name in _BIT_LEVEL:
+        shift = op.name in _SHIFTS and largest.get(op.operands[1], 0) >= 32
+        if wide and (op.name in _BIT_LEVEL or shift):
+            what = "it shifts a 64-bit integer by 32 bits or more" if shift else "it works on the bits of a 64-bit value"
             raise IpuUnimplementedError.for_op(
-                op, "it works on the bits of a 64-bit value, which JAX_IPU_F64_AS_F32 runs as a 32-bit one",
-                "Use 32-bit types for this computation (e.g. dtype=jnp.float32 for jax.random samplers), "
-                "or turn JAX_IPU_F64_AS_F32 off")
-        if op.name == "constant" and wide:
-            op.attrs = {**op.attrs, "value": _narrow(np.asarray(op.attrs["value"]), op.results[0].type.dtype)}
+                op, f"{what}, which JAX_IPU_F64_AS_F32 runs as a 32-bit one",
+                "Use 32-bit types for this computation (e.g. dtype=jnp.float32 or jnp.int32 for jax.random "
+                "samplers), or turn JAX_IPU_F64_AS_F32 off")
+        if op.name == "constant":
+            value = np.asarray(op.attrs["value"])
+            if value.dtype.kind in "iu" and value.size:
+                largest[op.results[0]] = int(value.max())
+            if wide:
+                op.attrs = {**op.attrs, "value": _narrow(value, op.results[0].type.dtype)}
+        elif op.name in _SAME_VALUES and op.operands[0] in largest:
+            largest[op.results[0]] = largest[op.operands[0]]
         for region in op.regions:
             _block(region, seen)
 

@@ -103,14 +103,29 @@ def test_host_callbacks_may_return_64_bit_values():
     """, JAX_IPU_F64_AS_F32="1")
 
 
-def test_bit_level_ops_of_64_bit_values_are_refused():
+def test_bit_level_ops_of_64_bit_values_are_refused_32_bit_randoms_run():
     _run("""
     key = jax.device_put(jax.random.key(0), ipu)
     try:
         jax.jit(lambda k: jax.random.uniform(k, (4,)))(key)   # float64 from 64 random bits
         raise SystemExit("a float64 bitcast ran")
     except Exception as exc:
-        assert "bitcast_convert" in str(exc) and "JAX_IPU_F64_AS_F32" in str(exc), exc
+        assert "64-bit" in str(exc) and "JAX_IPU_F64_AS_F32" in str(exc), exc
+        assert "stablehlo.bitcast_convert" in str(exc) or "stablehlo.shift_left" in str(exc), exc
+    try:
+        jax.jit(lambda x: jax.lax.bitcast_convert_type(x, jnp.int64))(jax.device_put(np.ones(2), ipu))
+        raise SystemExit("a float64 bitcast ran")
+    except Exception as exc:
+        assert "stablehlo.bitcast_convert" in str(exc) and "bits of a 64-bit value" in str(exc), exc
+    try:
+        jax.jit(lambda k: jax.random.randint(k, (4,), 0, 10))(key)   # int64 from two 32-bit words
+        raise SystemExit("an int64 shift by 32 ran")
+    except Exception as exc:
+        assert "shift" in str(exc) and "32 bits or more" in str(exc), exc
+    x = jax.device_put(np.arange(4), ipu)
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda x: x << 3)(x)), np.arange(4) << 3)
+    f = jax.jit(lambda k: jax.random.randint(k, (64,), 0, 10, dtype=jnp.int32))
+    np.testing.assert_array_equal(np.asarray(f(key)), np.asarray(f(jax.device_put(jax.random.key(0), cpu))))
     f = jax.jit(lambda k: jax.random.normal(k, (64,), dtype=jnp.float32))
     np.testing.assert_allclose(np.asarray(f(key)), np.asarray(f(jax.device_put(jax.random.key(0), cpu))),
                                rtol=1e-5, atol=1e-6)
