@@ -3,7 +3,9 @@ rbg and unsafe_rbg keys: integer outputs bit-for-bit; float outputs within
 1 ulp-ish (f32 atol 1e-6; the integer bits are identical, float transforms
 such as erf_inv may round differently). rbg keys use
 stablehlo.rng_bit_generator, whose uint64 state the compiler keeps as
-uint32 halves; its bits match XLA:CPU's (Philox for DEFAULT, Threefry)."""
+uint32 halves; its bits match XLA:CPU's (Philox for DEFAULT, Threefry).
+JAX's philox2x32/philox4x32 keys use lax.mulhi, which the ipu lowering
+computes from 16-bit halves."""
 from __future__ import annotations
 
 import jax
@@ -62,9 +64,9 @@ def _ipu_and_cpu(f, key):
             np.asarray(jax.jit(f)(jax.device_put(key, cpu))))
 
 
-@pytest.mark.parametrize("impl", ["rbg", "unsafe_rbg"])
+@pytest.mark.parametrize("impl", ["rbg", "unsafe_rbg", "philox2x32", "philox4x32", "threefry4x32"])
 @pytest.mark.parametrize("name", list(SAMPLERS) + list(BETA))
-def test_rbg_matches_cpu(name, impl):
+def test_other_key_impls_match_cpu(name, impl):
     got, want = _ipu_and_cpu({**SAMPLERS, **BETA}[name], jax.random.key(42, impl=impl))
     assert got.dtype == want.dtype and got.shape == want.shape
     if want.dtype.kind == "f":
@@ -141,3 +143,17 @@ func.func public @main(%arg0: tensor<2xui64>) -> tensor<4xui32> {
 }"""
     with pytest.raises(IpuUnimplementedError, match="rng_bit_generator.*ui64"):
         compile_module(import_module(text.encode()), get_target("ipu2", num_tiles=4))
+
+
+@pytest.mark.parametrize("dtype", [np.uint32, np.int32, np.uint16, np.int16, np.uint8, np.int8])
+def test_mulhi_matches_cpu(dtype):
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(0)
+    x, y = (rng.integers(info.min, info.max, 500, endpoint=True).astype(dtype) for _ in range(2))
+    x[:4] = [info.min, info.max, 0, info.max]
+    y[:4] = [info.min, info.min, info.max, info.max]
+    ipu, cpu = jax.devices("ipu")[0], jax.devices("cpu")[0]
+    got = jax.jit(jax.lax.mulhi)(*jax.device_put((x, y), ipu))
+    want = jax.jit(jax.lax.mulhi)(*jax.device_put((x, y), cpu))
+    assert got.dtype == want.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
