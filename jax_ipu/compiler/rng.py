@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from jax_ipu import ir
+from jax_ipu.compiler.fuse import reads_of
 from jax_ipu.errors import IpuUnimplementedError
 
 U32 = np.dtype(np.uint32)
@@ -67,15 +68,8 @@ def _readers(block: ir.Block) -> dict[ir.Value, list]:
     """value -> the ops of this block reading it (a nested region's read
     counts as its op's); a block result counts as a reader None."""
     found: dict[ir.Value, list] = {}
-
-    def reads(op):
-        yield from op.operands
-        for region in op.regions:
-            for inner in region.ops:
-                yield from reads(inner)
-            yield from region.results
     for op in block.ops:
-        for v in reads(op):
+        for v in reads_of(op):
             found.setdefault(v, []).append(op)
     for v in block.results:
         found.setdefault(v, []).append(None)
