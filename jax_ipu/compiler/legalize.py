@@ -15,6 +15,8 @@ from jax_ipu.model.targets import IPU_DTYPES
 # Ops whose results are their operands, unchanged.
 _IDENTITIES = {"optimization_barrier", "sdy.sharding_constraint", "sharding_constraint"}
 _IDENTITY_CUSTOM_CALLS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape"}
+# Products whose boolean form (an OR of ANDs) runs as an int32 count.
+_COUNTING = {"dot_general", "convolution"}
 # Ops that run a function of the module, inlined: func.call, and composites
 # (e.g. chlo.erf) by their decomposition.
 _CALLEES = {"call": "callee", "composite": "decomposition"}
@@ -76,7 +78,7 @@ def _inline(module, block: ir.Block, env: dict, out: list, depth: int, site: str
             regions = [_inline_region(module, r, env, depth, site) for r in op.regions]
             if op.name == "bitcast_convert" and _widths_differ(op):
                 _bitcast_of_widths(operands[0], results[0], op.loc, out)
-            elif op.name == "dot_general" and all(v.type.dtype == np.bool_ for v in operands + results):
+            elif op.name in _COUNTING and all(v.type.dtype == np.bool_ for v in operands + results):
                 _boolean_dot(op, operands, results[0], out)
             else:
                 out.append(ir.Op(op.name, operands, results, op.attrs, regions, op.loc))
@@ -164,8 +166,8 @@ def _bitcast_of_widths(x: ir.Value, result: ir.Value, loc: str, out: list) -> No
 
 
 def _boolean_dot(op: ir.Op, operands: list, result: ir.Value, out: list) -> None:
-    """dot_general of booleans, as XLA: an OR of ANDs, i.e. an int32 dot
-    product of the 0/1 values compared with zero."""
+    """dot_general or convolution of booleans, as XLA: an OR of ANDs, i.e.
+    the int32 op on the 0/1 values compared with zero."""
     def emit(name, args, t, **attrs) -> ir.Value:
         value = ir.Value(t)
         out.append(ir.Op(name, list(args), [value], attrs, [], op.loc))
@@ -173,7 +175,7 @@ def _boolean_dot(op: ir.Op, operands: list, result: ir.Value, out: list) -> None
     i32 = np.dtype(np.int32)
     lhs, rhs = (emit("convert", [v], ir.TensorType(v.type.shape, i32)) for v in operands)
     shape = result.type.shape
-    counts = emit("dot_general", [lhs, rhs], ir.TensorType(shape, i32), **op.attrs)
+    counts = emit(op.name, [lhs, rhs], ir.TensorType(shape, i32), **op.attrs)
     zero = emit("broadcast_in_dim", [emit("constant", [], ir.TensorType((), i32), value=np.array(0, i32))],
                 ir.TensorType(shape, i32), broadcast_dimensions=())
     out.append(ir.Op("compare", [counts, zero], [result], {"comparison_direction": "NE", "compare_type": "SIGNED"},
