@@ -14,7 +14,8 @@ from jax_ipu.model.targets import IPU_DTYPES
 
 # Ops whose results are their operands, unchanged.
 _IDENTITIES = {"optimization_barrier", "sdy.sharding_constraint", "sharding_constraint"}
-_IDENTITY_CUSTOM_CALLS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape"}
+# dce_sink (lax.dce_sink, checkify) only keeps its operands alive: it has no results.
+_IDENTITY_CUSTOM_CALLS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "dce_sink"}
 # Products whose boolean form (an OR of ANDs) runs as an int32 count.
 _COUNTING = {"dot_general", "convolution"}
 # Ops that run a function of the module, inlined: func.call, and composites
