@@ -48,6 +48,17 @@ def transfer_stats(device=None) -> dict[str, int]:
     return total
 
 
+def set_f64_as_f32(enabled: bool = True) -> bool:
+    """Runs 64-bit types as 32-bit ones on the IPU (float64 as float32,
+    int64/uint64 as int32/uint32), as JAX_IPU_F64_AS_F32=1 does; returns
+    the previous setting. It applies to programs compiled and arrays placed
+    afterwards (JAX keeps the programs it compiled: set it before the first
+    call of a jitted function)."""
+    client = _client()
+    previous, client.f64_as_f32 = client.f64_as_f32, bool(enabled)
+    return previous
+
+
 def last_profile(device=None) -> dict | None:
     """The profile report (a dict, as written to JSON) of the last program
     run on an IPU device (the first when None), whether or not profiling is

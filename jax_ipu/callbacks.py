@@ -15,6 +15,7 @@ import threading
 import numpy as np
 
 from jax_ipu.errors import IpuRuntimeError
+from jax_ipu.model.targets import AS_32
 
 TARGET = "jax_ipu.host_callback"
 _registry: dict[int, object] = {}
@@ -44,6 +45,8 @@ def call(callback_id: int, args: list[np.ndarray], result_specs) -> list[np.ndar
     out = []
     for i, (value, (shape, dtype)) in enumerate(zip(results, result_specs)):
         value = np.asarray(value)
+        if AS_32.get(value.dtype) == dtype:   # a 64-bit result of a program run as 32-bit
+            value = value.astype(dtype)
         if value.shape != tuple(shape) or value.dtype != dtype:
             raise IpuRuntimeError(f"host callback result {i}: expected {np.dtype(dtype).name}{list(shape)}, "
                                   f"got {value.dtype.name}{list(value.shape)}")

@@ -8,6 +8,8 @@ TF_POPLAR_FLAGS='--use_ipu_model --ipu_model_tiles=8'   the older spelling
 JAX_IPU_ALLOW_OUT_OF_MEMORY=1 compile programs that do not fit (Poplar's
                               debug.allowOutOfMemory); the profile shows by how much
 JAX_IPU_PROFILE=DIR           write a profile of every executed program to DIR
+JAX_IPU_F64_AS_F32=1          run 64-bit types as 32-bit ones (f64 as f32, i64/u64 as
+                              i32/u32), as PopTorch does; JAX still sees 64-bit arrays
 POPLAR_ENGINE_OPTIONS='{"autoReport.all":"true","autoReport.directory":"./report",
                         "debug.allowOutOfMemory":"true"}'   Poplar's spelling of the two above
 """
@@ -31,6 +33,7 @@ class Config:
     num_tiles: int | None = None
     allow_out_of_memory: bool = False
     profile_directory: str | None = None
+    f64_as_f32: bool = False
 
 
 def _int(name: str, text: str, minimum: int) -> int:
@@ -100,4 +103,5 @@ def from_environment(env=None, overrides: dict | None = None) -> Config:
         num_tiles=_int("JAX_IPU_MODEL_NUM_TILES", str(tiles), 1) if tiles else None,
         allow_out_of_memory=_flag("JAX_IPU_ALLOW_OUT_OF_MEMORY", allow_oom),
         profile_directory=_profile_directory(env, engine),
+        f64_as_f32=_flag("JAX_IPU_F64_AS_F32", env.get("JAX_IPU_F64_AS_F32", "0")),
     )

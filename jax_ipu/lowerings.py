@@ -7,14 +7,16 @@ rules only for named platforms (jax/_src/lax/linalg.py):
 - geqrf, householder_product (QR): the generic rules emit custom_calls
   "Qr" and "ProductOfElementaryHouseholderReflectors", implemented too.
 - lu: the generic rule is a Python loop of dynamic slices and scatters;
-  eigh and svd have CPU/GPU (LAPACK, cuSOLVER) and TPU rules only. These
+  eigh, svd and tridiagonal have CPU/GPU (LAPACK, cuSOLVER) and TPU rules
+  only. These
   get a custom_call "jax_ipu.<op>:<options>" here, which the compiler
   runs as a Factorize kernel (LAPACK's algorithm, as XLA:CPU).
 
 And for threefry keys, iota_2x32_shape (the counters of jax.random): JAX
 counts in uint64 and splits the count into 32-bit halves; the IPU has no
 64-bit integers, so below 2**32 elements the ipu rule counts in uint32
-(the high half is zero), giving the same bits."""
+(the high half is zero), giving the same bits. Likewise lax.mulhi (philox
+keys) computes its high word from 16-bit halves instead of a 64-bit product."""
 from __future__ import annotations
 
 PLATFORM = "ipu"
@@ -49,6 +51,10 @@ def _svd(ctx, operand, *, full_matrices, compute_uv, subset_by_index, algorithm=
     return _custom_call("svd", full_matrices=full_matrices, compute_uv=compute_uv)(ctx, operand)
 
 
+def _tridiagonal(ctx, operand, *, lower):
+    return _custom_call("tridiagonal", lower=lower)(ctx, operand)
+
+
 def _iota_2x32_shape(ctx, *, shape):
     import numpy as np
     from jax._src import core
@@ -65,12 +71,43 @@ def _iota_2x32_shape(ctx, *, shape):
     return hi, lo
 
 
+def _mulhi(x, y):
+    """lax.mulhi (the philox PRNGs' mixing step) without a double-width
+    type for 32-bit operands: the high word from 16-bit halves, with the
+    signed correction hi - (x < 0 ? y : 0) - (y < 0 ? x : 0)."""
+    import numpy as np
+    from jax import lax
+
+    dtype = np.dtype(x.dtype)
+    bits = 8 * dtype.itemsize
+    signed = dtype.kind == "i"
+    if bits < 32:   # a 32-bit product holds the whole result
+        wide = np.dtype(np.int32 if signed else np.uint32)
+        product = lax.mul(x.astype(wide), y.astype(wide))
+        shift = lax.shift_right_arithmetic if signed else lax.shift_right_logical
+        return shift(product, np.array(bits, wide)).astype(dtype)
+    u32 = np.dtype(np.uint32)
+    a, b = (lax.bitcast_convert_type(v, u32) if signed else v for v in (x, y))
+    low, half = np.uint32(0xFFFF), np.uint32(16)
+    a_lo, a_hi, b_lo, b_hi = a & low, a >> half, b & low, b >> half
+    lh, hl = a_lo * b_hi, a_hi * b_lo
+    mid = ((a_lo * b_lo) >> half) + (lh & low) + (hl & low)
+    hi = a_hi * b_hi + (lh >> half) + (hl >> half) + (mid >> half)
+    if signed:
+        hi = lax.bitcast_convert_type(hi, dtype)
+        zero = np.zeros((), dtype)
+        hi = hi - lax.select(x < 0, y, lax.full_like(y, 0)) - lax.select(y < 0, x, lax.full_like(x, zero))
+    return hi
+
+
 def register() -> None:
     from jax._src.interpreters import mlir
-    from jax._src.lax import linalg
+    from jax._src.lax import lax, linalg
     from jax._src.random import prng
 
     mlir.register_lowering(linalg.lu_p, _lu, platform=PLATFORM)
     mlir.register_lowering(linalg.eigh_p, _eigh, platform=PLATFORM)
     mlir.register_lowering(linalg.svd_p, _svd, platform=PLATFORM)
+    mlir.register_lowering(linalg.tridiagonal_p, _tridiagonal, platform=PLATFORM)
     mlir.register_lowering(prng.iota_2x32_shape_p, _iota_2x32_shape, platform=PLATFORM)
+    mlir.register_lowering(lax.mulhi_p, mlir.lower_fun(_mulhi, multiple_results=False), platform=PLATFORM)

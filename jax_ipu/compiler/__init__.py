@@ -9,11 +9,13 @@ from jax_ipu.compiler import spmd
 from jax_ipu.compiler.builder import Builder
 from jax_ipu.compiler.collectives import charge_links
 from jax_ipu.compiler.cost import cost_steps, static_cycles
+from jax_ipu.compiler.demote import demote_64bit
 from jax_ipu.compiler.fuse import fuse
 from jax_ipu.compiler.legalize import legalize
 from jax_ipu.compiler.lower import lower
 from jax_ipu.compiler.memory import check_fits, plan_memory
 from jax_ipu.compiler.options import CompileOptions
+from jax_ipu.compiler.rng import expand_rng
 from jax_ipu.compiler.tokens import remove_tokens
 from jax_ipu.compiler.schedule import in_place_outputs, lifetimes, schedule
 from jax_ipu.errors import IpuCompileError, IpuUnimplementedError
@@ -38,12 +40,17 @@ def _aliases(function: ir.Function, results: list) -> dict[int, int]:
 
 
 def compile_module(module: ir.Module, target: Target, options: CompileOptions = CompileOptions()) -> Program:
-    if options.f64_policy != "error":
-        raise IpuCompileError(f"f64_policy={options.f64_policy!r} is not supported; use 'error'")
+    if options.f64_policy not in ("error", "as_f32"):
+        raise IpuCompileError(f"f64_policy={options.f64_policy!r} is not supported; use 'error' or 'as_f32'")
     ranks = module.num_replicas * module.num_partitions
     module, layout = spmd.partition(module)     # several IPUs: the program each one runs
     remove_tokens(module)
+    expand_rng(module)              # 64-bit generator states as 32-bit word pairs
     main = module.main
+    # The types JAX sees; the device may hold them narrower (f64_policy).
+    input_types, output_types = list(main.arg_types), list(main.result_types)
+    if options.f64_policy == "as_f32":
+        demote_64bit(module)
     flat = legalize(module)
     nodes = fuse(flat.ops)
     b = Builder(target, options)
@@ -64,7 +71,7 @@ def compile_module(module: ir.Module, target: Target, options: CompileOptions = 
                          sum(inputs[i].nbytes for i in aliases.values()))
     program = Program(
         name=module.name, target_name=target.name, num_tiles=target.num_tiles, tensors=b.tensors, body=body, inputs=inputs,
-        outputs=outputs, input_types=[a.type for a in flat.args], output_types=[v.type for v in flat.results],
+        outputs=outputs, input_types=input_types, output_types=output_types,
         aliases=aliases, in_place=in_place_outputs(b.steps, inputs, outputs, aliases, first, last),
         cycles=cycles, unknown_trip_loops=unknown_loops, host_cycles=host_cycles, memory=memory,
         shardings=layout, flops=b.flops, transcendentals=b.transcendentals,

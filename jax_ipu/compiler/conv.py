@@ -74,7 +74,8 @@ def convolution(b: Builder, op: ir.Op) -> None:
     taps = int(np.prod(window, dtype=np.int64))
     m, k = nb * positions, cg * taps
     out_dtype = out_t.dtype
-    if out_t.size == 0:
+    if out_t.size == 0 or lhs_t.size == 0 or rhs_t.size == 0:
+        # Nothing to read (an empty input: the output is all padding): zeros.
         b.values[op.results[0]] = Splat(np.zeros((), out_dtype), out_t.shape)
         return
 

@@ -14,7 +14,10 @@ from jax_ipu.model.targets import IPU_DTYPES
 
 # Ops whose results are their operands, unchanged.
 _IDENTITIES = {"optimization_barrier", "sdy.sharding_constraint", "sharding_constraint"}
-_IDENTITY_CUSTOM_CALLS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape"}
+# dce_sink (lax.dce_sink, checkify) only keeps its operands alive: it has no results.
+_IDENTITY_CUSTOM_CALLS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "dce_sink"}
+# Products whose boolean form (an OR of ANDs) runs as an int32 count.
+_COUNTING = {"dot_general", "convolution"}
 # Ops that run a function of the module, inlined: func.call, and composites
 # (e.g. chlo.erf) by their decomposition.
 _CALLEES = {"call": "callee", "composite": "decomposition"}
@@ -76,6 +79,8 @@ def _inline(module, block: ir.Block, env: dict, out: list, depth: int, site: str
             regions = [_inline_region(module, r, env, depth, site) for r in op.regions]
             if op.name == "bitcast_convert" and _widths_differ(op):
                 _bitcast_of_widths(operands[0], results[0], op.loc, out)
+            elif op.name in _COUNTING and all(v.type.dtype == np.bool_ for v in operands + results):
+                _boolean_dot(op, operands, results[0], out)
             else:
                 out.append(ir.Op(op.name, operands, results, op.attrs, regions, op.loc))
             env.update(zip(op.results, results))
@@ -98,8 +103,8 @@ def _check_type(t: ir.Type, op: ir.Op | None, where: str | None) -> None:
     problem = f"the IPU has no {name} type (in {t})"
     if np.dtype(t.dtype).itemsize == 8 and t.dtype.kind in "fiu":
         advice = ("Use 32-bit types: keep JAX_ENABLE_X64 off (jax.config.update('jax_enable_x64', "
-                  "False)) and cast to float32/int32. (Some JAX functions use 64-bit integers "
-                  "internally, e.g. jax.random's counters; they cannot run on the IPU yet)")
+                  "False)) and cast to float32/int32; or opt into running 64-bit types as 32-bit ones "
+                  "with JAX_IPU_F64_AS_F32=1 (or jax_ipu.set_f64_as_f32(True))")
     else:
         advice = "Use float32 or float16 (the IPU holds f32, f16, i32, u32, i16, u16, i8, u8, bool)"
     if op is None:
@@ -159,3 +164,20 @@ def _bitcast_of_widths(x: ir.Value, result: ir.Value, loc: str, out: list) -> No
         last.results[0] = result
     else:
         out.append(ir.Op("bitcast_convert", [final], [result], {}, [], loc))
+
+
+def _boolean_dot(op: ir.Op, operands: list, result: ir.Value, out: list) -> None:
+    """dot_general or convolution of booleans, as XLA: an OR of ANDs, i.e.
+    the int32 op on the 0/1 values compared with zero."""
+    def emit(name, args, t, **attrs) -> ir.Value:
+        value = ir.Value(t)
+        out.append(ir.Op(name, list(args), [value], attrs, [], op.loc))
+        return value
+    i32 = np.dtype(np.int32)
+    lhs, rhs = (emit("convert", [v], ir.TensorType(v.type.shape, i32)) for v in operands)
+    shape = result.type.shape
+    counts = emit(op.name, [lhs, rhs], ir.TensorType(shape, i32), **op.attrs)
+    zero = emit("broadcast_in_dim", [emit("constant", [], ir.TensorType((), i32), value=np.array(0, i32))],
+                ir.TensorType(shape, i32), broadcast_dimensions=())
+    out.append(ir.Op("compare", [counts, zero], [result], {"comparison_direction": "NE", "compare_type": "SIGNED"},
+                     [], op.loc))

@@ -1,7 +1,8 @@
 """Dense linear algebra: stablehlo.cholesky and triangular_solve, and the
 custom_calls JAX's generic lowerings emit (geqrf's "Qr",
 "ProductOfElementaryHouseholderReflectors") or jax_ipu.lowerings registers
-for the ipu platform ("jax_ipu.lu", "jax_ipu.eigh", "jax_ipu.svd"). Each
+for the ipu platform ("jax_ipu.lu", "jax_ipu.eigh", "jax_ipu.svd",
+"jax_ipu.tridiagonal"). Each
 becomes one compute set: matrices spread over tiles, whole matrices a tile,
 one vertex per tile factoring its matrices (a Factorize kernel)."""
 from __future__ import annotations
@@ -90,9 +91,10 @@ def custom_call(b: Builder, op: ir.Op) -> None:
         _factorize(b, op, "qr", {}, 2.0 * m * n * n)
     elif target == "ProductOfElementaryHouseholderReflectors":
         _factorize(b, op, "householder", {}, 2.0 * m * n * n)
-    elif target.startswith(("jax_ipu.lu", "jax_ipu.eigh", "jax_ipu.svd")):
+    elif target.startswith(("jax_ipu.lu", "jax_ipu.eigh", "jax_ipu.svd", "jax_ipu.tridiagonal")):
         kind, attrs = _options(target)
-        _factorize(b, op, kind, attrs, {"lu": 2 * m * n * n / 3, "eigh": 9.0 * n ** 3}.get(kind, 12.0 * m * n * n))
+        flops = {"lu": 2 * m * n * n / 3, "eigh": 9.0 * n ** 3, "tridiagonal": 4 * n ** 3 / 3}
+        _factorize(b, op, kind, attrs, flops.get(kind, 12.0 * m * n * n))
     else:
         raise IpuUnimplementedError.for_op(op, f"custom_call @{target} is not supported by jax-ipu yet",
                                            "File an issue, or avoid the op in this program")

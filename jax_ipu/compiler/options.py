@@ -12,5 +12,7 @@ class CompileOptions:
     available_memory_proportion: float = 0.6
     # Poplar's debug.allowOutOfMemory: compile anyway and keep the report.
     allow_out_of_memory: bool = False
-    # What to do with float64: "error" (the IPU has none).
+    # What to do with 64-bit types, which the IPU lacks: "error" (refuse
+    # them, naming the op) or "as_f32" (run f64/i64/u64 as f32/i32/u32:
+    # JAX_IPU_F64_AS_F32, see compiler.demote).
     f64_policy: str = "error"

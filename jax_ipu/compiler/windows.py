@@ -34,7 +34,7 @@ def _constant_scalar(b: Builder, op: ir.Op, value: ir.Value, what: str) -> np.nd
 def _gathered(b: Builder, op: ir.Op, value: ir.Value, indices: np.ndarray, fill) -> ir.Value:
     out = ir.Value(ir.TensorType(tuple(indices.shape), value.type.dtype))
     b.values[out] = copy_to_new(b, op, b.view(value, name_of(op)).then(
-        "gather", np.ascontiguousarray(indices), fill))
+        "gather", np.asarray(indices, order="C"), fill))   # (ascontiguousarray makes 0-d arrays 1-d)
     return out
 
 
@@ -51,7 +51,7 @@ def _gathered_filled(b: Builder, op: ir.Op, value: ir.Value, indices: np.ndarray
         return gathered
     shape = tuple(indices.shape)
     mask = _new(ir.TensorType(shape, np.dtype(np.bool_)))
-    b.values[mask] = b.constant(f"{name_of(op)}/padding mask", np.ascontiguousarray(indices < 0))
+    b.values[mask] = b.constant(f"{name_of(op)}/padding mask", np.asarray(indices < 0, order="C"))
     select = _op("select", [mask, fill, gathered], dtype, shape)
     select.loc = op.loc
     lower_cluster(b, Cluster(shape, [select]), {select.results[0]})

@@ -1,11 +1,11 @@
 """Executors of the linear-algebra kernels (graph.codelets_linalg): LAPACK
 through numpy/scipy per matrix, in the operands' dtype (sgetrf, sgeqrf,
-sorgqr, ssyevd, sgesdd, spotrf, strsm), as XLA:CPU calls it."""
+sorgqr, ssyevd, sgesdd, spotrf, ssytrd, strsm), as XLA:CPU calls it. Empty
+matrices give empty (or identity-like) results, as LAPACK's callers do."""
 from __future__ import annotations
 
 import numpy as np
-import scipy.linalg
-from scipy.linalg import lapack
+from scipy.linalg import blas, lapack
 
 from jax_ipu.graph import codelets_linalg
 from jax_ipu.model.kernels import reader
@@ -14,29 +14,36 @@ from jax_ipu.model.kernels import reader
 def _batched(fn, *arrays):
     """fn over the matrices of the leading dims; fn returns a tuple."""
     batch = arrays[0].shape[:-2]
-    flat = [a.reshape((-1,) + a.shape[len(batch):]) for a in arrays]
-    results = [fn(*parts) for parts in zip(*flat)] if flat[0].shape[0] else []
-    return results, batch
+    count = int(np.prod(batch, dtype=np.int64))
+    flat = [a.reshape((count,) + a.shape[len(batch):]) for a in arrays]
+    return [fn(*parts) for parts in zip(*flat)], batch
 
 
 def _cholesky(a, *, lower=True):
+    if not a.size:
+        return (a.copy(),)
     with np.errstate(all="ignore"):
         c, info = lapack.get_lapack_funcs("potrf", (a,))(a, lower=lower, clean=True)
     return (c if info == 0 else np.full_like(a, np.nan),)
 
 
 def _triangular_solve(a, b, *, left_side, lower, unit_diagonal, transpose_a):
+    """BLAS trsm, as XLA:CPU: no singularity check, so a zero on the
+    diagonal gives inf/nan rather than an error."""
+    if not b.size:
+        return (b.copy(),)
     trans = {"NO_TRANSPOSE": 0, "TRANSPOSE": 1, "ADJOINT": 2}[transpose_a]
-    if not left_side:    # x a = b  <=>  a^T x^T = b^T
-        return (scipy.linalg.solve_triangular(a, b.T, lower=lower, unit_diagonal=unit_diagonal,
-                                              trans=1 - trans if trans < 2 else 0, check_finite=False).T,)
-    return (scipy.linalg.solve_triangular(a, b, lower=lower, unit_diagonal=unit_diagonal, trans=trans,
-                                          check_finite=False),)
+    trsm = blas.get_blas_funcs("trsm", (a, b))
+    with np.errstate(all="ignore"):
+        x = trsm(1.0, a, b, side=0 if left_side else 1, lower=lower, trans_a=trans, diag=int(unit_diagonal))
+    return (x,)
 
 
 def _lu(a):
-    lu, piv, _ = lapack.get_lapack_funcs("getrf", (a,))(a)
     m = a.shape[0]
+    if not a.size:
+        return a.copy(), np.zeros(0, np.int32), np.arange(m, dtype=np.int32)
+    lu, piv, _ = lapack.get_lapack_funcs("getrf", (a,))(a)
     perm = np.arange(m, dtype=np.int32)
     for i, p in enumerate(piv[:min(a.shape)]):
         perm[[i, p]] = perm[[p, i]]
@@ -44,6 +51,8 @@ def _lu(a):
 
 
 def _qr(a):
+    if not a.size:
+        return a.copy(), np.zeros(min(a.shape), a.dtype)
     qr, tau, _, _ = lapack.get_lapack_funcs("geqrf", (a,))(a)
     return qr, tau
 
@@ -56,6 +65,11 @@ def _householder(a, taus):
     q, _, _ = lapack.get_lapack_funcs("orgqr", (a,))(a, taus, lwork=max(1, n * 64))
     del k
     return (q,)
+
+
+def _tridiagonal(a, *, lower=True):
+    c, d, e, tau, _ = lapack.get_lapack_funcs("sytrd", (a,))(a, lower=lower)
+    return c, d, e, tau
 
 
 def _eigh(a, *, lower=True):
@@ -71,7 +85,7 @@ def _svd(a, *, full_matrices, compute_uv):
 
 
 _FUNCTIONS = {"cholesky": _cholesky, "triangular_solve": _triangular_solve, "lu": _lu, "qr": _qr,
-              "householder": _householder, "eigh": _eigh, "svd": _svd}
+              "householder": _householder, "eigh": _eigh, "svd": _svd, "tridiagonal": _tridiagonal}
 
 
 def _build_factorize(k: codelets_linalg.Factorize):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from jax_ipu.errors import IpuInvalidArgument
-from jax_ipu.model.targets import IPU_DTYPES
+from jax_ipu.model.targets import AS_32, IPU_DTYPES
 from jax_ipu.pjrt._capi import Event
 
 # PJRT_Buffer_Type codes <-> numpy dtypes (codes from the PJRT C API enum).
@@ -30,22 +30,42 @@ def pjrt_type(dtype: np.dtype) -> int:
     return _NUMPY_TYPES[np.dtype(dtype)]
 
 
-def check_ipu_dtype(dtype: np.dtype) -> None:
-    if np.dtype(dtype) not in IPU_DTYPES:
+def check_ipu_dtype(dtype: np.dtype, f64_as_f32: bool = False) -> None:
+    dtype = np.dtype(dtype)
+    if dtype not in IPU_DTYPES and not (f64_as_f32 and dtype in AS_32):
+        advice = " (or set JAX_IPU_F64_AS_F32=1 to hold it as a 32-bit type)" if dtype in AS_32 else ""
         raise IpuInvalidArgument(
-            f"the IPU has no {np.dtype(dtype).name} type; it holds float32, float16, int32, "
+            f"the IPU has no {dtype.name} type; it holds float32, float16, int32, "
             f"uint32, int16, uint16, int8, uint8 and bool. Convert the array first (and keep "
-            f"JAX_ENABLE_X64 off)")
+            f"JAX_ENABLE_X64 off){advice}")
+
+
+def to_device(array: np.ndarray, spec: "ArraySpec") -> np.ndarray:
+    """A host array as the device holds it: a copy, 64-bit types narrowed
+    (JAX_IPU_F64_AS_F32); integers must fit the 32-bit type."""
+    if spec.device_dtype == spec.dtype:
+        return np.array(array, order="C", copy=True)  # the caller's memory is only lent
+    if spec.dtype.kind in "iu" and array.size:
+        info = np.iinfo(spec.device_dtype)
+        low, high = array.min(), array.max()
+        if low < info.min or high > info.max:
+            raise IpuInvalidArgument(
+                f"a {spec.dtype.name} array with values in [{low}, {high}] does not fit the "
+                f"{spec.device_dtype.name} the IPU holds it as (JAX_IPU_F64_AS_F32)")
+    return np.asarray(array, order="C").astype(spec.device_dtype)
 
 
 class ArraySpec:
     """What a buffer's C handle reports: computed once per shape, shared by
-    every buffer of it (executables make one per output at compile time)."""
+    every buffer of it (executables make one per output at compile time).
+    `dtype` is what JAX sees; `device_dtype` what the device holds (a
+    64-bit type's 32-bit sibling, under JAX_IPU_F64_AS_F32)."""
 
-    __slots__ = ("dtype", "shape", "dims", "dims_address", "pjrt_type", "nbytes")
+    __slots__ = ("dtype", "device_dtype", "shape", "dims", "dims_address", "pjrt_type", "nbytes")
 
     def __init__(self, dtype: np.dtype, shape: tuple[int, ...]):
         self.dtype = np.dtype(dtype)
+        self.device_dtype = AS_32.get(self.dtype, self.dtype)
         self.shape = tuple(int(d) for d in shape)
         self.dims = np.asarray(self.shape, dtype=np.int64)  # the C side points into it
         self.dims.flags.writeable = False
@@ -132,9 +152,12 @@ class DeviceBuffer:
         self.ready.wait()
         try:
             data = self.array() if order is None else np.ascontiguousarray(self.array().transpose(order))
+            if data.dtype != self.spec.dtype:   # held narrower (JAX_IPU_F64_AS_F32)
+                data = data.astype(self.spec.dtype)
             flat = data.reshape(-1).view(np.uint8)
             np.frombuffer(dst, dtype=np.uint8)[:] = flat[offset:offset + len(dst)]
-            self.device.transfers.device_to_host += len(dst)
+            # The link carries what the device holds (narrower under JAX_IPU_F64_AS_F32).
+            self.device.transfers.device_to_host += len(dst) * self.spec.device_dtype.itemsize // self.spec.dtype.itemsize
             done.set()
         except BaseException as exc:  # reported through the event
             done.set(exc)

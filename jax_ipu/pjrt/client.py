@@ -7,7 +7,7 @@ import jax_ipu
 from jax_ipu import config as config_lib
 from jax_ipu.errors import IpuError, IpuInternalCompilerError, IpuInvalidArgument, IpuOutOfMemoryError
 from jax_ipu.model.targets import get_target
-from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer, check_ipu_dtype
+from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer, check_ipu_dtype, to_device
 from jax_ipu.pjrt.device import Device
 from jax_ipu.pjrt.executable import Executable, device_assignment_ids, fingerprint
 
@@ -23,6 +23,8 @@ class Client:
         self.target = get_target(config.target, num_tiles=config.num_tiles)
         self.platform_version = f"jax-ipu {jax_ipu.__version__}, {self.target.describe()}"
         self.devices = [Device(i, self.target) for i in range(config.device_count)]
+        # Run 64-bit types as 32-bit ones (JAX_IPU_F64_AS_F32, jax_ipu.set_f64_as_f32).
+        self.f64_as_f32 = config.f64_as_f32
         self.keepalive: list = []  # what the C structs point at
 
     def device(self, device_id: int) -> Device:
@@ -43,7 +45,8 @@ class Client:
         module = import_module(code)
         try:
             program = compile_module(module, self.target,
-                                     IpuCompileOptions(allow_out_of_memory=self.config.allow_out_of_memory))
+                                     IpuCompileOptions(allow_out_of_memory=self.config.allow_out_of_memory,
+                                                       f64_policy="as_f32" if self.f64_as_f32 else "error"))
         except IpuOutOfMemoryError as exc:
             from jax_ipu import profile
             profile.out_of_memory(exc, self.target)   # with profiling on, a report of what does not fit
@@ -72,15 +75,17 @@ class Client:
             for device_id in row:
                 self.device(device_id)
         name = module.main.name if module.entry == "main" else module.entry
-        return Executable(self, program, name, fingerprint(code, options, self.target),
+        policy = b"f64_as_f32" if self.f64_as_f32 else b""
+        return Executable(self, program, name, fingerprint(code + policy, options, self.target),
                           assignment, serialized)
 
     def buffer_from_host(self, array: np.ndarray, device_id: int) -> DeviceBuffer:
-        check_ipu_dtype(array.dtype)
+        check_ipu_dtype(array.dtype, self.f64_as_f32)
         device = self.device(device_id)
-        data = np.array(array, order="C", copy=True)  # the caller's memory is only lent
+        spec = ArraySpec.of(array.dtype, array.shape)
+        data = to_device(array, spec)
         device.transfers.host_to_device += data.nbytes
-        return DeviceBuffer(device, ArraySpec.of(data.dtype, data.shape), data)
+        return DeviceBuffer(device, spec, data)
 
     def copy_buffer(self, buffer: DeviceBuffer, device_id: int) -> DeviceBuffer:
         return buffer.copy_to_device(self.device(device_id))

@@ -116,3 +116,83 @@ def test_f16_is_a_clear_error():
     a = jax.device_put(spd((4, 4)).astype(np.float16), jax.devices("ipu")[0])
     with pytest.raises(Exception, match=r"stablehlo.cholesky at .*float32 only"):
         jax.jit(lambda a: jax.lax.linalg.cholesky(a, symmetrize_input=False))(a).block_until_ready()
+
+
+EMPTY = {
+    "norm-2-0x3": (lambda a: jnp.linalg.norm(a, ord=2), (0, 3)),
+    "norm-nuc-3x0": (lambda a: jnp.linalg.norm(a, ord="nuc"), (3, 0)),
+    "inv-0x0": (jnp.linalg.inv, (0, 0)),
+    "inv-batch-0": (jnp.linalg.inv, (0, 2, 2)),
+    "det-0x0": (jnp.linalg.det, (0, 0)),
+    "solve-0x0": (lambda a: jnp.linalg.solve(a, jnp.ones((0, 2))), (0, 0)),
+    "svd-0x3": (lambda a: jnp.linalg.svd(a, full_matrices=True), (0, 3)),
+    "svd-values-4x0": (lambda a: jnp.linalg.svd(a, compute_uv=False), (4, 0)),
+    "qr-0x3": (jnp.linalg.qr, (0, 3)),
+    "qr-3x0": (jnp.linalg.qr, (3, 0)),
+    "lu-3x0": (jax.lax.linalg.lu, (3, 0)),
+    "eigh-0x0": (jnp.linalg.eigh, (0, 0)),
+    "cholesky-2x0x0": (jnp.linalg.cholesky, (2, 0, 0)),
+    "triangular_solve-rhs-3x0": (lambda a: jax.lax.linalg.triangular_solve(
+        a[:3, :3] + 3 * jnp.eye(3), a[:3, :0], left_side=True, lower=True), (3, 3)),
+}
+
+
+@pytest.mark.parametrize("name", list(EMPTY))
+def test_empty_matrices(name):
+    """0-sized matrices give the shapes (and identity factors) XLA:CPU gives."""
+    f, shape = EMPTY[name]
+    check(f, matrix(shape))
+
+
+SINGULAR = np.array([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [0.0, 1.0, 1.0]], np.float32)
+ZERO_DIAGONAL = np.array([[1.0, 0.0, 0.0], [2.0, 0.0, 0.0], [1.0, 3.0, 4.0]], np.float32)
+
+
+@pytest.mark.parametrize("name,f,a", [
+    ("inv", jnp.linalg.inv, SINGULAR),
+    ("solve", lambda a: jnp.linalg.solve(a, jnp.ones(3)), SINGULAR),
+    ("lu", jax.lax.linalg.lu, np.zeros((3, 3), np.float32)),
+    ("det-grad", jax.grad(jnp.linalg.det), SINGULAR),
+    ("triangular_solve", lambda a: jax.lax.linalg.triangular_solve(a, jnp.ones((3, 2)), left_side=True,
+                                                                   lower=True), ZERO_DIAGONAL),
+    ("triangular_solve-batched-right", lambda a: jax.lax.linalg.triangular_solve(
+        jnp.stack([a, a.T]), jnp.ones((2, 4, 3)), left_side=False, lower=True), ZERO_DIAGONAL),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_singular_matrices_give_inf_and_nan_as_lapack(name, f, a):
+    """No exception: the same inf/nan (and finite) entries as XLA:CPU."""
+    got, want = run(f, a)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_array_equal(np.isfinite(g), np.isfinite(w))
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        finite = np.isfinite(w)
+        np.testing.assert_allclose(g[finite], w[finite], rtol=TOL, atol=TOL * max(1.0, np.abs(w[finite]).max(initial=0)))
+    assert any(not np.isfinite(w).all() for w in want) or name in ("lu", "det-grad")
+
+
+@pytest.mark.parametrize("lower", [True, False])
+@pytest.mark.parametrize("shape", [(1, 1), (5, 5), (3, 4, 4)], ids=lambda s: "x".join(map(str, s)))
+def test_tridiagonal(shape, lower):
+    """lax.linalg.tridiagonal (LAPACK sytrd, as XLA:CPU): the reduced matrix
+    with its Householder vectors, the diagonals and the taus."""
+    a = spd(shape)
+    check(lambda a: jax.lax.linalg.tridiagonal(a, lower=lower), a)
+
+
+def test_tridiagonal_solve():
+    rng = np.random.default_rng(1)
+    dl, du = rng.standard_normal((2, 6)).astype(np.float32)
+    dl[0] = du[-1] = 0
+    d = (4 + rng.random(6)).astype(np.float32)
+    b = rng.standard_normal((6, 3)).astype(np.float32)
+    check(lambda dl, d, du, b: jax.lax.linalg.tridiagonal_solve(dl, d, du, b), dl, d, du, b)
+
+
+@pytest.mark.parametrize("shape", [(2, 2), (3, 5, 5)], ids=str)
+def test_boolean_matmul(shape):
+    """dot_general of booleans is an OR of ANDs (jnp.linalg.matrix_power of bool)."""
+    a = np.random.default_rng(2).random(shape) < 0.3
+    got, want = run(lambda a: (jnp.linalg.matrix_power(a, 3), a @ a), a)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype == np.bool_
+        np.testing.assert_array_equal(g, w)

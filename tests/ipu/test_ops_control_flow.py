@@ -174,3 +174,20 @@ def test_fori_loop_with_traced_trip_count(ipu):
     f = jax.jit(lambda x, n: lax.fori_loop(0, n, lambda i, c: c * 2.0, x))
     x = jax.device_put(np.ones(4, np.float32), ipu)
     np.testing.assert_array_equal(np.asarray(f(x, 5)), np.full(4, 32.0, np.float32))
+
+
+def test_checkify_and_dce_sink():
+    """checkify keeps its error flags alive with lax.dce_sink (a custom_call
+    without results, which the IPU program simply drops)."""
+    from jax.experimental import checkify
+
+    def f(x):
+        checkify.check(x > 0, "x must be positive")
+        jax.lax.dce_sink(x + 1, prevent_mlir_dce=True)
+        return jnp.log(x)
+    ipu = jax.devices("ipu")[0]
+    checked = jax.jit(checkify.checkify(f))
+    err, y = checked(jax.device_put(np.float32(2.0), ipu))
+    assert err.get() is None and np.isclose(float(y), np.log(2.0))
+    err, _ = checked(jax.device_put(np.float32(-1.0), ipu))
+    assert "x must be positive" in err.get()

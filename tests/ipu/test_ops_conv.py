@@ -112,3 +112,27 @@ def test_flax_style_cnn_training_step():
         grads = jax.grad(loss)(params, x)
         return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
     check(step, params, x, tol=1e-4)
+
+
+def test_empty_input_padded_to_a_nonempty_output_and_its_gradients():
+    """An input with a 0-sized spatial dimension, padded to a non-empty
+    output (all zeros), with batch groups; both gradients (one of them a
+    convolution reading an empty operand)."""
+    conv = lambda lhs, rhs: lax.conv_general_dilated(  # noqa: E731
+        lhs, rhs, window_strides=(1, 2), padding=((1, 0), (0, 1)), rhs_dilation=(2, 2),
+        dimension_numbers=("NHWC", "OIHW", "NCHW"), batch_group_count=2)
+    lhs, rhs = rand((2, 0, 4, 1), np.float32, 0), rand((4, 1, 1, 2), np.float32, 1)
+    ct = rand((1, 4, 1, 2), np.float32, 2)
+    check(lambda l, r, c: (conv(l, r), *jax.vjp(conv, l, r)[1](c)), lhs, rhs, ct)
+
+
+@pytest.mark.parametrize("shapes", [((3, 3), (3, 3)), ((2, 3, 7), (4, 3, 3))], ids=["0d", "1d"])
+def test_boolean_convolution_is_an_or_of_ands(shapes):
+    rng = np.random.default_rng(3)
+    lhs, rhs = (rng.random(s) < 0.3 for s in shapes)
+    conv = lambda l, r: lax.conv_general_dilated(l, r, (1,) * (l.ndim - 2), "VALID")  # noqa: E731
+    ipu = jax.devices("ipu")[0]
+    got = np.asarray(jax.jit(conv)(*jax.device_put((lhs, rhs), ipu)))
+    want = np.asarray(jax.jit(conv)(*jax.device_put((lhs, rhs), jax.devices("cpu")[0])))
+    assert got.dtype == want.dtype == np.bool_
+    np.testing.assert_array_equal(got, want)

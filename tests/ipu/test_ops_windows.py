@@ -156,3 +156,16 @@ def test_jvp_of_reduce_window_with_a_custom_body(dtype, padding):
     x, t = rand((4, 6), dtype), rand((4, 6), dtype, 1)
     f = lambda a: lax.reduce_window(a, np.asarray(-np.inf, dtype), _custom_max, (2, 3), (1, 2), padding)
     check(lambda a, b: jax.jvp(f, (a,), (b,)), x, t)
+
+
+def test_pad_and_reverse_of_a_scalar_stay_scalars():
+    """An empty pad (and rev) of a 0-d array gives a 0-d array that the
+    next program accepts (the gather index was once made 1-d)."""
+    ipu = jax.devices("ipu")[0]
+    x = jax.device_put(np.float16(0.5), ipu)
+    y = jax.jit(lambda o: lax.pad(o, np.array(0, np.float16), ()))(x)
+    z = jax.jit(lambda o: lax.rev(o, ()) * 2)(y)
+    assert y.shape == z.shape == ()
+    assert float(z) == 1.0
+    _, vjp = jax.vjp(lambda o: lax.pad(o, np.array(0, np.float16), ()), x)
+    assert float(vjp(jax.device_put(np.float16(3.0), ipu))[0]) == 3.0
