@@ -199,7 +199,8 @@ def _straight_line(k, fetch, plan, outputs, template, shape):
         lines.append("    if target is not None:")
         lines.append(f"        np.copyto(target, r{reg}, casting='unsafe')")
         if computed:
-            lines.append(f"    elif type(r{reg}) is ndarray and r{reg}.base is None and r{reg}.dtype == d{j}:")
+            lines.append(f"    elif type(r{reg}) is ndarray and r{reg}.base is None and "
+                         f"(r{reg}.dtype is d{j} or r{reg}.dtype == d{j}):")
             lines.append(f"        state[{tid}] = r{reg}")
         lines.append("    else:")
         lines.append(f"        state[{tid}] = np.array(np.broadcast_to(r{reg}, shape), dtype=d{j})")

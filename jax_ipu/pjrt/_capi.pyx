@@ -1670,10 +1670,10 @@ cdef PJRT_Error* e_loaded_executable_execute(PJRT_LoadedExecutable_Execute_Args*
                         raise ValueError(f"argument {i} of the IPU program has been deleted or donated")
                     row.append(<object>b.py)
                 args.append(row)
-            non_donatable = set()
-            if a.options != NULL:
-                for i in range(a.options.num_non_donatable_input_indices):
-                    non_donatable.add(a.options.non_donatable_input_indices[i])
+            non_donatable = None
+            if a.options != NULL and a.options.num_non_donatable_input_indices:
+                non_donatable = {a.options.non_donatable_input_indices[i]
+                                 for i in range(a.options.num_non_donatable_input_indices)}
             device_id = a.execute_device.id if a.execute_device != NULL else None
             outputs, events, donated, runs = (<object>e.py).execute(args, device_id, non_donatable)
             for d in range(a.num_devices):

@@ -92,7 +92,7 @@ class Executable:
 
     # -- execution --
     def execute(self, args: list[list[DeviceBuffer]], device_id: int | None,
-                non_donatable: set[int]):
+                non_donatable: set[int] | None):
         """Prepares the program's run on each device: returns the (pending)
         outputs, a completion event per device, the indices of the donated
         arguments, and the runs to hand to launch() once the caller is done
