@@ -47,7 +47,7 @@ class DeviceWorker:
         self._run_lock = threading.Lock()    # held while a job runs: one at a time, in order
         self._submitted = 0
         self._urged = 0                      # jobs up to this number are due now
-        self._idle = False                   # sleeping with no deadline: a deferred job must wake it
+        self._wakes_at = 0.0                 # when the worker's sleep ends (inf: until woken)
         self.closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -55,9 +55,10 @@ class DeviceWorker:
     def submit(self, job, quick: bool = False) -> None:
         self._submitted += 1
         if quick:
-            self._jobs.append((job, True, time.perf_counter() + self.GRACE_SECONDS, self._submitted))
-            if self._idle:
-                self._idle = False
+            due = time.perf_counter() + self.GRACE_SECONDS
+            self._jobs.append((job, True, due, self._submitted))
+            if due < self._wakes_at:         # the worker would sleep past it
+                self._wakes_at = due
                 self._wake.put(True)
         else:   # due now, and so are the deferred jobs before it
             self._jobs.append((job, False, 0.0, self._submitted))
@@ -111,13 +112,16 @@ class DeviceWorker:
         jobs, wake, run_lock = self._jobs, self._wake, self._run_lock
         while True:
             timeout = None
-            self._idle = True          # set before looking: a submit after the look wakes us
+            # Set before looking: a job submitted after the look that is due
+            # earlier wakes us.
+            self._wakes_at = float("inf")
             if jobs:
-                self._idle = False
                 _, quick, due, seq = jobs[0]
                 if quick and seq > self._urged:
                     timeout = due - time.perf_counter()
+                    self._wakes_at = due
                 if timeout is None or timeout <= 0:
+                    self._wakes_at = 0.0
                     with run_lock:
                         if jobs:
                             jobs.popleft()[0]()   # jobs report their own errors through events

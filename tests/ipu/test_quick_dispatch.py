@@ -186,3 +186,22 @@ def test_ctrl_c_during_a_quick_run_on_the_users_thread_interrupts_the_user(ipu, 
             pass
     monkeypatch.undo()
     np.testing.assert_array_equal(np.asarray(f(x)), np.zeros(4))
+
+
+def test_a_worker_asleep_until_a_later_deadline_wakes_for_an_earlier_one(ipu, monkeypatch):
+    from jax_ipu.pjrt import device
+    f = jax.jit(lambda x: x * 7)
+    x = jax.device_put(np.ones(2, np.float32), ipu)
+    f(x).block_until_ready()
+    worker = device_object(ipu).worker
+    monkeypatch.setattr(device.DeviceWorker, "GRACE_SECONDS", 60.0)
+    y = f(x)                     # the worker now sleeps until this run's deadline, a minute away
+    time.sleep(0.05)
+    np.testing.assert_array_equal(np.asarray(y), np.full(2, 7.0))   # run here instead
+    monkeypatch.setattr(device.DeviceWorker, "GRACE_SECONDS", 0.0005)
+    z = f(x)
+    deadline = time.monotonic() + 10
+    while worker._jobs and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert not worker._jobs, "the worker slept past the new run's deadline"
+    np.testing.assert_array_equal(np.asarray(z), np.full(2, 7.0))
