@@ -1683,7 +1683,8 @@ cdef PJRT_Error* e_loaded_executable_execute(PJRT_LoadedExecutable_Execute_Args*
                     a.output_lists[d][i] = wrap_buffer(e.client, outputs[d][i])
                 if a.device_complete_events != NULL:
                     a.device_complete_events[d] = event_of(events[d])
-            (<object>e.py).launch(runs)
+            if runs is not None:
+                (<object>e.py).launch(runs)
             return NULL
         except BaseException as exc:
             return error_from_exception(exc)

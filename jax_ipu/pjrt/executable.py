@@ -96,7 +96,8 @@ class Executable:
         """Prepares the program's run on each device: returns the (pending)
         outputs, a completion event per device, the indices of the donated
         arguments, and the runs to hand to launch() once the caller is done
-        with the outputs (so the device does not contend with it)."""
+        with the outputs (so the device does not contend with it), or None
+        when the run is quick and already queued (deferred, see DeviceWorker)."""
         ids = [device_id] if device_id is not None else self.device_ids
         if len(args) != len(ids):
             raise IpuInvalidArgument(f"{self.name} runs on {len(ids)} IPUs but got argument "
@@ -108,13 +109,20 @@ class Executable:
             donated, donated_set = self.donated, self.donated_set
         if len(ids) == 1:    # the common case, kept lean: it is paid on every call
             device = self.client.device(ids[0])
-            device.worker.help()     # quick runs still waiting: their results may be our arguments
+            worker = device.worker
+            if worker._jobs:
+                worker.help()        # quick runs still waiting: their results may be our arguments
             row = args[0]
             self._check_arguments(row, device)
             outs = [DeviceBuffer(device, spec) for spec in self.output_specs]
             # Complete when the last output is: runs fulfil outputs in order.
             done = outs[-1].ready if outs else Event()
-            return [outs], [done], donated, [_Run(self, device, row, donated_set, outs, done)]
+            run = _Run(self, device, row, donated_set, outs, done)
+            if self.quick and not run.waits_elsewhere:
+                # Deferred: nothing runs before the caller has wrapped the outputs.
+                worker.submit(run, True)
+                return [outs], [done], donated, None
+            return [outs], [done], donated, [run]
         outputs, events, runs = [], [], []
         launch = links.Launch(len(ids)) if len(ids) > 1 else None   # the replicas' IPU-Links
         for rank, (device_id, row) in enumerate(zip(ids, args)):
@@ -232,7 +240,7 @@ class _Run:
         try:
             if self.replica is None:
                 if self.all_held and not self.donated:    # the usual case: one call less
-                    results = self.device.engine.run(self.program, self.held, (), checked=False)
+                    results = self.device.engine.run(self.program, self.held, (), False)
                 else:
                     results = self._run()
             else:
