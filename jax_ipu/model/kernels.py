@@ -13,7 +13,7 @@ import numpy as np
 
 from jax_ipu.graph import codelets
 from jax_ipu.graph.views import View
-from jax_ipu.model import blas, elementwise
+from jax_ipu.model import blas, elementwise, xla_chains
 
 REDUCE_UFUNCS = {"add": np.add, "multiply": np.multiply, "maximum": np.maximum,
                  "minimum": np.minimum, "and": np.bitwise_and, "or": np.bitwise_or,
@@ -53,6 +53,10 @@ SHARED_CHAIN = 2 * CHAIN_CHUNK
 
 
 def _build_chain(k: codelets.ElementwiseChain):
+    if xla_chains.wanted(k):
+        run = xla_chains.build(k, reader)
+        if run is not None:
+            return run
     shape = k.shape
     n_inputs = len(k.inputs)
     fetch = []            # (register, fn(state))
@@ -157,7 +161,7 @@ def _build_chain(k: codelets.ElementwiseChain):
         for reg, tid, dtype, computed in outputs:
             value = regs[reg]
             target = state[tid]
-            if target is not None:            # a donated buffer, written in place
+            if target is not None and target.flags.writeable:   # a donated buffer, written in place
                 np.copyto(target, value, casting="unsafe")
             elif computed and type(value) is np.ndarray and value.base is None and value.dtype == dtype:
                 state[tid] = value
@@ -196,7 +200,7 @@ def _straight_line(k, fetch, plan, outputs, template, shape):
     for j, (reg, tid, dtype, computed) in enumerate(outputs):
         env[f"d{j}"] = dtype
         lines.append(f"    target = state[{tid}]")
-        lines.append("    if target is not None:")
+        lines.append("    if target is not None and target.flags.writeable:")
         lines.append(f"        np.copyto(target, r{reg}, casting='unsafe')")
         if computed:
             lines.append(f"    elif type(r{reg}) is ndarray and r{reg}.base is None and "

@@ -6,6 +6,7 @@ import numpy as np
 
 from jax_ipu.errors import IpuInvalidArgument
 from jax_ipu.model.targets import AS_32, IPU_DTYPES
+from jax_ipu.model.xla_chains import aligned_copy
 from jax_ipu.pjrt._capi import Event
 
 # PJRT_Buffer_Type codes <-> numpy dtypes (codes from the PJRT C API enum).
@@ -44,7 +45,7 @@ def to_device(array: np.ndarray, spec: "ArraySpec") -> np.ndarray:
     """A host array as the device holds it: a copy, 64-bit types narrowed
     (JAX_IPU_F64_AS_F32); integers must fit the 32-bit type."""
     if spec.device_dtype == spec.dtype:
-        return np.array(array, order="C", copy=True)  # the caller's memory is only lent
+        return aligned_copy(array)  # the caller's memory is only lent
     if spec.dtype.kind in "iu" and array.size:
         info = np.iinfo(spec.device_dtype)
         low, high = array.min(), array.max()

@@ -1,5 +1,6 @@
-"""Large fused element-wise chains run in cache-sized chunks: the values
-are bit for bit those of the whole-array evaluation."""
+"""Large fused element-wise chains run on numpy (test_xla_chains.py has
+those XLA:CPU runs) in cache-sized chunks: the values are bit for bit those
+of the whole-array evaluation."""
 from __future__ import annotations
 
 import jax
@@ -9,9 +10,14 @@ import pytest
 
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Execute, leaves
-from jax_ipu.model import kernels
+from jax_ipu.model import kernels, xla_chains
 from jax_ipu.model.engine import Engine
 from test_compiler import SMALL, compile_fn
+
+
+@pytest.fixture(autouse=True)
+def numpy_chains(monkeypatch):
+    monkeypatch.setattr(xla_chains, "ENABLED", False)
 
 
 def _both(monkeypatch, program, inputs, donated=frozenset()):

@@ -1,0 +1,202 @@
+"""Large element-wise chains with ops numpy does slowly run as one XLA:CPU
+kernel (model/xla_chains.py). Their values are checked against XLA:CPU
+running the same jitted function, and against the Model's numpy kernels;
+chains XLA must not take stay on numpy."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from jax_ipu.graph import codelets
+from jax_ipu.graph.programs import Execute, leaves
+from jax_ipu.model import kernels, xla_chains
+from jax_ipu.model.engine import Engine
+from test_compiler import SMALL, compile_fn
+
+N = 40_000          # above xla_chains.MIN_ELEMENTS
+
+
+def chain_runners(program) -> list[str]:
+    return [kernels.build(s.compute_set.kernel).__name__ for s in leaves(program.body)
+            if isinstance(s, Execute) and isinstance(s.compute_set.kernel, codelets.ElementwiseChain)]
+
+
+def on_both(monkeypatch, f, *args):
+    """(outputs through XLA chains, outputs through numpy chains) of f on the
+    Model; asserts that XLA took at least one chain."""
+    program = compile_fn(f, *args)
+    assert "run_on_xla" in chain_runners(program)
+    on_xla = Engine(SMALL).run(program, [np.array(a) for a in args])
+    monkeypatch.setattr(xla_chains, "ENABLED", False)
+    assert "run_on_xla" not in chain_runners(program)
+    on_numpy = Engine(SMALL).run(program, [np.array(a) for a in args])
+    monkeypatch.setattr(xla_chains, "ENABLED", True)
+    return on_xla, on_numpy
+
+
+def on_cpu(f, *args):
+    cpu = jax.devices("cpu")[0]
+    return [np.asarray(o) for o in jax.tree.leaves(jax.jit(f)(*jax.device_put(args, cpu)))]
+
+
+rng = np.random.default_rng(0)
+X = rng.standard_normal(N).astype(np.float32) * 3
+Y = rng.standard_normal(N).astype(np.float32) * 3
+
+FLOAT_CHAINS = {
+    "tanh": lambda x, y: jnp.tanh(x * 1.5 + y),
+    "exp_log": lambda x, y: jnp.exp(-x * x) + jnp.log(jnp.abs(y) + 1e-3),
+    "log1p_expm1": lambda x, y: jnp.log1p(jnp.abs(x)) - jnp.expm1(y * 0.1),
+    "trig": lambda x, y: jnp.sin(x) * jnp.cos(y) + jnp.tan(x * 0.1),
+    "atan2_pow": lambda x, y: jnp.arctan2(x, y) + jnp.power(jnp.abs(x) + 0.5, y * 0.3),
+    "logistic_rsqrt": lambda x, y: jax.nn.sigmoid(x) * lax.rsqrt(jnp.abs(y) + 1.0),
+    "cbrt_sign": lambda x, y: jnp.cbrt(x) * jnp.sign(y),
+    "select_compare": lambda x, y: jnp.where(x > y, jnp.exp(x * 0.1), jnp.maximum(y, 0.0)),
+    "clamp_round": lambda x, y: jnp.round(jnp.clip(jnp.exp(x * 0.2), 0.5, 2.0) * 7) + jnp.floor(y),
+    "divide_remainder": lambda x, y: jnp.exp(x * 0.1) / (y + 0.5) + jnp.fmod(x, y + 7.0),
+    "nonfinite": lambda x, y: jnp.isfinite(jnp.exp(x * 40.0)).astype(jnp.float32) + jnp.log(x) * y,
+}
+
+
+@pytest.mark.parametrize("name", sorted(FLOAT_CHAINS))
+def test_float_chains_match_xla_cpu(monkeypatch, name):
+    f = FLOAT_CHAINS[name]
+    on_xla, on_numpy = on_both(monkeypatch, f, X, Y)
+    [want] = on_cpu(f, X, Y)
+    # The same compiler, though not the same fusions (XLA may contract a
+    # multiply into the last step of an exp): within 2 ulp, NaN where XLA:CPU
+    # has NaN. numpy's libm differs by a few ulp from XLA's approximations.
+    np.testing.assert_allclose(on_xla[0], want, rtol=2.5e-7, atol=1e-7, equal_nan=True)
+    np.testing.assert_allclose(on_numpy[0], want, rtol=2e-5, atol=2e-6, equal_nan=True)
+
+
+INT_CHAINS = {
+    # x / 0 is -1 and x % 0 is x, as XLA defines them.
+    "divide_remainder": (lambda a, b: (a // b, lax.rem(a, b)), np.int32),
+    "unsigned_divide": (lambda a, b: (lax.div(a, b), lax.rem(a, b)), np.uint32),
+    # Shifts by the width or more: 0, or the sign for an arithmetic shift.
+    "shifts": (lambda a, b: (lax.shift_left(a, b & 63), lax.shift_right_arithmetic(a, b & 63),
+                             lax.shift_right_logical(a, b & 63)), np.int32),
+    "bits": (lambda a, b: (lax.population_count(a), lax.clz(a ^ b)), np.int32),
+    "narrow": (lambda a, b: (lax.div(a, b), lax.shift_right_logical(a, b & 15)), np.int16),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INT_CHAINS))
+def test_integer_chains_are_exact(monkeypatch, name):
+    f, dtype = INT_CHAINS[name]
+    info = np.iinfo(dtype)
+    a = rng.integers(info.min, info.max, N, endpoint=True, dtype=dtype)
+    b = rng.integers(max(info.min, -9), 9, N, endpoint=True).astype(dtype)   # zeros included
+    on_xla, on_numpy = on_both(monkeypatch, f, a, b)
+    for x, n, want in zip(on_xla, on_numpy, on_cpu(f, a, b)):
+        assert x.dtype == want.dtype
+        np.testing.assert_array_equal(x, want)
+        np.testing.assert_array_equal(n, want)
+
+
+def test_float_to_int_conversion_saturates(monkeypatch):
+    def f(x):
+        big = jnp.exp(x) * 1e8
+        return big.astype(jnp.int32), (big * 1e-6).astype(jnp.uint8), big > 2e8
+    x = np.concatenate([X, [np.nan, np.inf, -np.inf, 88.0]]).astype(np.float32)
+    on_xla, on_numpy = on_both(monkeypatch, f, x)
+    for x_, n, want in zip(on_xla, on_numpy, on_cpu(f, x)):
+        assert x_.dtype == want.dtype
+        # exp may differ by an ulp between fusions, which moves the integers.
+        np.testing.assert_allclose(x_.astype(np.float64), want, rtol=3e-7, atol=1)
+        np.testing.assert_allclose(n.astype(np.float64), want, rtol=3e-6, atol=1)
+    # Saturation and NaN -> 0, exactly.
+    np.testing.assert_array_equal(on_xla[0][-4:], [0, 2**31 - 1, 0, 2**31 - 1])
+    np.testing.assert_array_equal(on_xla[1][-4:], [0, 255, 0, 255])
+
+
+def test_reduce_precision_and_bitcast(monkeypatch):
+    def f(x):
+        y = lax.reduce_precision(jnp.exp(x * 0.1), exponent_bits=5, mantissa_bits=10)
+        return y, lax.bitcast_convert_type(jnp.tanh(x), jnp.int32) >> 3
+    on_xla, on_numpy = on_both(monkeypatch, f, X)
+    rounded, bits = on_cpu(f, X)
+    # Rounded to float16's precision: an ulp of exp may move it by one f16 ulp.
+    np.testing.assert_allclose(on_xla[0], rounded, rtol=1e-3)
+    np.testing.assert_allclose(on_numpy[0], rounded, rtol=1e-3)
+    assert np.mean(on_xla[0] == rounded) > 0.999
+    np.testing.assert_allclose(on_xla[1], bits, atol=2)
+
+
+def test_inputs_laid_out_transposed_broadcast_or_unaligned():
+    """Inputs the Model holds transposed (F-order), broadcast rows and
+    memory off a 64-byte boundary give the values of C-ordered inputs."""
+    a = rng.standard_normal((300, 200)).astype(np.float32)
+    bias = rng.standard_normal(200).astype(np.float32)
+    program = compile_fn(lambda x, b: jnp.tanh(x + b) * jnp.exp(-x), a, bias)
+    assert chain_runners(program) == ["run_on_xla"]
+    engine = Engine(SMALL)
+    want = engine.run(program, [a, bias])[0]
+    np.testing.assert_array_equal(want, on_cpu(lambda x, b: jnp.tanh(x + b) * jnp.exp(-x), a, bias)[0])
+    np.testing.assert_array_equal(engine.run(program, [np.asfortranarray(a), bias])[0], want)
+    raw = np.empty(a.nbytes + 4, np.uint8)[4:]       # 4 bytes past numpy's alignment
+    unaligned = raw.view(np.float32).reshape(a.shape)
+    unaligned[...] = a
+    np.testing.assert_array_equal(engine.run(program, [unaligned, bias])[0], want)
+    np.testing.assert_array_equal(engine.run(program, [a[::-1][::-1], bias])[0], want)
+
+
+def test_donated_input_is_written_in_place():
+    from jax_ipu.compiler import compile_module
+    from jax_ipu.stablehlo import import_module
+    x = rng.standard_normal(N).astype(np.float32)
+    text = jax.jit(lambda a: jnp.sin(a) * 3 + a, donate_argnums=0).lower(x).as_text()
+    program = compile_module(import_module(text), SMALL)
+    assert program.in_place == {0: 0} and chain_runners(program) == ["run_on_xla"]
+    donated = x.copy()
+    out = Engine(SMALL).run(program, [donated], frozenset({0}))[0]
+    assert out is donated
+    np.testing.assert_array_equal(out, on_cpu(lambda a: jnp.sin(a) * 3 + a, x)[0])
+
+
+def test_what_stays_on_numpy(monkeypatch):
+    small = X[:1000]
+    assert "run_on_xla" not in chain_runners(compile_fn(jnp.tanh, small))          # too small
+    assert "run_on_xla" not in chain_runners(compile_fn(lambda x: x * 2 + 1, X))   # numpy is fast at it
+    half = X.astype(np.float16)
+    assert "run_on_xla" not in chain_runners(compile_fn(jnp.tanh, half))           # IPU's f16 rounding
+    monkeypatch.setattr(xla_chains, "_cpu", lambda: None)                           # JAX_PLATFORMS=ipu
+    program = compile_fn(jnp.tanh, X)
+    assert "run_on_xla" not in chain_runners(program)
+    np.testing.assert_allclose(Engine(SMALL).run(program, [X])[0], np.tanh(X), rtol=1e-6)
+
+
+def test_through_the_plugin_with_transformations(ipu):
+    """vmap, grad and scan over chains XLA takes, dispatched as users do."""
+    x = jax.device_put(X.reshape(200, 200), ipu)
+
+    def loss(w):
+        return jnp.sum(jnp.tanh(w * x) ** 2 * jnp.exp(-w))
+    grads = jax.jit(jax.vmap(jax.grad(loss)))(jnp.linspace(0.1, 1.0, 3))
+    cpu_x = X.reshape(200, 200)
+    want = jax.vmap(jax.grad(lambda w: jnp.sum(jnp.tanh(w * cpu_x) ** 2 * jnp.exp(-w))))(
+        jnp.linspace(0.1, 1.0, 3))
+    np.testing.assert_allclose(np.asarray(grads), np.asarray(want), rtol=2e-5)
+
+    def step(c, _):
+        return jnp.tanh(c * 1.1 + 0.1), jnp.sum(c)
+    final, sums = jax.jit(lambda c: lax.scan(step, c, None, length=5))(x)
+    final_cpu, sums_cpu = jax.jit(lambda c: lax.scan(step, c, None, length=5))(cpu_x)
+    np.testing.assert_array_equal(np.asarray(final), np.asarray(final_cpu))
+    np.testing.assert_allclose(np.asarray(sums), np.asarray(sums_cpu), rtol=1e-5)
+
+
+def test_quick_runs_on_the_callers_thread_and_on_two_ipus(ipus):
+    """A small program (run by whichever thread asks for it first) and
+    programs on two IPUs at once all use XLA:CPU kernels safely."""
+    f = jax.jit(lambda a: jnp.tanh(a) * jnp.exp(-a))
+    want = on_cpu(lambda a: jnp.tanh(a) * jnp.exp(-a), X)[0]
+    for _ in range(3):
+        outs = [f(jax.device_put(X, d)) for d in ipus for _ in range(4)]
+        assert outs[0].is_ready() in (True, False)      # may run it on this thread
+        for o in outs:
+            np.testing.assert_array_equal(np.asarray(o), want)
