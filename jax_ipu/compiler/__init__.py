@@ -10,6 +10,7 @@ from jax_ipu.compiler.builder import Builder
 from jax_ipu.compiler.collectives import charge_links
 from jax_ipu.compiler.cost import cost_steps, static_cycles
 from jax_ipu.compiler.demote import demote_64bit
+from jax_ipu.compiler.fold_transposes import fold_result_transposes
 from jax_ipu.compiler.fuse import fuse
 from jax_ipu.compiler.legalize import legalize
 from jax_ipu.compiler.lower import lower
@@ -52,6 +53,7 @@ def compile_module(module: ir.Module, target: Target, options: CompileOptions = 
     if options.f64_policy == "as_f32":
         demote_64bit(module)
     flat = legalize(module)
+    flat.ops = fold_result_transposes(flat.ops, flat.results)
     nodes = fuse(flat.ops)
     b = Builder(target, options)
     inputs = []

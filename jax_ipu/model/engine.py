@@ -163,9 +163,12 @@ class _Loaded:
             return kernels.build(kernel, scratch=getattr(getattr(kernel, "out", None), "id", None) in self.scratch)
         if isinstance(step, p.Copy):
             src, tid, dtype, shape = step.src, step.dst.id, step.dst.dtype, step.dst.shape
+            # A transposing copy keeps its source's layout (a plain memory
+            # copy); a broadcast is laid out in order, not by its zero strides.
+            order = "C" if any(op[0] == "broadcast" for op in getattr(src, "ops", ())) else "K"
 
             def copy(state):
-                state[tid] = np.array(src.apply(lambda t: state[t.id]), dtype=dtype).reshape(shape)
+                state[tid] = np.array(src.apply(lambda t: state[t.id]), dtype=dtype, order=order).reshape(shape)
             return copy
         if isinstance(step, p.HostCall):
             return _host_call(step)

@@ -1,0 +1,93 @@
+"""A product whose only use is a transpose swapping its operands' free
+dimensions is computed with its operands swapped when that moves fewer
+elements (compiler/fold_transposes.py): JAX's weight gradients."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_ipu.compiler.fold_transposes import fold_result_transposes
+from jax_ipu.compiler.legalize import legalize
+from jax_ipu.graph.programs import Copy, leaves
+from test_compiler import CPU, compile_fn, lower, run_ipu
+
+rng = np.random.default_rng(0)
+
+
+def f32(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def folded_ops(f, *args) -> list[str]:
+    flat = legalize(lower(f, *args))
+    return [op.name for op in fold_result_transposes(flat.ops, flat.results)]
+
+
+def transposing_copies(program) -> list[tuple[int, ...]]:
+    return [s.dst.shape for s in leaves(program.body) if isinstance(s, Copy)
+            and any(op[0] == "transpose" for op in getattr(s.src, "ops", ()))]
+
+
+def check(f, *args, rtol=2e-5):
+    want = jax.tree.leaves(jax.jit(f)(*jax.device_put(args, CPU)))
+    got = run_ipu(f, *args)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, np.asarray(w), rtol=rtol, atol=1e-5)
+
+
+def test_weight_gradient_is_computed_in_the_weights_layout():
+    x, g = f32(128, 784), f32(128, 512)
+
+    def weight_grad(x, g):
+        return jax.vjp(lambda w: x @ w, jnp.zeros((784, 512)))[1](g)[0]
+    assert "transpose" in [op.name for op in legalize(lower(weight_grad, x, g)).ops]
+    assert "transpose" not in folded_ops(weight_grad, x, g)
+    # Only x^T (784 x 128) is rearranged: not g^T (512 x 128) and then the
+    # 784 x 512 gradient.
+    assert transposing_copies(compile_fn(weight_grad, x, g)) == [(784, 128)]
+    check(weight_grad, x, g)
+
+
+def test_a_fold_that_would_move_more_is_not_made():
+    a, b = f32(8, 64), f32(64, 8)
+    assert "transpose" in folded_ops(lambda a, b: (a @ b).T, a, b)
+    check(lambda a, b: (a @ b).T + 1, a, b)
+    x, g = f32(128, 784), f32(128, 64)      # a narrow gradient: g^T and the result are small
+    assert "transpose" in folded_ops(lambda x, g: (g.T @ x).T, x, g)
+
+
+@pytest.mark.parametrize("spec", ["bij,bjk->bki", "bji,bjk->bki", "ij,kj->ji"])
+def test_batched_and_contracting_forms(spec):
+    lhs_spec, rest = spec.split(",")
+    rhs_spec, out_spec = rest.split("->")
+    sizes = {"b": 3, "i": 40, "j": 24, "k": 56}
+    a = f32(*[sizes[c] for c in lhs_spec])
+    b = f32(*[sizes[c] for c in rhs_spec])
+    check(lambda a, b: jnp.einsum(spec, a, b), a, b)
+
+
+def test_a_product_with_other_uses_is_kept():
+    x, w = f32(64, 96), f32(64, 32)
+
+    def f(x, w):
+        p = x.T @ w
+        return p.T * 2, p.sum()
+    ops = folded_ops(f, x, w)
+    assert ops.count("dot_general") == 1 and "transpose" in ops
+    check(f, x, w)
+
+
+def test_in_a_scan_body_and_through_the_plugin(ipu):
+    xs, w0 = f32(5, 32, 48), f32(48, 16)
+
+    def train(w, xs):
+        def step(w, x):
+            g = jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2))(w)
+            return w - 0.1 * g, jnp.sum(g)
+        return jax.lax.scan(step, w, xs)
+    got = jax.jit(train)(jax.device_put(w0, ipu), jax.device_put(xs, ipu))
+    want = jax.jit(train)(w0, xs)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4)
