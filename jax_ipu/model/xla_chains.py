@@ -30,9 +30,11 @@ from jax_ipu.graph.views import View
 log = logging.getLogger(__name__)
 
 ENABLED = os.environ.get("JAX_IPU_MODEL_XLA_CHAINS", "1").strip().lower() not in {"0", "false", "no", "off"}
-# From this many elements a chain with a slow op goes to XLA: below it the
-# call's fixed cost (about 30 us) is more than numpy's passes.
-MIN_ELEMENTS = 32768
+# From this many elements a chain with a slow op goes to XLA. Below it the
+# gain is small (a 64K-element tanh: 235 us against 285 us) and XLA's
+# thread pool, woken for the kernel, slows the matmuls that follow: an MLP's
+# forward and backward took 4% longer with 64K-element chains on XLA.
+MIN_ELEMENTS = 1 << 17
 # Ops numpy runs at memory speed (SIMD, one pass): a chain of these alone
 # stays on numpy.
 FAST_IN_NUMPY = frozenset({

@@ -16,7 +16,7 @@ from jax_ipu.model import kernels, xla_chains
 from jax_ipu.model.engine import Engine
 from test_compiler import SMALL, compile_fn
 
-N = 40_000          # above xla_chains.MIN_ELEMENTS
+N = xla_chains.MIN_ELEMENTS + 3
 
 
 def chain_runners(program) -> list[str]:
@@ -130,8 +130,8 @@ def test_reduce_precision_and_bitcast(monkeypatch):
 def test_inputs_laid_out_transposed_broadcast_or_unaligned():
     """Inputs the Model holds transposed (F-order), broadcast rows and
     memory off a 64-byte boundary give the values of C-ordered inputs."""
-    a = rng.standard_normal((300, 200)).astype(np.float32)
-    bias = rng.standard_normal(200).astype(np.float32)
+    a = rng.standard_normal((500, 300)).astype(np.float32)
+    bias = rng.standard_normal(300).astype(np.float32)
     program = compile_fn(lambda x, b: jnp.tanh(x + b) * jnp.exp(-x), a, bias)
     assert chain_runners(program) == ["run_on_xla"]
     engine = Engine(SMALL)
@@ -172,12 +172,12 @@ def test_what_stays_on_numpy(monkeypatch):
 
 def test_through_the_plugin_with_transformations(ipu):
     """vmap, grad and scan over chains XLA takes, dispatched as users do."""
-    x = jax.device_put(X.reshape(200, 200), ipu)
+    x = jax.device_put(np.resize(X, (400, 330)), ipu)
 
     def loss(w):
         return jnp.sum(jnp.tanh(w * x) ** 2 * jnp.exp(-w))
     grads = jax.jit(jax.vmap(jax.grad(loss)))(jnp.linspace(0.1, 1.0, 3))
-    cpu_x = X.reshape(200, 200)
+    cpu_x = np.resize(X, (400, 330))
     want = jax.vmap(jax.grad(lambda w: jnp.sum(jnp.tanh(w * cpu_x) ** 2 * jnp.exp(-w))))(
         jnp.linspace(0.1, 1.0, 3))
     np.testing.assert_allclose(np.asarray(grads), np.asarray(want), rtol=2e-5)
