@@ -10,6 +10,8 @@ JAX_IPU_ALLOW_OUT_OF_MEMORY=1 compile programs that do not fit (Poplar's
 JAX_IPU_PROFILE=DIR           write a profile of every executed program to DIR
 JAX_IPU_F64_AS_F32=1          run 64-bit types as 32-bit ones (f64 as f32, i64/u64 as
                               i32/u32), as PopTorch does; JAX still sees 64-bit arrays
+JAX_IPU_MODEL_XLA_CHAINS=0    run all element-wise compute sets on numpy, none on XLA:CPU
+                              (read by jax_ipu.model.xla_chains when it is imported)
 POPLAR_ENGINE_OPTIONS='{"autoReport.all":"true","autoReport.directory":"./report",
                         "debug.allowOutOfMemory":"true"}'   Poplar's spelling of the two above
 """

@@ -7,6 +7,7 @@ of a one-element tensor): element-wise vertices read those as immediates or
 as one broadcast element, and nothing is stored at the big shape."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import numpy as np
@@ -56,6 +57,13 @@ class Builder:
         self.flops = 0.0
         self.transcendentals = 0.0
         self._mappings: dict = {}
+        # The block being lowered: reads of each value still to come (its ops'
+        # and nested regions', and its results), and the tensors it may
+        # update in place (made within it, or a loop's carried tensors in
+        # the loop's body). See writable_in_place.
+        self.pending_reads: collections.Counter = collections.Counter()
+        self.block_tensors_from = 0
+        self.block_carried: frozenset[int] = frozenset()
 
     # -- tensors --
     def linear_mapping(self, size: int, dtype: np.dtype) -> TileMapping:
@@ -86,15 +94,31 @@ class Builder:
             return lowered
         t = self.tensor(name or "broadcast", lowered.shape, lowered.dtype)
         if isinstance(lowered, Splat):
-            self.execute(f"{t.name}/fill", codelets.Fill(t, lowered.value),
-                         self.vertices_over(f"Fill<{t.dtype.name}>", [t], [],
-                                            lambda n: cost.elementwise_cycles(self.target, n, t.dtype, [])))
+            self.fill(t, lowered.value)
         else:
             src = lowered.scalar.then("broadcast", lowered.shape, ())
             self.copy(src, t)
         return View(t)
 
+    def writable_in_place(self, x: View, op: ir.Op) -> bool:
+        """Whether `op`, reading x (a whole tensor) as its operand, may write
+        its result into x's tensor, as XLA's buffer assignment would: the
+        tensor belongs to the block being lowered (not an input, constant or
+        value from outside, which a loop would read again), and nothing
+        lowered to a view of it is read after `op`."""
+        t = x.tensor
+        if t.constant is not None or not (t.id >= self.block_tensors_from or t.id in self.block_carried):
+            return False
+        mine = collections.Counter(v for v in op.operands if v in self.values and t in _tensors_of(self.values[v]))
+        return all(count <= mine[v] for v, count in self.pending_reads.items()
+                   if count and v in self.values and t in _tensors_of(self.values[v]))
+
     # -- steps --
+    def fill(self, t: Tensor, value: np.ndarray) -> None:
+        self.execute(f"{t.name}/fill", codelets.Fill(t, value),
+                     self.vertices_over(f"Fill<{t.dtype.name}>", [t], [],
+                                        lambda n: cost.elementwise_cycles(self.target, n, t.dtype, [])))
+
     def execute(self, name: str, kernel, vertices: list[Vertex], exchange=None) -> None:
         self.steps.append(Execute(ComputeSet(name, vertices, kernel, exchange)))
 
@@ -116,3 +140,13 @@ class Builder:
             writes = tuple(Region(out, intervals) for out in outs)
             vertices.append(Vertex(codelet, int(tile), reads, writes, int(cycles(n))))
         return vertices
+
+
+def _tensors_of(lowered) -> tuple:
+    if isinstance(lowered, View):
+        return (lowered.tensor,)
+    if isinstance(lowered, Concat):
+        return lowered.tensors
+    if isinstance(lowered, ScalarBroadcast):
+        return (lowered.scalar.tensor,)
+    return ()

@@ -36,11 +36,14 @@ def collecting(b: Builder):
         b.steps = outer
 
 
-def lower_block(b: Builder, block: ir.Block, args: list[Lowered]) -> None:
+def lower_block(b: Builder, block: ir.Block, args: list[Lowered], carried: list[Tensor] = ()) -> None:
+    """`carried`: the loop's carried tensors when the block is its body,
+    which the body's ops may then update in place."""
     from jax_ipu.compiler.lower import lower    # lower's rule table includes this module's
     for arg, value in zip(block.args, args):
         b.values[arg] = value
-    lower(b, FlatFunction(block.args, block.ops, block.results), fuse(block.ops))
+    lower(b, FlatFunction(block.args, block.ops, block.results), fuse(block.ops),
+          frozenset(t.id for t in carried))
 
 
 def scalar_tensor(b: Builder, op: ir.Op, value: ir.Value) -> Tensor:
@@ -111,14 +114,18 @@ def while_(b: Builder, op: ir.Op) -> None:
     carried = []
     for i, value in enumerate(op.operands):
         t = b.tensor(f"{name_of(op)}/carried {i}", value.type.shape, value.type.dtype)
-        b.copy(b.view(value, name_of(op)).then("reshape", t.shape), t)
+        lowered = b.values[value]
+        if isinstance(lowered, Splat):      # e.g. a scan's stacked outputs, zeros at first
+            b.fill(t, lowered.value)
+        else:
+            b.copy(b.view(value, name_of(op)).then("reshape", t.shape), t)
         carried.append(t)
     if count is None:
         with collecting(b) as condition:
             lower_block(b, cond, [View(t) for t in carried])
             predicate = scalar_tensor(b, op, cond.results[0])
     with collecting(b) as loop_body:
-        lower_block(b, body, [View(t) for t in carried])
+        lower_block(b, body, [View(t) for t in carried], carried)
         _write_results(b, op, body.results, carried)
     if count is None:
         b.steps.append(RepeatWhileTrue(condition, predicate, loop_body, name_of(op)))

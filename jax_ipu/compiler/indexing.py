@@ -150,10 +150,12 @@ def dynamic_update_slice(b: Builder, op: ir.Op) -> None:
     x = whole(b, op, op.operands[0])
     update = whole(b, op, op.operands[1])
     starts = tuple(scalar_source(b, v) for v in op.operands[2:])
-    out = b.tensor(name_of(op), t.shape, t.dtype, x.tensor.mapping)
+    # In place when nothing reads the operand afterwards (a scan's stacked
+    # outputs: otherwise every iteration copies the whole buffer, twice).
+    out = x.tensor if b.writable_in_place(x, op) else b.tensor(name_of(op), t.shape, t.dtype, x.tensor.mapping)
     _update(b, op, "DynamicUpdateSlice", ci.DynamicUpdateSlice(x, update, starts, out), [x], [out],
             update.size, list(starts), [update], per_element=1)
-    b.values[op.results[0]] = View(out)
+    b.values[op.results[0]] = View(out) if out.shape == t.shape else View(out).then("reshape", t.shape)
 
 
 def gather(b: Builder, op: ir.Op) -> None:
@@ -196,14 +198,18 @@ def scatter(b: Builder, op: ir.Op) -> None:
     xs = tuple(whole(b, op, v) for v in op.operands[:n])
     indices = whole(b, op, op.operands[n])
     updates = tuple(whole(b, op, v) for v in op.operands[n + 1:])
-    outs = tuple(b.tensor(name_of(op), t.shape, t.dtype, x.tensor.mapping) for t, x in zip(types, xs))
+    outs = []
+    for t, x in zip(types, xs):      # in place as dynamic_update_slice; one output per tensor
+        in_place = b.writable_in_place(x, op) and x.tensor not in outs
+        outs.append(x.tensor if in_place else b.tensor(name_of(op), t.shape, t.dtype, x.tensor.mapping))
+    outs = tuple(outs)
     dn = op.attrs["scatter_dimension_numbers"]
     window = int(np.prod([d for i, d in enumerate(updates[0].shape) if i in dn.update_window_dims], dtype=np.int64))
     kernel = ci.Scatter(xs, indices, updates, dn, combiner, program, results, outs)
     _update(b, op, f"Scatter[{combiner or 'body'}]", kernel, list(xs), list(outs), window, [indices],
             list(updates), per_element=2 + len(program))
-    for r, out in zip(op.results, outs):
-        b.values[r] = View(out)
+    for r, out, t in zip(op.results, outs, types):
+        b.values[r] = View(out) if out.shape == t.shape else View(out).then("reshape", t.shape)
 
 
 RULES = {

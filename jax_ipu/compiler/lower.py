@@ -2,6 +2,8 @@
 name (layout, matmul, reduce tables) plus fused element-wise clusters."""
 from __future__ import annotations
 
+import collections
+
 from jax_ipu.compiler import (control, conv, custom_calls, indexing, layout, linalg, matmul, reduce, sort,
                               windows)
 from jax_ipu.compiler.builder import Builder
@@ -42,24 +44,41 @@ def _used_outside(nodes, results) -> dict[int, set]:
     return outside
 
 
-def lower(b: Builder, flat: FlatFunction, nodes: list) -> None:
+def lower(b: Builder, flat: FlatFunction, nodes: list, carried: frozenset[int] = frozenset()) -> None:
+    """`carried`: tensor ids of the loop-carried values when `flat` is a
+    loop's body (its ops may update them in place)."""
     outside = _used_outside(nodes, flat.results)
+    saved = b.pending_reads, b.block_tensors_from, b.block_carried
+    b.pending_reads = collections.Counter(flat.results)
     for node in nodes:
-        if isinstance(node, Cluster):
-            lower_cluster(b, node, outside[id(node)])
-            continue
-        rule = RULES.get(node.name)
-        if rule is None:
-            what = "this op"
-            if node.name == "custom_call":
-                what = f"custom_call @{node.attrs.get('call_target_name')}"
-            raise IpuUnimplementedError.for_op(node, f"{what} is not supported by jax-ipu yet",
-                                               "File an issue, or avoid the op in this program")
-        try:
-            rule(b, node)
-        except IpuError:
-            raise
-        except Exception as exc:  # a compiler bug: say where it happened
-            raise IpuInternalCompilerError.for_op(
-                node, f"internal error {type(exc).__name__}: {exc}",
-                "This is a jax-ipu bug: please report it with this message") from exc
+        for op in (node.ops if isinstance(node, Cluster) else [node]):
+            b.pending_reads.update(reads_of(op))
+    b.block_tensors_from, b.block_carried = len(b.tensors), carried
+    try:
+        for node in nodes:
+            _lower_node(b, node, outside)
+            for op in (node.ops if isinstance(node, Cluster) else [node]):
+                b.pending_reads.subtract(reads_of(op))
+    finally:
+        b.pending_reads, b.block_tensors_from, b.block_carried = saved
+
+
+def _lower_node(b: Builder, node, outside: dict) -> None:
+    if isinstance(node, Cluster):
+        lower_cluster(b, node, outside[id(node)])
+        return
+    rule = RULES.get(node.name)
+    if rule is None:
+        what = "this op"
+        if node.name == "custom_call":
+            what = f"custom_call @{node.attrs.get('call_target_name')}"
+        raise IpuUnimplementedError.for_op(node, f"{what} is not supported by jax-ipu yet",
+                                           "File an issue, or avoid the op in this program")
+    try:
+        rule(b, node)
+    except IpuError:
+        raise
+    except Exception as exc:  # a compiler bug: say where it happened
+        raise IpuInternalCompilerError.for_op(
+            node, f"internal error {type(exc).__name__}: {exc}",
+            "This is a jax-ipu bug: please report it with this message") from exc

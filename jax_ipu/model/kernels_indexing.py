@@ -42,11 +42,19 @@ def _build_dynamic_update_slice(k: ci.DynamicUpdateSlice):
     get, update, starts, tid = reader(k.operand), reader(k.update), [_scalar(s) for s in k.starts], k.out.id
     sizes = k.update.shape
 
+    # The compiler writes the result into the operand's tensor when nothing
+    # reads the operand afterwards.
+    in_place, shape, out_shape = k.out is k.operand.tensor, k.operand.shape, k.out.shape
+
     def run(state):
-        out = np.array(get(state))
+        target = state[tid] if in_place else None
+        if target is not None and target.flags.writeable:
+            out = target.reshape(shape)     # the same memory, unless laid out otherwise
+        else:
+            out = np.array(get(state))
         at = _clamped_starts(starts, state, out.shape, sizes)
         out[tuple(slice(a, a + s) for a, s in zip(at, sizes))] = update(state)
-        state[tid] = out
+        state[tid] = out.reshape(out_shape)
     return run
 
 
@@ -148,8 +156,18 @@ def _build_scatter(k: ci.Scatter):
             regs.append(fn(*[regs[r] for r in a]))
         return [regs[r] for r in k.results]
 
+    # Per operand: written in place (the compiler made its tensor the output).
+    in_place = [x.tensor is t for x, t in zip(k.operands, k.outs)]
+    shapes = [(x.shape, t.shape) for x, t in zip(k.operands, k.outs)]
+
+    def operand(state, i):
+        target = state[outs[i]] if in_place[i] else None
+        if target is not None and target.flags.writeable:
+            return target.reshape(shapes[i][0])     # the same memory, unless laid out otherwise
+        return np.array(operands[i](state))
+
     def run(state):
-        xs = [np.array(get(state)) for get in operands]
+        xs = [operand(state, i) for i in range(len(operands))]
         us = [get(state) for get in updates]
         index, valid, order, full = scatter_targets(xs[0].shape, indices(state), us[0].shape,
                                                     k.dimension_numbers)
@@ -166,8 +184,8 @@ def _build_scatter(k: ci.Scatter):
                 new = body([x[at] for x in xs] + [v[e] for v in values])
                 for x, n in zip(xs, new):
                     x[at] = n
-        for tid, x in zip(outs, xs):
-            state[tid] = x
+        for tid, x, (_, shape) in zip(outs, xs, shapes):
+            state[tid] = x.reshape(shape)
     return run
 
 
