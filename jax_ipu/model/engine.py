@@ -17,6 +17,7 @@ from jax_ipu.graph import codelets
 from jax_ipu.graph import programs as p
 from jax_ipu.graph.program import Program
 from jax_ipu.graph.tensors import Tensor
+from jax_ipu.graph.views import View
 from jax_ipu.model import kernels
 from jax_ipu.model.targets import Target
 
@@ -166,6 +167,12 @@ class _Loaded:
             # A transposing copy keeps its source's layout (a plain memory
             # copy); a broadcast is laid out in order, not by its zero strides.
             order = "C" if any(op[0] == "broadcast" for op in getattr(src, "ops", ())) else "K"
+            if isinstance(src, View) and src.is_whole_tensor:     # e.g. a loop's carried values
+                sid = src.tensor.id
+
+                def copy_whole(state):
+                    state[tid] = np.array(state[sid], dtype=dtype).reshape(shape)
+                return copy_whole
 
             def copy(state):
                 state[tid] = np.array(src.apply(lambda t: state[t.id]), dtype=dtype, order=order).reshape(shape)
