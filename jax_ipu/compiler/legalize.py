@@ -18,6 +18,13 @@ _IDENTITIES = {"optimization_barrier", "sdy.sharding_constraint", "sharding_cons
 _IDENTITY_CUSTOM_CALLS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "dce_sink"}
 # Products whose boolean form (an OR of ANDs) runs as an int32 count.
 _COUNTING = {"dot_general", "convolution"}
+# What to do about an op that computes in a type the IPU lacks, when there
+# is more to say than "use another type".
+_ADVICE_BY_OP = {
+    "fft": ("jnp.fft computes in complex numbers, which the IPU does not have: run the FFT on the CPU "
+            "(jax.device_put(x, jax.devices('cpu')[0])), or write the DFT as real matmuls with cos and sin "
+            "matrices"),
+}
 # Ops that run a function of the module, inlined: func.call, and composites
 # (e.g. chlo.erf) by their decomposition.
 _CALLEES = {"call": "callee", "composite": "decomposition"}
@@ -39,6 +46,8 @@ def legalize(module: ir.Module) -> FlatFunction:
     for value in main.body.args:
         _check_type(value.type, next((op for op in ops if value in op.operands), None),
                     "an argument of the program")
+    for value in results:   # a constant returned as it is has no reader checking it
+        _check_type(value.type, None, "a result of the program")
     return FlatFunction(list(main.body.args), ops, results)
 
 
@@ -72,7 +81,9 @@ def _inline(module, block: ir.Block, env: dict, out: list, depth: int, site: str
                                         and op.attrs.get("call_target_name") in _IDENTITY_CUSTOM_CALLS):
             env.update(zip(op.results, operands))
         else:
-            for value in list(op.operands) + list(op.results):
+            # A constant's type is checked at its readers: JAX gives hoisted
+            # constants the location of the jit call, the reader the user's line.
+            for value in list(op.operands) + (list(op.results) if op.name != "constant" else []):
                 _check_type(value.type, op, None)
             # A function called twice is inlined twice: its results need new values.
             results = [ir.Value(r.type) for r in op.results] if depth else op.results
@@ -101,7 +112,9 @@ def _check_type(t: ir.Type, op: ir.Op | None, where: str | None) -> None:
         return
     name = ir.TYPE_NAMES.get(t.dtype, str(t.dtype))
     problem = f"the IPU has no {name} type (in {t})"
-    if np.dtype(t.dtype).itemsize == 8 and t.dtype.kind in "fiu":
+    if op is not None and op.name in _ADVICE_BY_OP:
+        advice = _ADVICE_BY_OP[op.name]
+    elif np.dtype(t.dtype).itemsize == 8 and t.dtype.kind in "fiu":
         advice = ("Use 32-bit types: keep JAX_ENABLE_X64 off (jax.config.update('jax_enable_x64', "
                   "False)) and cast to float32/int32; or opt into running 64-bit types as 32-bit ones "
                   "with JAX_IPU_F64_AS_F32=1 (or jax_ipu.set_f64_as_f32(True))")
