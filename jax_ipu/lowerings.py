@@ -23,7 +23,13 @@ JAX's generic rule is one reduce_window whose window spans the axis, which
 gathers n elements for each of the n outputs (XLA rewrites it into a tree,
 ReduceWindowRewriter). On long axes the ipu rule is JAX's log-depth
 associative_scan instead, as XLA:CPU gets: a 5 x 4096 cumsum no longer
-runs out of tile memory, and 1M elements take milliseconds."""
+runs out of tile memory, and 1M elements take milliseconds.
+
+top_k of a long row: the IPU sorts each row on one tile, so a row of more
+than ~35K elements (a 50K-token vocabulary) did not fit. As XLA's
+TopkSplitter, the ipu rule takes the top k of fixed-size chunks (spread
+over tiles), then the top k of those candidates: the same values and
+indices, ties included (candidates stay in index order)."""
 from __future__ import annotations
 
 PLATFORM = "ipu"
@@ -122,6 +128,42 @@ def _cumulative(window_reduce, combine):
     return rule
 
 
+# Rows longer than this are cut into chunks of this many elements for top_k.
+_TOP_K_CHUNK = 4096
+
+
+def _top_k_of_chunks(x, *, k, axis):
+    import numpy as np
+    from jax import lax
+    import jax.numpy as jnp
+
+    x = jnp.moveaxis(x, axis, -1)
+    *lead, n = x.shape
+    chunks = -(-n // _TOP_K_CHUNK)
+    dtype = np.dtype(x.dtype)
+    if dtype.kind == "f":   # negative NaN with every payload bit: the least value of the total order
+        bits = np.dtype(f"u{dtype.itemsize}")
+        lowest = lax.bitcast_convert_type(np.array(np.iinfo(bits).max, bits), dtype)
+    else:
+        lowest = np.array(np.iinfo(dtype).min, dtype)
+    x = lax.pad(x, lowest, [(0, 0, 0)] * len(lead) + [(0, chunks * _TOP_K_CHUNK - n, 0)])
+    values, indices = lax.top_k(x.reshape(*lead, chunks, _TOP_K_CHUNK), k)
+    indices = indices + (lax.iota(np.int32, chunks) * _TOP_K_CHUNK)[:, None]
+    values, best = lax.top_k(values.reshape(*lead, chunks * k), k)
+    indices = jnp.take_along_axis(indices.reshape(*lead, chunks * k), best, -1)
+    return [jnp.moveaxis(values, -1, axis), jnp.moveaxis(indices, -1, axis)]
+
+
+def _top_k(ctx, operand, *, k, axis):
+    from jax._src.interpreters import mlir
+    from jax._src.lax import lax
+
+    n = ctx.avals_in[0].shape[axis]
+    if n <= _TOP_K_CHUNK or not isinstance(k, int) or 2 * k > _TOP_K_CHUNK:
+        return lax._top_k_lower(ctx, operand, k=k, axis=axis)
+    return mlir.lower_fun(_top_k_of_chunks, multiple_results=True)(ctx, operand, k=k, axis=axis)
+
+
 def register() -> None:
     from jax._src.interpreters import mlir
     from jax._src.lax import lax, linalg
@@ -135,6 +177,7 @@ def register() -> None:
     mlir.register_lowering(linalg.tridiagonal_p, _tridiagonal, platform=PLATFORM)
     mlir.register_lowering(prng.iota_2x32_shape_p, _iota_2x32_shape, platform=PLATFORM)
     mlir.register_lowering(lax.mulhi_p, mlir.lower_fun(_mulhi, multiple_results=False), platform=PLATFORM)
+    mlir.register_lowering(lax.top_k_p, _top_k, platform=PLATFORM)
     for prim, window_reduce, combine in [(loops.cumsum_p, wr._reduce_window_sum, lax.add),
                                          (loops.cumprod_p, wr._reduce_window_prod, lax.mul),
                                          (loops.cummax_p, wr._reduce_window_max, lax.max),
