@@ -54,10 +54,16 @@ def cases():
     }
 
 
+WARM_UP = 10
+
+
 def seconds_per_call(f, args, device, repeats: int) -> float:
     f = jax.jit(f)
     args = jax.device_put(args, device)
-    jax.block_until_ready(f(*args))     # compile and warm up
+    # Compile, then warm up both backends alike: just after the other backend
+    # ran, the first calls take up to twice as long (its threads still spin).
+    for _ in range(WARM_UP):
+        jax.block_until_ready(f(*args))
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()
