@@ -68,18 +68,17 @@ def _tensor_ids(obj, found: list) -> list:
 
 
 def _scratch_partials(program: Program) -> set[int]:
-    """Matmul partials that only reductions read (each makes a new array of
-    them) and the run does not return: their buffers may serve every run."""
+    """Matmul partials that only the matmul's own reductions read (sums over
+    the chunks, which take them combined) and the run does not return:
+    their buffers may serve every run."""
     partials, other = set(), []
     for step in p.leaves(program.body):
         kernel = step.compute_set.kernel if isinstance(step, p.Execute) else step
         if isinstance(kernel, codelets.MatMulPartials):
             partials.add(kernel.out.id)
             _tensor_ids((kernel.lhs, kernel.rhs), other)
-        elif isinstance(kernel, codelets.ReduceCombine):
+        elif isinstance(kernel, codelets.ReduceCombine) and kernels.takes_combined(kernel):
             _tensor_ids((kernel.init, kernel.out), other)
-        elif isinstance(kernel, codelets.ReducePartials):
-            _tensor_ids(kernel.out, other)
         else:
             _tensor_ids(kernel, other)
     if not partials:

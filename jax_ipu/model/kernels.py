@@ -306,6 +306,14 @@ def _build_reduce_partials(k: codelets.ReducePartials):
     return run
 
 
+def takes_combined(k: codelets.ReduceCombine) -> bool:
+    """Whether this reduction sums a matmul's partials over the chunks as
+    _build_matmul_combined leaves them (the only reader that can)."""
+    whole = k.partials.tensor.shape
+    return (k.op == "add" and k.axis == 0 and k.partials.is_whole_tensor
+            and k.partials.shape == (whole[0], int(np.prod(whole[1:], dtype=np.int64))))
+
+
 def _build_reduce_combine(k: codelets.ReduceCombine):
     get, tid, ufunc, axis = reader(k.partials), k.out.id, REDUCE_UFUNCS[k.op], k.axis
     if isinstance(k.init, View):
@@ -317,9 +325,7 @@ def _build_reduce_combine(k: codelets.ReduceCombine):
     dtype, shape = k.out.dtype, k.out.shape
     acc = k.partials.dtype
     # The matmul's reduction may find its partials already combined.
-    pid, whole = k.partials.tensor.id, k.partials.tensor.shape
-    may_be_combined = (k.op == "add" and axis == 0 and k.partials.is_whole_tensor
-                       and k.partials.shape == (whole[0], int(np.prod(whole[1:], dtype=np.int64))))
+    pid, may_be_combined = k.partials.tensor.id, takes_combined(k)
 
     def run(state):
         raw = state[pid]

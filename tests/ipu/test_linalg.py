@@ -196,3 +196,14 @@ def test_boolean_matmul(shape):
     for g, w in zip(got, want):
         assert g.dtype == w.dtype == np.bool_
         np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("shape", [(4, 4), (2, 7, 7)])
+def test_slogdet_second_order_gradients(ipu, shape):
+    # A product read by a plain reduction (not the product's own sum over
+    # its K-chunks) must not be left in the combined scratch form.
+    from jax.test_util import check_grads
+    a = matrix(shape, seed=5)
+    with jax.default_device(ipu):
+        check_grads(jnp.linalg.slogdet, (jax.device_put(a, ipu),), 2, atol=1e-1, rtol=2e-1)
+    check(lambda x: jax.hessian(lambda y: jnp.linalg.slogdet(y)[1])(x), a)
