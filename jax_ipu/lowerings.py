@@ -29,7 +29,13 @@ top_k of a long row: the IPU sorts each row on one tile, so a row of more
 than ~35K elements (a 50K-token vocabulary) did not fit. As XLA's
 TopkSplitter, the ipu rule takes the top k of fixed-size chunks (spread
 over tiles), then the top k of those candidates: the same values and
-indices, ties included (candidates stay in index order)."""
+indices, ties included (candidates stay in index order).
+
+select_and_scatter_add (the gradient of max and min pooling) gets the rule
+JAX gives CPU and GPU: a padded window pads the operand with the select's
+identity (-inf for max), which the scan may pick like any element, instead
+of leaving the padding to select_and_scatter, which never picks it. So
+windows of -inf or NaN over an edge pick what XLA:CPU picks."""
 from __future__ import annotations
 
 PLATFORM = "ipu"
@@ -164,6 +170,14 @@ def _top_k(ctx, operand, *, k, axis):
     return mlir.lower_fun(_top_k_of_chunks, multiple_results=True)(ctx, operand, k=k, axis=axis)
 
 
+def _select_and_scatter_add(source, operand, *, select_prim, window_dimensions, window_strides, padding):
+    from jax._src.lax import windowed_reductions
+
+    return windowed_reductions._select_and_scatter_add_impl(
+        source, operand, select_prim=select_prim, window_dimensions=window_dimensions,
+        window_strides=window_strides, padding=padding, expand_padding=any(lo or hi for lo, hi in padding))
+
+
 def register() -> None:
     from jax._src.interpreters import mlir
     from jax._src.lax import lax, linalg
@@ -185,3 +199,5 @@ def register() -> None:
                                          (loops.cumlogsumexp_p, wr._reduce_window_logaddexp, loops.logaddexp)]:
         rule = mlir.lower_fun(_cumulative(window_reduce, combine), multiple_results=False)
         mlir.register_lowering(prim, rule, platform=PLATFORM)
+    mlir.register_lowering(wr.select_and_scatter_add_p,
+                           mlir.lower_fun(_select_and_scatter_add, multiple_results=False), platform=PLATFORM)
