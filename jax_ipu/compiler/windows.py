@@ -2,26 +2,30 @@
 reduce_window gathers each window's elements into [outputs, window] (one
 Copy, padding and base-dilation holes filled with the init value, as the
 StableHLO spec pads) and reduces the window axis with compiler.reduce (any
-body, partials over tiles); select_and_scatter selects with a two-operand
-reduction (value, operand position; ties go to the first position, as
-XLA's sequential scan), then each operand element gathers the source
-values of the windows that may select it and reduces those that did with
-the scatter body. pad and reverse are single gather Copies."""
+body, partials over tiles); select_and_scatter scans each window in
+order with its select body (a WindowSelect vertex, as XLA does: first of
+equal maxima, NaNs as XLA leaves them, any comparator), then each operand
+element gathers the source values of the windows that may select it and
+reduces those that did with the scatter body. pad and reverse are single gather Copies."""
 from __future__ import annotations
 
 import numpy as np
 
 from jax_ipu import ir
-from jax_ipu.compiler import reduce
+from jax_ipu.compiler import cost, reduce
 from jax_ipu.compiler.builder import Builder, ScalarBroadcast, Splat
 from jax_ipu.compiler.elementwise import lower_cluster
 from jax_ipu.compiler.fuse import Cluster
+from jax_ipu.compiler.indexing import region_program
 from jax_ipu.compiler.layout import copy_to_new, name_of
-from jax_ipu.compiler.window_index import attr, axis_windows, combine, padding, row_major_strides, windows
+from jax_ipu.compiler.window_index import (attr, axis_windows, combine, contributions, padding, row_major_strides,
+                                           windows)
 from jax_ipu.errors import IpuUnimplementedError
-
-_NONE = np.iinfo(np.int32).max     # the position of padding: never preferred
-
+from jax_ipu.graph import codelets
+from jax_ipu.graph.compute import Region, Vertex
+from jax_ipu.graph.mapping import TileMapping
+from jax_ipu.graph.views import View
+from jax_ipu.model.elementwise import ELEMENTWISE_OPS
 
 def _constant_scalar(b: Builder, op: ir.Op, value: ir.Value, what: str) -> np.ndarray:
     lowered = b.values[value]
@@ -153,52 +157,98 @@ def reduce_window(b: Builder, op: ir.Op) -> None:
             b.view(v).then("reshape", out_shape)
 
 
-def _clone(block: ir.Block, args: list[ir.Value], into: list[ir.Op]) -> list[ir.Value]:
-    """Appends block's ops applied to `args` (fresh values) to `into`."""
+def _window_select(b: Builder, op: ir.Op, x: ir.Value, indices: np.ndarray) -> View:
+    """Per window ([outputs, window] operand positions, -1 for padding),
+    the window position the select body picks: a WindowSelect vertex per
+    tile of the result scans its windows, whose elements a Copy gathers
+    there, window-major (one run per window position on each tile)."""
+    outs, window = indices.shape
+    name = name_of(op)
+    picked = b.tensor(f"{name}/selected", (outs,), np.uint8 if window < 255 else np.int32)
+    mapping = TileMapping.from_element_tiles(np.tile(picked.mapping.element_tiles(), window))
+    dtype = x.type.dtype
+    values = b.tensor(f"{name}/windows", (window, outs), dtype, mapping)
+    b.copy(b.view(x, name).then("gather", np.ascontiguousarray(indices.T), np.zeros((), dtype)), values)
+    padded = None
+    if (indices < 0).any():
+        mask = np.ascontiguousarray(indices.T < 0)
+        mask.setflags(write=False)
+        padded = b.tensor(f"{name}/padding", (window, outs), np.bool_, mapping, constant=mask)
+    program, (result,) = region_program(b, op, op.regions[0])
+    # Per window position after the first: the body and two selects (value,
+    # position), and two tests more with padding.
+    per_element = len(program) + 2 + (2 if padded is not None else 0)
+    vertices = []
+    for tile in picked.mapping.tiles_used():
+        intervals = picked.mapping.intervals_on(tile)
+        count = int((intervals[:, 1] - intervals[:, 0]).sum())
+        by_row = np.concatenate([intervals + j * outs for j in range(window)])
+        reads = tuple(Region(t, by_row) for t in (values, padded) if t is not None)
+        vertices.append(Vertex(f"WindowSelect<{dtype.name}>", int(tile), reads, (Region(picked, intervals),),
+                               cost.reduce_cycles(b.target, count * (window - 1) * per_element, dtype)))
+    b.execute(f"select {name}", codelets.WindowSelect(
+        View(values), None if padded is None else View(padded), program, result, picked), vertices)
+    b.flops += outs * (window - 1) * len(program)
+    return View(picked)
+
+
+def _scatter(b: Builder, op: ir.Op, picked: View, window, strides, pads) -> None:
+    """Each operand element, from the init value, applies the scatter body
+    to the source value of every window that picked it, in XLA's order
+    (windows in row-major order, in the operand's type): one fused
+    element-wise chain over J gathered (source, picked position) pairs."""
+    x, source, init = op.operands
+    x_t, scatter = x.type, op.regions[1]
+    windows_of, slots = contributions(x_t.shape, window, strides, pads, source.type.shape)
+    size, outs = x_t.size, source.type.size
+    flat_source = _new(ir.TensorType((outs,), source.type.dtype))
+    b.values[flat_source] = b.view(source).then("reshape", (outs,))
+    chosen_in = _new(ir.TensorType((outs,), picked.dtype))
+    b.values[chosen_in] = picked
+    never = np.array(np.iinfo(picked.dtype).max, picked.dtype)   # no window: matches no position
+    ops: list[ir.Op] = []
+    total = init
+    for c in range(windows_of.shape[1]):
+        column = np.ascontiguousarray(windows_of[:, c])
+        value = _gathered(b, op, flat_source, column, np.zeros((), source.type.dtype))
+        chosen = _gathered(b, op, chosen_in, column, never)
+        here = _new(ir.TensorType((size,), picked.dtype))
+        b.values[here] = b.constant(f"{name_of(op)}/window positions",
+                                    np.where(column < 0, 0, slots[:, c]).astype(picked.dtype))
+        hit = _op("compare", [chosen, here], np.bool_, (size,), comparison_direction="EQ",
+                  compare_type="UNSIGNED" if picked.dtype.kind == "u" else "SIGNED")
+        ops.append(hit)
+        (applied,) = _clone(b, scatter, [total, value], ops, (size,))
+        ops.append(_op("select", [hit.results[0], applied, total], x_t.dtype, (size,)))
+        total = ops[-1].results[0]
+    for o in ops:
+        o.loc = op.loc
+    lower_cluster(b, Cluster((size,), ops), {total})
+    b.values[op.results[0]] = b.view(total).then("reshape", x_t.shape)
+
+
+def _clone(b: Builder, block: ir.Block, args: list[ir.Value], into: list[ir.Op], shape) -> list[ir.Value]:
+    """Appends block's ops, applied element-wise at `shape` to `args`, to
+    `into` (its constants become immediates); returns its results."""
     env = dict(zip(block.args, args))
     for inner in block.ops:
-        results = [_new(r.type) for r in inner.results]
-        into.append(ir.Op(inner.name, [env[v] for v in inner.operands], results, inner.attrs, inner.regions,
-                          inner.loc))
+        if inner.name == "constant":
+            result = inner.results[0]
+            b.values[result] = Splat(np.asarray(inner.attrs["value"]).astype(result.type.dtype).reshape(()), ())
+            continue
+        if inner.name not in ELEMENTWISE_OPS:
+            raise IpuUnimplementedError.for_op(inner, f"a scatter body with stablehlo.{inner.name} is not "
+                                                      "supported (bodies may hold element-wise ops)",
+                                               "File an issue")
+        results = [_new(ir.TensorType(tuple(shape), r.type.dtype)) for r in inner.results]
+        into.append(ir.Op(inner.name, [env.get(v, v) for v in inner.operands], results, inner.attrs))
         env.update(zip(inner.results, results))
-    return [env[v] for v in block.results]
-
-
-def _select_body(select: ir.Block, dtype: np.dtype) -> ir.Block:
-    """(value, position) pairs -> the pair `select` prefers; on a tie (each
-    prefers the other) the smaller position."""
-    va, ia, vb, ib = (_new(ir.TensorType((), d)) for d in (dtype, np.int32, dtype, np.int32))
-    ops: list[ir.Op] = []
-    (a_first,) = _clone(select, [va, vb], ops)
-    (b_first,) = _clone(select, [vb, va], ops)
-    steps = [_op("compare", [ia, ib], np.bool_, comparison_direction="LT", compare_type="SIGNED")]
-    steps.append(_op("not", [b_first], np.bool_))
-    steps.append(_op("or", [steps[1].results[0], steps[0].results[0]], np.bool_))
-    steps.append(_op("and", [a_first, steps[2].results[0]], np.bool_))
-    pick = steps[3].results[0]
-    steps.append(_op("select", [pick, va, vb], dtype))
-    steps.append(_op("select", [pick, ia, ib], np.int32))
-    ops += steps
-    return ir.Block([va, ia, vb, ib], ops, [steps[4].results[0], steps[5].results[0]])
-
-
-def _fill_never_selected(op: ir.Op, select: ir.Block, dtype: np.dtype):
-    """A padding value `select` never prefers to a real element."""
-    compares = [o for o in select.ops if o.name == "compare"]
-    direction = compares[0].attrs.get("comparison_direction") if len(compares) == 1 else None
-    if direction not in ("GE", "GT", "LE", "LT"):
-        raise IpuUnimplementedError.for_op(op, "select_and_scatter with a select body other than one "
-                                               "comparison is not supported", "File an issue")
-    low = direction in ("GE", "GT")
-    if dtype.kind == "f":
-        return np.array(-np.inf if low else np.inf, dtype)
-    info = np.iinfo(dtype) if dtype != np.bool_ else None
-    return np.array((info.min if low else info.max) if info else (not low), dtype)
+    return [env.get(v, v) for v in block.results]
 
 
 def select_and_scatter(b: Builder, op: ir.Op) -> None:
     x, source, init = op.operands
-    x_t, dtype = x.type, x.type.dtype
+    x_t = x.type
     rank = len(x_t.shape)
     window, strides, pads = (attr(op, "window_dimensions", rank, 1), attr(op, "window_strides", rank, 1),
                              padding(op, rank))
@@ -206,64 +256,12 @@ def select_and_scatter(b: Builder, op: ir.Op) -> None:
     indices = windows(x_t.shape, window, strides, pads, ones, ones)
     out_shape = source.type.shape
     outs, size = int(np.prod(out_shape, dtype=np.int64)), x_t.size
-    indices = indices.reshape(outs, -1)
     if size == 0 or outs == 0:
-        value = np.zeros((), dtype) if size == 0 else _constant_scalar(b, op, init, "init value")
+        value = np.zeros((), x_t.dtype) if size == 0 else _constant_scalar(b, op, init, "init value")
         b.values[op.results[0]] = Splat(value, x_t.shape)
         return
-    select, scatter = op.regions
-
-    # 1. Per window, the operand position its select body picks.
-    values = _gathered(b, op, x, indices, _fill_never_selected(op, select, dtype))
-    positions = _new(ir.TensorType(indices.shape, np.dtype(np.int32)))
-    b.values[positions] = b.constant(f"{name_of(op)}/positions", np.where(indices < 0, _NONE, indices)
-                                     .astype(np.int32))
-    none = _new(ir.TensorType((), np.dtype(np.int32)))
-    b.values[none] = Splat(np.array(_NONE, np.int32), ())
-    lowest = _new(ir.TensorType((), dtype))
-    b.values[lowest] = Splat(_fill_never_selected(op, select, dtype), ())
-    picked_value = _new(ir.TensorType((outs,), dtype))
-    picked = _new(ir.TensorType((outs,), np.dtype(np.int32)))
-    reduce.reduce(b, ir.Op("select_and_scatter", [values, positions, lowest, none], [picked_value, picked],
-                           {"dimensions": (1,)}, [_select_body(select, dtype)], op.loc))
-
-    # 2. Per operand element, the windows that may pick it (J of them).
-    per_axis, counts = [], []
-    for d in range(rank):
-        count = -(-window[d] // strides[d])
-        q = np.arange(x_t.shape[d])[:, None] + pads[d][0]
-        o = q // strides[d] - np.arange(count)[None, :]
-        valid = (o >= 0) & (o < out_shape[d]) & (q - o * strides[d] < window[d])
-        expand = [1] * (2 * rank)
-        expand[d], expand[rank + d] = x_t.shape[d], count
-        per_axis.append(np.where(valid, o, -1).reshape(expand))
-        counts.append(count)
-    contributors = np.broadcast_to(combine(per_axis, row_major_strides(out_shape)),
-                                   tuple(x_t.shape) + tuple(counts)).reshape(size, -1)
-    init_value = _constant_scalar(b, op, init, "init value")
-    flat_source = _new(ir.TensorType((outs,), source.type.dtype))
-    b.values[flat_source] = b.view(source).then("reshape", (outs,))
-    sources = _gathered(b, op, flat_source, contributors, init_value)
-    chosen = _gathered(b, op, picked, contributors, np.array(-1, np.int32))
-    here = _new(ir.TensorType(contributors.shape, np.dtype(np.int32)))
-    b.values[here] = b.constant(f"{name_of(op)}/operand positions", np.broadcast_to(
-        np.arange(size, dtype=np.int32)[:, None], contributors.shape))
-    init_full = _new(ir.TensorType(contributors.shape, dtype))
-    b.values[init_full] = Splat(np.asarray(init_value, dtype), contributors.shape)
-    hit = _op("compare", [chosen, here], np.bool_, contributors.shape, comparison_direction="EQ",
-              compare_type="SIGNED")
-    masked = _op("select", [hit.results[0], sources, init_full], dtype, contributors.shape)
-    for o in (hit, masked):
-        o.loc = op.loc
-    lower_cluster(b, Cluster(contributors.shape, [hit, masked]), {masked.results[0]})
-
-    # 3. The scatter body over each element's contributions, from init.
-    total = _new(ir.TensorType((size,), dtype))
-    reduce.reduce(b, ir.Op("select_and_scatter", [masked.results[0], init], [total], {"dimensions": (1,)},
-                           [scatter], op.loc))
-    lowered = b.values[total]
-    b.values[op.results[0]] = Splat(lowered.value, x_t.shape) if isinstance(lowered, Splat) else \
-        b.view(total).then("reshape", x_t.shape)
+    picked = _window_select(b, op, x, indices.reshape(outs, -1))
+    _scatter(b, op, picked, window, strides, pads)
 
 
 RULES = {"pad": pad, "reverse": reverse, "reduce_window": reduce_window,

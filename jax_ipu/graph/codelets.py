@@ -79,3 +79,23 @@ class TreeReduce:
     results: tuple[int, ...]
     init: tuple[View | np.ndarray, ...] | None
     outs: tuple[Tensor, ...]
+
+
+
+@dataclasses.dataclass(eq=False)
+class WindowSelect:
+    """select_and_scatter's select, scanning each window as XLA does: per
+    output (a column of `values`, [window, outputs], rows in window
+    order), the window position picked. The first element that is not
+    padding is selected; each later one replaces it unless
+    select(selected, element) holds (so with GE the first of equal maxima
+    stays, and a selected NaN gives way to the next element). `select` is
+    a body program over registers (selected, element) whose bool result
+    is register `result`. `padding` ([window, outputs] bool, or None when
+    there is none) marks positions that are never picked while the window
+    has an element; a window of padding alone picks a padding position."""
+    values: View
+    padding: View | None
+    select: tuple[Instruction, ...]
+    result: int
+    out: Tensor                    # [outputs], uint8 (int32 for windows of 255 or more)
