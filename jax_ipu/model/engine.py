@@ -5,6 +5,7 @@ Program); a run binds the inputs, calls the closures and collects the
 outputs, and records the steps' estimated cycles and exchanged bytes."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 import weakref
@@ -17,7 +18,7 @@ from jax_ipu.graph import codelets
 from jax_ipu.graph import programs as p
 from jax_ipu.graph.program import Program
 from jax_ipu.graph.tensors import Tensor
-from jax_ipu.graph.views import View
+from jax_ipu.graph.views import Concat, View
 from jax_ipu.model import kernels
 from jax_ipu.model.targets import Target
 
@@ -90,6 +91,130 @@ def _scratch_partials(program: Program) -> set[int]:
     return partials - set(other)
 
 
+# Whether the engine skips the host side of Copies their readers can read
+# through views (lazy_copies); off only to measure what that saves.
+LAZY_COPIES = True
+# Kernels that read their operands through views (numpy or BLAS takes the
+# strides as they come), with the fields they read and the fields they write.
+_VIEW_READERS = {
+    codelets.ElementwiseChain: (("inputs",), lambda k: [t for _, t in k.outputs]),
+    codelets.MatMulPartials: (("lhs", "rhs"), lambda k: [k.out]),
+}
+
+
+def _compose(view, lazy: dict):
+    """`view` of a lazy Copy's destination as a view of the Copy's source."""
+    if isinstance(view, Concat):
+        return Concat(tuple(_compose(part, lazy) for part in view.parts), view.axis)
+    src = lazy.get(view.tensor.id)
+    if src is None:
+        return view
+    ops = src.ops if src.shape == view.tensor.shape else src.ops + (("reshape", view.tensor.shape),)
+    return View(src.tensor, ops + view.ops)
+
+
+def _read_views(step) -> list | None:
+    """The views a step reads through the engine's readers, or None when
+    the step is not one whose reads may be redirected (it may also read
+    tensors otherwise, or write in place)."""
+    if isinstance(step, p.Copy):
+        return [step.src] if isinstance(step.src, View) else None
+    if isinstance(step, p.Execute):
+        kernel = step.compute_set.kernel
+        fields = _VIEW_READERS.get(type(kernel))
+        if fields is None:
+            return None
+        found = []
+        for name in fields[0]:
+            value = getattr(kernel, name)
+            found += [v for v in (value if isinstance(value, tuple) else (value,)) if isinstance(v, View)]
+        return found
+    return None
+
+
+def _written(step) -> set | None:
+    """Tensors a redirectable step writes (None: any it refers to)."""
+    if isinstance(step, p.Copy):
+        return {step.dst.id}
+    if isinstance(step, p.Execute) and type(step.compute_set.kernel) in _VIEW_READERS:
+        kernel = step.compute_set.kernel
+        return {t.id for t in _VIEW_READERS[type(kernel)][1](kernel)}
+    return None
+
+
+def _refs(step, found: list) -> list:
+    """Ids of the tensors a step's kernels (not its vertices' regions)
+    refer to, once per mention; control steps with their bodies."""
+    if isinstance(step, p.CONTROL):
+        _tensor_ids([getattr(step, f) for f in ("predicate", "control") if hasattr(step, f)], found)
+        for child in p.children(step):
+            _refs(child, found)
+    elif isinstance(step, p.Execute):
+        _tensor_ids(step.compute_set.kernel, found)
+    else:
+        _tensor_ids(step, found)
+    return found
+
+
+def lazy_copies(program: Program) -> dict:
+    """{destination tensor id: source view} of the Copies the engine need
+    not make on the host: a layout change (transpose, broadcast, slice...)
+    whose destination is read, later in the same sequence, only by kernels
+    that read views (element-wise chains, matmul operands, Copies), while
+    nothing writes its source. Those kernels read the source through the
+    composed view instead, as Poplar's vertices read rearranged elements
+    straight from exchange: the same values, the planned exchange and
+    cycles unchanged, one host copy fewer."""
+    refs = collections.Counter(_tensor_ids(program.outputs, []))
+    refs.update(_tensor_ids(program.inputs, []))
+    refs.update(_refs(program.body, []))
+    # A donated input's memory is also its output's: writes to either count.
+    aliases = collections.defaultdict(set)
+    for o, i in program.in_place.items():
+        aliases[program.inputs[i].id].add(program.outputs[o].tensor.id)
+        aliases[program.outputs[o].tensor.id].add(program.inputs[i].id)
+    lazy: dict = {}
+
+    def sequence(steps) -> None:
+        for i, step in enumerate(steps):
+            if isinstance(step, p.CONTROL):
+                if isinstance(step, p.Sequence):
+                    sequence(step.steps)
+                else:
+                    for child in p.children(step):
+                        sequence(child.steps)
+                continue
+            if not isinstance(step, p.Copy) or not isinstance(step.src, View) or step.src.is_whole_tensor:
+                continue
+            d, src = step.dst.id, _compose(step.src, lazy)
+            if src.tensor.id == d:
+                continue
+            readers, last = 0, None
+            for j in range(i + 1, len(steps)):
+                views = _read_views(steps[j])
+                if views is not None:
+                    mine = sum(v.tensor.id == d for v in views)
+                    if mine:
+                        readers, last = readers + mine, j
+            # Every other mention of the destination is one of these reads.
+            if not readers or refs[d] != 1 + readers:
+                continue
+            if any(op[0] == "gather" for op in src.ops) and readers > 1:
+                continue       # gathered once, not once per reader
+            sources = {src.tensor.id} | aliases[src.tensor.id]
+            safe = True
+            for j in range(i + 1, last + 1):
+                written = _written(steps[j])
+                if sources & set(written if written is not None else _refs(steps[j], [])):
+                    safe = False
+                    break
+            if safe:
+                lazy[d] = src
+
+    sequence(program.body.steps)
+    return lazy
+
+
 def _controls(step):
     if isinstance(step, p.CONTROL):
         yield step
@@ -103,6 +228,7 @@ class _Loaded:
     def __init__(self, program: Program):
         self.template: list = [t.constant for t in program.tensors]
         self.scratch = _scratch_partials(program)
+        self.lazy = lazy_copies(program) if LAZY_COPIES else {}
         self.has_control = any(isinstance(s, p.CONTROL) for s in program.body.steps)
         self.trace: list | None = [] if self.has_control else None
         self.steps = self._sequence(program.body)
@@ -160,9 +286,14 @@ class _Loaded:
     def _leaf(self, step):
         if isinstance(step, p.Execute):
             kernel = step.compute_set.kernel
+            if self.lazy and type(kernel) in _VIEW_READERS:
+                kernel = self._redirected(kernel)
             return kernels.build(kernel, scratch=getattr(getattr(kernel, "out", None), "id", None) in self.scratch)
         if isinstance(step, p.Copy):
-            src, tid, dtype, shape = step.src, step.dst.id, step.dst.dtype, step.dst.shape
+            if step.dst.id in self.lazy:
+                # Its readers read its source (a no-op keeps it in the trace).
+                return _no_op if self.trace is not None else None
+            src, tid, dtype, shape = _compose(step.src, self.lazy), step.dst.id, step.dst.dtype, step.dst.shape
             # A transposing copy keeps its source's layout (a plain memory
             # copy); a broadcast is laid out in order, not by its zero strides.
             order = "C" if any(op[0] == "broadcast" for op in getattr(src, "ops", ())) else "K"
@@ -179,6 +310,17 @@ class _Loaded:
         if isinstance(step, p.HostCall):
             return _host_call(step)
         return None   # host streams: run() binds inputs and collects outputs
+
+    def _redirected(self, kernel):
+        """The kernel reading lazy Copies' sources instead of their destinations."""
+        changes = {}
+        for name in _VIEW_READERS[type(kernel)][0]:
+            value = getattr(kernel, name)
+            if isinstance(value, tuple):
+                changes[name] = tuple(_compose(v, self.lazy) if isinstance(v, View) else v for v in value)
+            else:
+                changes[name] = _compose(value, self.lazy)
+        return dataclasses.replace(kernel, **changes)
 
     def _control(self, step):
         run = _run_steps
@@ -212,6 +354,10 @@ class _Loaded:
             default, control = self._sequence(step.default), step.control.id
             return lambda state: run(cases.get(int(state[control]), default), state)
         raise IpuRuntimeError(f"the IPU Model cannot run a {type(step).__name__} step")
+
+
+def _no_op(state) -> None:
+    pass
 
 
 def _host_call(step: p.HostCall):
