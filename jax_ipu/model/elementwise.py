@@ -143,9 +143,17 @@ def _select(pred, on_true, on_false, dtype, attrs):
         return np.where(p, t, f).astype(dtype, copy=False)
     # f ^ ((t ^ f) & mask), the mask all ones where pred: the chosen operand's bits.
     bits = _BITS[dtype.itemsize]
+    mask = np.negative(p.view(np.uint8), dtype=bits)
+    # The result in an array of its own (base None), which a chain keeps
+    # as its output without copying it.
+    out = np.empty(np.broadcast_shapes(p.shape, t.shape, f.shape), dtype)
+    if f.size == 1 and not f.view(bits).any():       # select(p, x, 0), e.g. relu's gradient
+        np.bitwise_and(t.view(bits), mask, out=out.view(bits))
+        return out
     fb = f.view(bits)
-    picked = np.bitwise_and(np.bitwise_xor(t.view(bits), fb), np.negative(p.view(np.uint8), dtype=bits))
-    return np.bitwise_xor(picked, fb, out=picked).view(dtype)
+    picked = np.bitwise_and(np.bitwise_xor(t.view(bits), fb), mask, out=mask)
+    np.bitwise_xor(picked, fb, out=out.view(bits))
+    return out
 
 
 def _total_order_key(a):

@@ -47,6 +47,11 @@ def _instruction(ins: codelets.Instruction, dtypes: list) -> tuple[Callable, boo
 # L2; smaller chunks cost more in numpy calls than they save (on 1M
 # elements with tanh and exp: 6.1 ms at 16K, 5.6 ms at 64K).
 CHAIN_CHUNK = 65536
+# Chains of ops numpy runs at memory speed (xla_chains.FAST_IN_NUMPY) take
+# bigger chunks: each numpy call costs several microseconds, and two threads
+# making many calls contend for the GIL (an SGD update of 401K elements on
+# two threads: 161 us in 64K chunks, 112 us in 256K chunks).
+FAST_CHAIN_CHUNK = 262144
 # A chunked chain of at least this many elements shares its chunks with a
 # helper thread (blas.helper_pool) when there is a second core.
 SHARED_CHAIN = 2 * CHAIN_CHUNK
@@ -92,6 +97,14 @@ def _build_chain(k: codelets.ElementwiseChain):
     outputs = [(reg, t.id, t.dtype, full[reg] and reg >= n_inputs) for reg, t in k.outputs]
     template = [constants.get(r) for r in range(n_inputs + len(k.instructions))]
     size = int(np.prod(shape, dtype=np.int64))
+    chunk = (FAST_CHAIN_CHUNK if all(ins.op in xla_chains.FAST_IN_NUMPY for ins in k.instructions)
+             else CHAIN_CHUNK)
+    # The last instruction writes straight into the output's memory when it
+    # is the chain's one output and a ufunc of that type (one pass fewer).
+    last = len(plan) - 1
+    direct = (len(outputs) == 1 and last >= 0 and outputs[0][0] == n_inputs + last and outputs[0][3]
+              and plan[last][0] is not None and isinstance(plan[last][0], np.ufunc)
+              and all(dtypes[a] == outputs[0][2] for a in plan[last][1]) and dtypes[outputs[0][0]] == outputs[0][2])
     chunkable = (size >= 2 * CHAIN_CHUNK
                  and all(full[r] or np.size(s) == 1 if isinstance(s, View) else full[r] or np.ndim(s) == 0
                          for r, s in enumerate(k.inputs))
@@ -132,15 +145,26 @@ def _build_chain(k: codelets.ElementwiseChain):
         # Element-wise: the helper thread may take the second half (each
         # element is computed by the same ufuncs either way).
         half = (size // 2 + CHAIN_CHUNK - 1) // CHAIN_CHUNK * CHAIN_CHUNK
+        if chunk != CHAIN_CHUNK:
+            half = (size // 2 + 7) // 8 * 8
         other_regs = regs.copy()
         blas.run_halves(lambda: _span(regs, flat, dests, 0, half),
                         lambda: _span(other_regs, flat, dests, half, size))
 
     def _span(regs, flat, dests, start, stop):
-        for lo in range(start, stop, CHAIN_CHUNK):
-            hi = min(lo + CHAIN_CHUNK, stop)
+        for lo in range(start, stop, chunk):
+            hi = min(lo + chunk, stop)
             for reg, value in flat:
                 regs[reg] = value[lo:hi]
+            if direct:
+                for fn, args, dest, reuse in plan[:last]:
+                    if reuse is None:
+                        regs[dest] = fn(*[regs[a] for a in args])
+                    else:
+                        regs[dest] = fn(*[regs[a] for a in args], out=regs[reuse])
+                fn, args, _, _ = plan[last]
+                fn(*[regs[a] for a in args], out=dests[0][1][lo:hi])
+                continue
             for fn, args, dest, reuse in plan:
                 if reuse is None:
                     regs[dest] = fn(*[regs[a] for a in args])

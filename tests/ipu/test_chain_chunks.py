@@ -23,6 +23,7 @@ def numpy_chains(monkeypatch):
 def _both(monkeypatch, program, inputs, donated=frozenset()):
     chunked = Engine(SMALL).run(program, [a.copy() for a in inputs], donated)
     monkeypatch.setattr(kernels, "CHAIN_CHUNK", 1 << 40)   # one chunk: the whole-array evaluation
+    monkeypatch.setattr(kernels, "FAST_CHAIN_CHUNK", 1 << 40)
     whole = Engine(SMALL).run(program, [a.copy() for a in inputs], donated)
     return chunked, whole
 
@@ -70,3 +71,26 @@ def test_chain_on_a_transposed_layout_gives_the_same_values():
     want = Engine(SMALL).run(program, [x, y])[0]
     got = Engine(SMALL).run(program, [np.asfortranarray(x), y])[0]
     np.testing.assert_array_equal(got, want)
+
+
+def test_chain_of_fast_ops_writes_its_last_op_into_the_output(monkeypatch):
+    """An SGD-like update (ops numpy runs at memory speed) of a donated
+    buffer: big chunks, the last op writing straight into the buffer, on
+    one thread or two halves: the values of the whole-array evaluation."""
+    from jax_ipu.compiler import compile_module
+    from jax_ipu.stablehlo import import_module
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((784, 512)).astype(np.float32)
+    g = rng.standard_normal((784, 512)).astype(np.float32)
+    text = jax.jit(lambda w, g: w - 0.01 * g, donate_argnums=0).lower(w, g).as_text()
+    program = compile_module(import_module(text), SMALL)
+    assert kernels.FAST_CHAIN_CHUNK > kernels.CHAIN_CHUNK
+    donated = w.copy()
+    out = Engine(SMALL).run(program, [donated, g], frozenset({0}))[0]
+    assert out is donated
+    np.testing.assert_array_equal(out, w - np.float32(0.01) * g)
+    fresh = Engine(SMALL).run(program, [w.copy(), g])[0]
+    np.testing.assert_array_equal(fresh, out)
+    chunked, whole = _both(monkeypatch, program, [w, g])
+    np.testing.assert_array_equal(chunked[0], whole[0])
+    np.testing.assert_array_equal(whole[0], out)

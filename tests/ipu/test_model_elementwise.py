@@ -28,6 +28,13 @@ def test_masked_select_picks_the_same_bits_as_where(dtype, shapes):
     want = np.where(pred, on_true, on_false)
     assert got.dtype == want.dtype and got.shape == want.shape
     np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+    # select(p, x, 0) (relu's gradient) takes a shorter path; -0.0 is not
+    # zero bits and takes the general one.
+    for zero in (np.zeros((), dtype), np.array(-0.0).astype(dtype)):
+        got = elementwise.OPS["select"](pred, on_true, zero, dtype=np.dtype(dtype), attrs={})
+        want = np.where(pred, on_true, zero)
+        assert got.dtype == want.dtype and got.shape == want.shape and got.base is None
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
 
 
 @pytest.mark.parametrize("n", [100, 70_000])      # whole, and in chunks
