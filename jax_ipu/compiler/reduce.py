@@ -81,6 +81,28 @@ def _chunks(reduced: int, kept: int, tiles: int, min_chunk: int) -> int:
     return max(d for d in range(1, limit + 1) if reduced % d == 0)
 
 
+# Outputs a row must hold for a reduction over leading dims to combine
+# rows (numpy then adds contiguous runs of at least this many elements);
+# narrower ones are transposed first and reduced along rows.
+OUTER_MIN_KEPT = 64
+
+
+def _outer_reads(intervals: np.ndarray, chunks: int, size: int, kept: int) -> np.ndarray:
+    """Intervals of the [chunks, size, kept] input behind the partials
+    [kept, chunks] elements `intervals`: for each chunk j and run of outputs
+    [o0, o1), that run in each of the chunk's `size` rows."""
+    e = np.concatenate([np.arange(a, z) for a, z in intervals])
+    o, j = e // chunks, e % chunks
+    reads = []
+    for jj in np.unique(j):
+        run = o[j == jj]
+        breaks = np.flatnonzero(np.diff(run) != 1) + 1
+        starts, ends = run[np.r_[0, breaks]], run[np.r_[breaks - 1, len(run) - 1]] + 1
+        rows = (jj * size + np.arange(size)) * kept
+        reads.append(np.stack([(rows[:, None] + starts).ravel(), (rows[:, None] + ends).ravel()], 1))
+    return np.concatenate(reads)
+
+
 def _init_source(lowered) -> View | np.ndarray:
     """A reduction's init value: an immediate, or a one-element view."""
     if isinstance(lowered, Splat):
@@ -108,9 +130,16 @@ def reduce(b: Builder, op: ir.Op) -> None:
     chunks = _chunks(reduced, kept, b.target.num_tiles,
                      max(1, MIN_BYTES_PER_TILE // max(d.itemsize for d in dtypes)))
     size = reduced // chunks
+    # Reduced dims leading (a sum over the batch): each tile combines whole
+    # rows of its outputs' elements, as Poplar reduces outer dimensions,
+    # instead of a transposing Copy first.
+    outer = (single is not None and kept >= OUTER_MIN_KEPT and dims == list(range(len(dims))))
     xs = []
     for value in op.operands[:n]:
         x = b.view(value, name_of(op))
+        if outer:
+            xs.append(x.then("reshape", (chunks, size, kept)))
+            continue
         if kept_dims + dims != sorted(kept_dims + dims):
             x = copy_to_new(b, op, x.then("transpose", tuple(kept_dims + dims)))
         xs.append(x.then("reshape", (kept, chunks, size)))
@@ -125,11 +154,12 @@ def reduce(b: Builder, op: ir.Op) -> None:
     for tile in mapping.tiles_used():
         intervals = mapping.intervals_on(tile)
         count = int((intervals[:, 1] - intervals[:, 0]).sum())
+        reads = _outer_reads(intervals, chunks, size, kept) if outer else intervals * size
         vertices.append(Vertex(f"ReducePartial<{what},{dtypes[0].name}>", int(tile),
-                               tuple(Region(x.tensor, intervals * size) for x in xs),
+                               tuple(Region(x.tensor, reads) for x in xs),
                                tuple(Region(p, intervals) for p in partials),
                                cost.reduce_cycles(b.target, count * size * per_element, dtypes[0])))
-    kernel = (codelets.ReducePartials(xs[0], single, partials[0]) if single else
+    kernel = (codelets.ReducePartials(xs[0], single, partials[0], outer) if single else
               codelets.TreeReduce(tuple(xs), 2, program, results, None, tuple(partials)))
     b.execute(f"reduce {what} {name_of(op)} partials", kernel, vertices)
 

@@ -49,10 +49,13 @@ class MatMulPartials:
 
 @dataclasses.dataclass(eq=False)
 class ReducePartials:
-    """out[o, j] = op-reduction of input[o, j, :], accumulated in out.dtype."""
-    input: View                    # [O, chunks, chunk_size]
+    """out[o, j] = op-reduction of input[o, j, :], accumulated in out.dtype;
+    `outer`: of input[j, :, o] (reduced dims leading, as a batch sum's),
+    the chunk's rows combined one after the other."""
+    input: View                    # [O, chunks, chunk_size], or [chunks, chunk_size, O] if outer
     op: str                        # "add" | "multiply" | "maximum" | "minimum" | "and" | "or"
     out: Tensor                    # [O, chunks]
+    outer: bool = False
 
 
 @dataclasses.dataclass(eq=False)

@@ -324,6 +324,11 @@ def _build_matmul_combined(k: codelets.MatMulPartials):
 
 def _build_reduce_partials(k: codelets.ReducePartials):
     get, tid, ufunc, acc = reader(k.input), k.out.id, REDUCE_UFUNCS[k.op], k.out.dtype
+    if k.outer:
+        def run_outer(state):
+            # [chunks, O], each chunk's rows combined in order, as [O, chunks].
+            state[tid] = np.ascontiguousarray(ufunc.reduce(get(state), axis=1, dtype=acc).T)
+        return run_outer
 
     def run(state):
         state[tid] = ufunc.reduce(get(state), axis=2, dtype=acc)
