@@ -326,6 +326,12 @@ def _build_matmul_combined(k: codelets.MatMulPartials):
     return run
 
 
+# Reductions over at most this many contiguous elements, of at least
+# SHORT_AXIS_ROWS outputs, go element by element along the axis.
+SHORT_AXIS = 16
+SHORT_AXIS_ROWS = 256
+
+
 def _build_reduce_partials(k: codelets.ReducePartials):
     get, tid, ufunc, acc = reader(k.input), k.out.id, REDUCE_UFUNCS[k.op], k.out.dtype
     if k.outer:
@@ -333,6 +339,19 @@ def _build_reduce_partials(k: codelets.ReducePartials):
             # [chunks, O], each chunk's rows combined in order, as [O, chunks].
             state[tid] = np.ascontiguousarray(ufunc.reduce(get(state), axis=1, dtype=acc).T)
         return run_outer
+
+    rows, size = k.input.shape[0] * k.input.shape[1], k.input.shape[2]
+    if 1 < size <= SHORT_AXIS and rows >= SHORT_AXIS_ROWS:
+        def run_short(state):
+            # Element after element into the accumulator: numpy's reduce over
+            # a short contiguous axis costs 10-20x as much (a max pool's 2x2
+            # windows). Combined in order, as XLA:CPU combines a window's.
+            x = get(state)
+            total = x[..., 0].astype(acc)      # a copy of its own
+            for i in range(1, size):
+                ufunc(total, x[..., i], out=total)
+            state[tid] = total
+        return run_short
 
     def run(state):
         state[tid] = ufunc.reduce(get(state), axis=2, dtype=acc)

@@ -169,3 +169,30 @@ def test_pad_and_reverse_of_a_scalar_stay_scalars():
     assert float(z) == 1.0
     _, vjp = jax.vjp(lambda o: lax.pad(o, np.array(0, np.float16), ()), x)
     assert float(vjp(jax.device_put(np.float16(3.0), ipu))[0]) == 3.0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
+@pytest.mark.parametrize("window", [(2, 2), (3, 3)])
+def test_pooling_many_windows_element_by_element(dtype, window):
+    """Thousands of small windows: the IPU Model reduces each window's few
+    elements one after the other (kernels.SHORT_AXIS), in order as XLA:CPU
+    does; max and min exact, sums within the stated tolerance."""
+    from jax_ipu.model import kernels
+    assert window[0] * window[1] <= kernels.SHORT_AXIS
+    x = rand((8, 28, 28, 16), dtype, seed=5)
+    dims, strides = (1, *window, 1), (1, *window, 1)
+    init_max = -np.inf if np.dtype(dtype).kind == "f" else np.iinfo(dtype).min
+    init_min = np.inf if np.dtype(dtype).kind == "f" else np.iinfo(dtype).max
+    check(lambda x: (lax.reduce_window(x, np.array(init_max, dtype), lax.max, dims, strides, "VALID"),
+                     lax.reduce_window(x, np.array(init_min, dtype), lax.min, dims, strides, "SAME")), x)
+
+    def sums(x):
+        return lax.reduce_window(x, np.array(0, dtype), lax.add, dims, (1, 1, 1, 1), "VALID")
+    if np.dtype(dtype) != np.float16:
+        check(sums, x)
+        return
+    # float16: the Model accumulates in float32 and rounds once; XLA:CPU
+    # rounds every add to float16 (up to 0.008 apart over 9 elements).
+    got = np.asarray(jax.jit(sums)(jax.device_put(x, jax.devices("ipu")[0]))).astype(np.float32)
+    want = lax.reduce_window(x.astype(np.float32), np.float32(0), lax.add, dims, (1, 1, 1, 1), "VALID")
+    np.testing.assert_allclose(got, np.asarray(want), rtol=1e-3, atol=1e-3)
