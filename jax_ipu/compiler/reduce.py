@@ -83,8 +83,10 @@ def _chunks(reduced: int, kept: int, tiles: int, min_chunk: int) -> int:
 
 # Outputs a row must hold for a reduction over leading dims to combine
 # rows (numpy then adds contiguous runs of at least this many elements);
-# narrower ones are transposed first and reduced along rows.
-OUTER_MIN_KEPT = 64
+# narrower ones are transposed first and reduced along rows. A conv bias
+# gradient (sum of [32, 28, 28, 16] over all but the channels) took 0.56 ms
+# transposed, 0.1 ms by rows of 16.
+OUTER_MIN_KEPT = 16
 
 
 def _outer_reads(intervals: np.ndarray, chunks: int, size: int, kept: int) -> np.ndarray:
