@@ -176,6 +176,15 @@ def lazy_copies(program: Program) -> dict:
     lazy: dict = {}
 
     def sequence(steps) -> None:
+        views = [_read_views(step) for step in steps]
+        writes: dict[int, set] = {}     # of the steps a hazard check reaches, made once
+
+        def written(j: int) -> set:
+            if j not in writes:
+                found = _written(steps[j])
+                writes[j] = found if found is not None else set(_refs(steps[j], []))
+            return writes[j]
+
         for i, step in enumerate(steps):
             if isinstance(step, p.CONTROL):
                 if isinstance(step, p.Sequence):
@@ -191,9 +200,8 @@ def lazy_copies(program: Program) -> dict:
                 continue
             readers, last = 0, None
             for j in range(i + 1, len(steps)):
-                views = _read_views(steps[j])
-                if views is not None:
-                    mine = sum(v.tensor.id == d for v in views)
+                if views[j] is not None:
+                    mine = sum(v.tensor.id == d for v in views[j])
                     if mine:
                         readers, last = readers + mine, j
             # Every other mention of the destination is one of these reads.
@@ -202,13 +210,7 @@ def lazy_copies(program: Program) -> dict:
             if any(op[0] == "gather" for op in src.ops) and readers > 1:
                 continue       # gathered once, not once per reader
             sources = {src.tensor.id} | aliases[src.tensor.id]
-            safe = True
-            for j in range(i + 1, last + 1):
-                written = _written(steps[j])
-                if sources & set(written if written is not None else _refs(steps[j], [])):
-                    safe = False
-                    break
-            if safe:
+            if not any(sources & written(j) for j in range(i + 1, last + 1)):
                 lazy[d] = src
 
     sequence(program.body.steps)

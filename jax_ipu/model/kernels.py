@@ -101,14 +101,15 @@ def _build_chain(k: codelets.ElementwiseChain):
     outputs = [(reg, t.id, t.dtype, full[reg] and reg >= n_inputs) for reg, t in k.outputs]
     template = [constants.get(r) for r in range(n_inputs + len(k.instructions))]
     size = int(np.prod(shape, dtype=np.int64))
-    chunk = (FAST_CHAIN_CHUNK if all(ins.op in xla_chains.FAST_IN_NUMPY for ins in k.instructions)
-             else CHAIN_CHUNK)
+    fast = all(ins.op in xla_chains.FAST_IN_NUMPY for ins in k.instructions)
+    chunk = FAST_CHAIN_CHUNK if fast else CHAIN_CHUNK
     # The last instruction writes straight into the output's memory when it
     # is the chain's one output and a ufunc of that type (one pass fewer).
     last = len(plan) - 1
     direct = (len(outputs) == 1 and last >= 0 and outputs[0][0] == n_inputs + last and outputs[0][3]
-              and plan[last][0] is not None and isinstance(plan[last][0], np.ufunc)
+              and isinstance(plan[last][0], np.ufunc)
               and all(dtypes[a] == outputs[0][2] for a in plan[last][1]) and dtypes[outputs[0][0]] == outputs[0][2])
+    body = plan[:last] if direct else plan      # what _span runs into registers
     chunkable = (size >= 2 * CHAIN_CHUNK
                  and all(full[r] or np.size(s) == 1 if isinstance(s, View) else full[r] or np.ndim(s) == 0
                          for r, s in enumerate(k.inputs))
@@ -143,14 +144,12 @@ def _build_chain(k: codelets.ElementwiseChain):
             else:
                 return run(state)
             dests.append((reg, dest))
-        if size < (SHARED_CHAIN if chunk == CHAIN_CHUNK else FAST_SHARED_CHAIN):
+        if size < (FAST_SHARED_CHAIN if fast else SHARED_CHAIN):
             _span(regs, flat, dests, 0, size)
             return
         # Element-wise: the helper thread may take the second half (each
         # element is computed by the same ufuncs either way).
-        half = (size // 2 + CHAIN_CHUNK - 1) // CHAIN_CHUNK * CHAIN_CHUNK
-        if chunk != CHAIN_CHUNK:
-            half = (size // 2 + 7) // 8 * 8
+        half = (size // 2 + 7) // 8 * 8 if fast else (size // 2 + CHAIN_CHUNK - 1) // CHAIN_CHUNK * CHAIN_CHUNK
         other_regs = regs.copy()
         blas.run_halves(lambda: _span(regs, flat, dests, 0, half),
                         lambda: _span(other_regs, flat, dests, half, size))
@@ -160,20 +159,15 @@ def _build_chain(k: codelets.ElementwiseChain):
             hi = min(lo + chunk, stop)
             for reg, value in flat:
                 regs[reg] = value[lo:hi]
-            if direct:
-                for fn, args, dest, reuse in plan[:last]:
-                    if reuse is None:
-                        regs[dest] = fn(*[regs[a] for a in args])
-                    else:
-                        regs[dest] = fn(*[regs[a] for a in args], out=regs[reuse])
-                fn, args, _, _ = plan[last]
-                fn(*[regs[a] for a in args], out=dests[0][1][lo:hi])
-                continue
-            for fn, args, dest, reuse in plan:
+            for fn, args, dest, reuse in body:
                 if reuse is None:
                     regs[dest] = fn(*[regs[a] for a in args])
                 else:
                     regs[dest] = fn(*[regs[a] for a in args], out=regs[reuse])
+            if direct:
+                fn, args, _, _ = plan[last]
+                fn(*[regs[a] for a in args], out=dests[0][1][lo:hi])
+                continue
             for reg, dest in dests:
                 np.copyto(dest[lo:hi], regs[reg], casting="unsafe")
 
