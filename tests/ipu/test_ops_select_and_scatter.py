@@ -13,15 +13,11 @@ import numpy as np
 import pytest
 from jax import lax
 from jax._src.lax.windowed_reductions import _select_and_scatter, _select_and_scatter_add
+from test_ops_windows import ipu_and_cpu
 
 
 def same_bits(f, *args):
-    ipu, cpu = jax.devices("ipu")[0], jax.devices("cpu")[0]
-    got = jax.jit(f)(*jax.device_put(args, ipu))
-    want = jax.jit(f)(*jax.device_put(args, cpu))
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-        g, w = np.asarray(g), np.asarray(w)
-        assert g.dtype == w.dtype and g.shape == w.shape
+    for g, w in ipu_and_cpu(f, *args):
         np.testing.assert_array_equal(g.view(f"u{g.dtype.itemsize}"), w.view(f"u{w.dtype.itemsize}"))
 
 

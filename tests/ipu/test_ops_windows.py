@@ -19,13 +19,20 @@ def rand(shape, dtype, seed=0):
     return rng.integers(-20, 20, shape).astype(dtype)
 
 
-def check(f, *args):
+def ipu_and_cpu(f, *args) -> list[tuple[np.ndarray, np.ndarray]]:
+    """f's outputs on ipu and on the CPU backend, pair by pair, of one
+    dtype and shape."""
     ipu, cpu = jax.devices("ipu")[0], jax.devices("cpu")[0]
     got = jax.jit(f)(*jax.device_put(args, ipu))
     want = jax.jit(f)(*jax.device_put(args, cpu))
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-        g, w = np.asarray(g), np.asarray(w)
+    pairs = [(np.asarray(g), np.asarray(w)) for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want))]
+    for g, w in pairs:
         assert g.dtype == w.dtype and g.shape == w.shape
+    return pairs
+
+
+def check(f, *args):
+    for g, w in ipu_and_cpu(f, *args):
         tol = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5}.get(w.dtype, 0)
         np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
 
