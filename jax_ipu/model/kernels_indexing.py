@@ -107,8 +107,9 @@ def _build_gather(k: ci.Gather):
     operand, indices, tid = reader(k.operand), reader(k.indices), k.out.id
 
     def run(state):
-        state[tid] = np.ascontiguousarray(gather(operand(state), indices(state), k.dimension_numbers,
-                                                 k.slice_sizes))
+        # (not ascontiguousarray, which makes a 0-d result 1-d)
+        state[tid] = np.asarray(gather(operand(state), indices(state), k.dimension_numbers, k.slice_sizes),
+                                order="C")
     return run
 
 

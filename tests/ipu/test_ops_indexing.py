@@ -139,3 +139,13 @@ def test_indexing_inside_scan(ipu):
     ids_ = np.array([3, 9, 0, 3], np.int32)
     check(ipu, lambda t, ids: lax.scan(lambda c, i: (c + t[i], c.at[0].set(i.astype(jnp.float32))),
                                        jnp.zeros(2), ids), table, ids_)
+
+
+def test_a_scalar_gather_keeps_its_shape_in_the_model():
+    """A gather of one element (x[i] with a traced i) is 0-d in the Model's
+    state, not 1-d: the engine's results have the program's shapes."""
+    from test_compiler import run_ipu
+    x, i = np.arange(10, dtype=np.float32), np.int32(7)
+    got = run_ipu(lambda x, i: (x[i], x[i] * 2 + x[i - 1]), x, i)
+    assert [g.shape for g in got] == [(), ()]
+    assert [float(g) for g in got] == [7.0, 20.0]
