@@ -3,7 +3,13 @@ dimension last (a Copy when that is a layout change), whole rows mapped to
 tiles, one vertex per tile sorting its rows. A comparator that is LT or GT
 of one key computed from one operand (JAX's total-order float compare, or
 an integer compare) sorts by that key; any other comparator runs as a
-stable merge sort evaluating the comparator body."""
+stable merge sort evaluating the comparator body.
+
+A row too long for one tile's memory sorts by a key across tiles: cut
+into blocks on their own tiles, each block sorted (BlockSort), then
+Batcher's odd-even merge network over the blocks, each stage a compute set
+of merge-splits of block pairs (MergeSplit), ties broken by position so
+the result is stable."""
 from __future__ import annotations
 
 import math
@@ -56,6 +62,12 @@ def key_comparator(program, result: int, n_args: int) -> tuple[int, bool] | None
     return None
 
 
+def _key_dtype(op: ir.Op, program, register: int, n_args: int) -> np.dtype:
+    if register < n_args:
+        return np.dtype(op.operands[register // 2].type.dtype)
+    return np.dtype(program[register - n_args].dtype)
+
+
 def rows_mapping(b: Builder, rows: int, n: int) -> TileMapping:
     """Whole rows on each tile, spread linearly."""
     per_tile = max(1, -(-rows // b.target.num_tiles)) * n
@@ -76,10 +88,10 @@ def as_rows(b: Builder, op: ir.Op, value: ir.Value, dim: int) -> View:
 
 
 def from_rows(b: Builder, op: ir.Op, out, shape: tuple[int, ...], dim: int) -> View:
-    """A [rows, n] result back in the op's dimension order."""
+    """A [rows, n] result (a tensor or view) back in the op's dimension order."""
     rank = len(shape)
     moved = tuple(shape[d] for d in range(rank) if d != dim) + (shape[dim],)
-    view = View(out).then("reshape", moved)
+    view = (out if isinstance(out, View) else View(out)).then("reshape", moved)
     if dim == rank - 1:
         return view.then("reshape", shape)
     perm = tuple(d for d in range(rank) if d != dim) + (dim,)
@@ -116,6 +128,14 @@ def sort(b: Builder, op: ir.Op) -> None:
     n = shape[dim]
     rows = op.results[0].type.size // n
     inputs = [as_rows(b, op, v, dim) for v in op.operands]
+    itemsize = sum(v.type.dtype.itemsize for v in op.operands)
+    rows_per_tile = -(-rows // b.target.num_tiles)
+    if (key is not None and _key_dtype(op, program, key[0], n_args).itemsize <= 4
+            and 2 * rows_per_tile * n * itemsize > b.target.bytes_per_tile // 2):
+        results = _block_sort(b, op, inputs, program, key, rows, n, itemsize)
+        for r, out in zip(op.results, results):
+            b.values[r] = from_rows(b, op, out, r.type.shape, dim)
+        return
     mapping = rows_mapping(b, rows, n)
     outs = [b.tensor(name_of(op), (rows, n), v.type.dtype, mapping) for v in op.operands]
     passes = max(1, math.ceil(math.log2(n)))
@@ -128,6 +148,96 @@ def sort(b: Builder, op: ir.Op) -> None:
     b.execute(f"sort {kind} {name_of(op)}", ci.Sort(tuple(inputs), program, result, key, tuple(outs)), vertices)
     for r, out in zip(op.results, outs):
         b.values[r] = from_rows(b, op, out, r.type.shape, dim)
+
+
+def _merge_pairs(blocks: int) -> list[list[tuple[int, int]]]:
+    """Batcher's odd-even merge sort over `blocks` (a power of two) sorted
+    blocks: the stages, each a list of disjoint (lo, hi) block pairs."""
+    stages = []
+    p = 1
+    while p < blocks:
+        k = p
+        while k >= 1:
+            stage = [(i + j, i + j + k)
+                     for j in range(k % p, blocks - k, 2 * k)
+                     for i in range(min(k, blocks - j - k))
+                     if (i + j) // (2 * p) == (i + j + k) // (2 * p)]
+            stages.append(stage)
+            k //= 2
+        p *= 2
+    return stages
+
+
+def _block_sort(b: Builder, op: ir.Op, inputs: list[View], program, key, rows: int, n: int,
+                itemsize: int) -> list[View]:
+    """Rows sorted by a key across tiles (see the module's docstring)."""
+    target = b.target
+    # A tile holds each of its blocks of every operand and the index twice
+    # (the merge stages alternate between two sets of tensors) and, in a
+    # stage, the partner block it receives: keep that within a third of it.
+    most = max(1, target.bytes_per_tile // 3 // (3 * (itemsize + 4)))
+    blocks = 1 << max(0, math.ceil(math.log2(-(-n // most))))
+    block = -(-n // blocks)
+    if rows * blocks * block >= 1 << 31 or blocks * block >= 1 << 29:
+        raise IpuUnimplementedError.for_op(
+            op, f"sorting {rows} rows of {n} elements is beyond what one program sorts",
+            "Sort fewer or shorter rows per call")
+    width = blocks * block
+    mapping = TileMapping.linear(rows * width, target.num_tiles, grain=block, min_elements_per_tile=block)
+    name = name_of(op)
+    outs = [b.tensor(f"{name}/blocks", (rows, width), x.dtype, mapping) for x in inputs]
+    index = b.tensor(f"{name}/index", (rows, width), np.int32, mapping)
+    tensors = outs + [index]
+    passes = max(1, math.ceil(math.log2(max(block, 2))))
+    sort_cycles = cost.worker_cycles(target, block * passes * (1 + len(inputs) + 1), 1, 1)
+    vertices = []
+    for tile in mapping.tiles_used():
+        intervals = mapping.intervals_on(tile)
+        reads = []
+        for start, stop in intervals:
+            for first in range(int(start), int(stop), block):
+                r, j = divmod(first // block, blocks)
+                lo, hi = r * n + j * block, r * n + min(n, (j + 1) * block)
+                if lo < hi:
+                    reads.append((lo, hi))
+        count = int((intervals[:, 1] - intervals[:, 0]).sum()) // block
+        span = np.array(reads, dtype=np.int64).reshape(-1, 2)
+        vertices.append(Vertex(f"BlockSort<{outs[0].dtype.name}>", int(tile),
+                               tuple(Region(x.tensor, span) for x in inputs),
+                               tuple(Region(t, intervals) for t in tensors),
+                               int(target.supervisor_cycles + sort_cycles * count)))
+    b.execute(f"sort blocks {name}", ci.BlockSort(tuple(inputs), program, key, blocks, block,
+                                                  tuple(outs), index), vertices)
+    # The stages alternate between two sets of tensors (a compute set may
+    # not read what it writes); unpaired blocks are copied across.
+    spare = [b.tensor(f"{name}/merged", (rows, width), t.dtype, mapping) for t in tensors]
+    merge_cycles = cost.worker_cycles(target, 2 * block * (2 + len(tensors)), 1, 1)
+    copy_cycles = cost.worker_cycles(target, block * len(tensors), 1, 1)
+    tile_blocks = {int(tile): np.concatenate([np.arange(start, stop, block) // block
+                                              for start, stop in mapping.intervals_on(tile)])
+                   for tile in mapping.tiles_used()}
+    for number, stage in enumerate(_merge_pairs(blocks)):
+        lo, hi = zip(*stage)
+        partner = np.full(blocks, -1, dtype=np.int64)
+        partner[list(lo)], partner[list(hi)] = hi, lo
+        vertices = []
+        for tile, own in tile_blocks.items():
+            other = partner[own % blocks]
+            paired = other >= 0
+            read = np.concatenate([own, (own - own % blocks + other)[paired]])
+            spans = lambda ids: np.stack([ids * block, (ids + 1) * block], axis=1)  # noqa: E731
+            vertices.append(Vertex(f"MergeSplit<{outs[0].dtype.name}>", tile,
+                                   tuple(Region(t, spans(np.sort(read))) for t in tensors),
+                                   tuple(Region(t, spans(own)) for t in spare),
+                                   int(target.supervisor_cycles + merge_cycles * paired.sum()
+                                       + copy_cycles * (~paired).sum())))
+        b.execute(f"sort merge {number} {name}",
+                  ci.MergeSplit(tuple(tensors), tuple(spare), program, key, n, block, lo, hi), vertices)
+        tensors, spare = spare, tensors
+    outs = tensors[:-1]
+    if width == n:
+        return [View(t) for t in outs]
+    return [View(t).then("slice", (0, 0), (rows, n), (1, 1)) for t in outs]
 
 
 def top_k(b: Builder, op: ir.Op) -> None:

@@ -71,6 +71,43 @@ class Sort:
 
 
 @dataclasses.dataclass(eq=False)
+class BlockSort:
+    """The first step of sorting rows too long for one tile by a key
+    (Sort.key): each row ([rows, n] views) is cut into `blocks` blocks of
+    `block` elements on their own tiles (the last padded past n), and each
+    block is sorted by (key, position in the row), padding last. outs:
+    [rows, blocks * block] per operand, and `index`, the elements'
+    positions in the row (int32)."""
+    inputs: tuple[View, ...]
+    body: tuple[Instruction, ...]
+    key: tuple[int, bool]
+    blocks: int
+    block: int
+    outs: tuple[Tensor, ...]
+    index: Tensor
+
+
+@dataclasses.dataclass(eq=False)
+class MergeSplit:
+    """One stage of the sorting network over BlockSort's blocks, from
+    `sources` into `targets` (the operands' blocks, then the index: a
+    vertex may not write what another reads in the same compute set, so
+    the stages alternate between two sets of tensors): for each pair
+    (lo[i], hi[i]) of blocks of every row, the two sorted blocks are merged
+    by (key, position) and the smaller half goes to block lo[i], the rest
+    to hi[i]; unpaired blocks are copied. `n`: the row's length before
+    padding (positions >= n are padding and sort last)."""
+    sources: tuple[Tensor, ...]
+    targets: tuple[Tensor, ...]
+    body: tuple[Instruction, ...]
+    key: tuple[int, bool]
+    n: int
+    block: int
+    lo: tuple[int, ...]
+    hi: tuple[int, ...]
+
+
+@dataclasses.dataclass(eq=False)
 class TopK:
     """The k largest of each row of `input` ([rows, n]) in IEEE total
     order, lower indices first among equals, and their int32 indices."""

@@ -192,8 +192,13 @@ def _build_scatter(k: ci.Scatter):
 
 def _comparator(k: ci.Sort) -> Callable:
     """less(lhs arrays, rhs arrays) -> bool array, from the body program."""
-    dtypes = [v.dtype for v in k.inputs for _ in range(2)] + [i.dtype for i in k.body]
-    steps = [(_instruction(ins, dtypes)[0], ins.args) for ins in k.body]
+    return _registers([v.dtype for v in k.inputs], k.body)
+
+
+def _registers(operand_dtypes: list, body) -> Callable:
+    """registers(lhs arrays, rhs arrays) -> the comparator body's registers."""
+    dtypes = [d for d in operand_dtypes for _ in range(2)] + [i.dtype for i in body]
+    steps = [(_instruction(ins, dtypes)[0], ins.args) for ins in body]
 
     def registers(lhs: list, rhs: list) -> list:
         regs = [x for pair in zip(lhs, rhs) for x in pair]
@@ -267,6 +272,60 @@ def _build_sort(k: ci.Sort):
     return run
 
 
+def _block_order(xs: list, registers, key: tuple[int, bool], position: np.ndarray, n: int) -> np.ndarray:
+    """Unique int64 sort keys of elements: (key, position in the row), with
+    positions >= n (padding) after every element. The keys are at most 32
+    bits (the compiler checks), shifted to [0, 2**33); positions take the
+    low bits."""
+    register, descending = key
+    k = np.broadcast_to(registers(xs, xs)[register], xs[0].shape)
+    k = _sort_key(k, descending) + (1 << 32)
+    k = np.where(position >= n, 1 << 33, k)
+    bits = max(int(position.max(initial=0)).bit_length(), 1)
+    return (k << bits) | position
+
+
+def _build_block_sort(k: ci.BlockSort):
+    inputs, outs, index = [reader(v) for v in k.inputs], [t.id for t in k.outs], k.index.id
+    registers = _registers([v.dtype for v in k.inputs], k.body)
+    rows, n = k.inputs[0].shape
+    width = k.blocks * k.block
+
+    def run(state):
+        padded = []
+        for get in inputs:
+            x = np.zeros((rows, width), k.inputs[len(padded)].dtype)
+            x[:, :n] = get(state)
+            padded.append(x)
+        position = np.broadcast_to(np.arange(width, dtype=np.int64), (rows, width))
+        order = _block_order(padded, registers, k.key, position, n).reshape(rows * k.blocks, k.block)
+        perm = np.argsort(order, axis=1)          # the keys are unique: any sort
+        for tid, x in zip(outs, padded):
+            state[tid] = np.take_along_axis(x.reshape(order.shape), perm, axis=1).reshape(rows, width)
+        state[index] = np.take_along_axis(position.reshape(order.shape), perm, axis=1).astype(np.int32).reshape(
+            rows, width)
+    return run
+
+
+def _build_merge_split(k: ci.MergeSplit):
+    sources, targets, s = [t.id for t in k.sources], [t.id for t in k.targets], k.block
+    registers = _registers([t.dtype for t in k.sources[:-1]], k.body)
+    lo, hi = np.array(k.lo), np.array(k.hi)
+    rows, width = k.sources[0].shape
+
+    def run(state):
+        blocks = [state[t].reshape(rows, width // s, s) for t in sources]
+        pairs = [np.concatenate([x[:, lo], x[:, hi]], axis=2) for x in blocks]
+        order = _block_order(pairs[:-1], registers, k.key, pairs[-1].astype(np.int64), k.n)
+        perm = np.argsort(order, axis=2, kind="stable")     # two sorted runs: one merge
+        for tid, x, both in zip(targets, blocks, pairs):
+            merged = np.take_along_axis(both, perm, axis=2)
+            out = x.copy()
+            out[:, lo], out[:, hi] = merged[..., :s], merged[..., s:]
+            state[tid] = out.reshape(rows, width)
+    return run
+
+
 def _build_top_k(k: ci.TopK):
     get, values, indices, count = reader(k.input), k.values.id, k.indices.id, k.values.shape[1]
 
@@ -284,5 +343,7 @@ BUILDERS = {
     ci.Gather: _build_gather,
     ci.Scatter: _build_scatter,
     ci.Sort: _build_sort,
+    ci.BlockSort: _build_block_sort,
+    ci.MergeSplit: _build_merge_split,
     ci.TopK: _build_top_k,
 }
