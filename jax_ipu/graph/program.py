@@ -38,6 +38,10 @@ class Program:
     shardings: tuple | None = None
     bytes_accessed: float = 0.0
     transcendentals: float = 0.0
+    # The arguments and results that are JAX's runtime tokens (empty bool
+    # arrays here).
+    token_inputs: tuple[int, ...] = ()
+    token_outputs: tuple[int, ...] = ()
 
     def cost_analysis(self) -> dict[str, float]:
         """JAX's figures, and the cycles: estimated_cycles leaves out the

@@ -4,6 +4,8 @@ from __future__ import annotations
 import hashlib
 import threading
 
+import numpy as np
+
 from jax_ipu import profile
 from jax_ipu.graph import programs as p
 from jax_ipu.errors import IpuInvalidArgument
@@ -197,6 +199,10 @@ def is_quick(program, num_devices: int) -> bool:
     return not blocks_or_loops(program.body)
 
 
+_EMPTY_TOKEN = np.zeros((0,), np.bool_)
+_EMPTY_TOKEN.setflags(write=False)
+
+
 class _Run:
     """One execution on one device's worker."""
 
@@ -247,8 +253,19 @@ class _Run:
                 with links.running(self.replica):   # a failure here releases the other replicas
                     results = self._run()
         except BaseException as exc:  # reaches the user at the next sync point
-            for out in self.outputs:
-                out.fail(exc)
+            tokens = self.program.token_outputs
+            # JAX passes the run's output token to the next program with
+            # ordered effects: were it failed too, every later such program
+            # would fail with this error (one failed callback or feed
+            # timeout would stop them all, where the CPU goes on). The
+            # error reaches the user through the run's other outputs; only
+            # a run that has none fails its tokens.
+            keep_tokens = len(tokens) < len(self.outputs)
+            for i, out in enumerate(self.outputs):
+                if keep_tokens and i in tokens:
+                    out.fulfil(_EMPTY_TOKEN)
+                else:
+                    out.fail(exc)
             if not self.outputs:
                 self.done.set(exc)
             if isinstance(exc, KeyboardInterrupt) and not self.device.worker.on_worker_thread():

@@ -6,6 +6,8 @@ import pytest
 from jax import lax
 from jax.experimental import io_callback
 
+from conftest import run_python
+
 
 def test_debug_print(ipu, capfd):
     def f(x):
@@ -70,6 +72,36 @@ def test_callback_exception_reaches_the_user(ipu):
         return jax.pure_callback(boom, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
     with pytest.raises(Exception, match="the user's callback failed"):
         jax.jit(f)(jax.device_put(np.ones(2, np.float32), ipu)).block_until_ready()
+
+
+def test_ordered_callbacks_run_again_after_one_failed():
+    """A failed ordered io_callback reports its error through the run's
+    results; the next ordered programs still run (as on the CPU), and the
+    process exits without re-raising it."""
+    code = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.experimental import io_callback
+state = {'fail': True, 'seen': []}
+def cb(x):
+    if state['fail']:
+        raise RuntimeError('host side failure')
+    state['seen'].append(float(x[0]))
+    return x
+f = jax.jit(lambda x: io_callback(cb, jax.ShapeDtypeStruct((3,), jnp.float32), x, ordered=True) * 2)
+x = jax.device_put(np.ones(3, np.float32), jax.devices('ipu')[0])
+try:
+    f(x).block_until_ready()
+except Exception as e:
+    print('FIRST', 'host side failure' in str(e))
+state['fail'] = False
+print('NEXT', np.asarray(f(x)), np.asarray(f(x + 1)))
+jax.effects_barrier()
+print('SEEN', state['seen'])
+"""
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert "FIRST True" in result.stdout and "NEXT [2. 2. 2.] [4. 4. 4.]" in result.stdout
+    assert "SEEN [1.0, 2.0]" in result.stdout and "Exception ignored" not in result.stderr
 
 
 def test_host_exchange_is_charged_at_the_host_link_rate(ipu):

@@ -83,9 +83,8 @@ def test_mismatched_batches_are_refused_at_put():
         feed.put([np.zeros((8, 4), np.float32)])
 
 
-# A failed execution with ordered effects fails JAX's runtime token, and JAX
-# raises that error again before the next ordered execution (on every
-# backend): such failures are tested in fresh processes.
+# Failures of executions with ordered effects are tested in fresh
+# processes, so that nothing of them can reach other tests.
 FAILING_FEED = """
 import jax, jax_ipu, numpy as np, threading
 from jax import lax
@@ -114,6 +113,18 @@ def test_an_empty_infeed_times_out_with_a_clear_error():
     assert result.returncode == 0, result.stderr
     assert "ERROR DEADLINE_EXCEEDED: infeed: nothing arrived within 0.5 s" in result.stdout
     assert "steps that ran 1" in result.stdout
+
+
+def test_a_loop_runs_again_once_fed_after_a_timeout():
+    """The timed-out run's error does not stick to the feed's ordered
+    effects: fed, the same loop runs (as on the CPU)."""
+    after = ("feed.put(np.ones(4, np.float32)); feed.put(np.ones(4, np.float32)); feed.put(np.ones(4, np.float32))\n"
+             "print('AGAIN', np.asarray(jax.jit(train)(jax.device_put(np.zeros(4, np.float32), "
+             "jax.devices('ipu')[0]))))")
+    result = run_python(FAILING_FEED.format(timeout=0.5, before="", after=after))
+    assert result.returncode == 0, result.stderr
+    assert "ERROR DEADLINE_EXCEEDED" in result.stdout and "AGAIN [3. 3. 3. 3.]" in result.stdout
+    assert "Exception ignored" not in result.stderr
 
 
 def test_closing_a_queue_wakes_a_waiting_program():
