@@ -109,6 +109,9 @@ class Executable:
             donated_set = frozenset(donated)
         else:
             donated, donated_set = self.donated, self.donated_set
+        if donated:
+            for row in args:
+                _check_donations(row, donated_set)
         if len(ids) == 1:    # the common case, kept lean: it is paid on every call
             device = self.client.device(ids[0])
             worker = device.worker
@@ -177,6 +180,21 @@ class Executable:
             if buf.device is not device:
                 raise IpuInvalidArgument(f"argument {i} of {self.name} is on {buf.device.to_string}, "
                                          f"not on {device.to_string}")
+
+
+def _check_donations(row: list[DeviceBuffer], donated: frozenset) -> None:
+    """A buffer donated at one position may not appear at another: the run
+    would read what it gave away (XLA refuses this too)."""
+    if len({id(b) for b in row}) == len(row):
+        return
+    first: dict[int, int] = {}
+    for i, buf in enumerate(row):
+        j = first.setdefault(id(buf), i)
+        if j != i and (i in donated or j in donated):
+            what = "donated twice" if i in donated and j in donated else "donated and also passed undonated"
+            raise IpuInvalidArgument(
+                f"the same array is arguments {j} and {i} of one call and is {what}; pass a copy "
+                f"(e.g. jnp.copy(x)) for one of them, or do not donate it")
 
 
 # Programs up to this many elements in all their tensors (and no loops) run

@@ -52,3 +52,18 @@ def test_donation_without_a_matching_output_is_dropped_not_wrong(ipu):
     with pytest.warns(UserWarning, match="donated"):
         y = jax.jit(lambda x: x.sum(), donate_argnums=0)(x)
     assert float(y) == 3.0
+
+
+@pytest.mark.parametrize("donate", [(0, 1), (0,), (1,)], ids=["both", "first", "second"])
+def test_one_array_donated_and_passed_again_is_refused_and_kept(ipu, donate):
+    """f(donate(a), a) and f(donate(a), donate(a)) are refused before
+    anything is given away, as XLA:CPU refuses them: the array survives."""
+    a = jax.device_put(np.arange(6, dtype=np.float32), ipu)
+    f = jax.jit(lambda x, y: (x + y, x * 2), donate_argnums=donate)
+    with pytest.raises(Exception, match="the same array is arguments 0 and 1 of one call"):
+        f(a, a)
+    assert not a.is_deleted()
+    np.testing.assert_array_equal(np.asarray(a), np.arange(6, dtype=np.float32))
+    b = jax.device_put(np.ones(6, np.float32), ipu)
+    out = f(a, b) if donate != (1,) else f(b, a)
+    np.testing.assert_array_equal(np.asarray(out[0]), np.arange(6, dtype=np.float32) + 1)
