@@ -92,6 +92,8 @@ def _inline(module, block: ir.Block, env: dict, out: list, depth: int, site: str
                 _bitcast_of_widths(operands[0], results[0], op.loc, out)
             elif op.name in _COUNTING and all(v.type.dtype == np.bool_ for v in operands + results):
                 _boolean_dot(op, operands, results[0], out)
+            elif op.name == "custom_call" and op.attrs.get("call_target_name") == "ApproxTopK":
+                _approx_top_k(module, op, operands, results, out, site)
             else:
                 out.append(ir.Op(op.name, operands, results, op.attrs, regions, op.loc))
             env.update(zip(op.results, results))
@@ -105,6 +107,28 @@ def _inline_region(module, block: ir.Block, env: dict, depth: int, site: str | N
     ops: list[ir.Op] = []
     results = _inline(module, block, {**env, **dict(zip(block.args, args))}, ops, depth, site)
     return ir.Block(args, ops, results)
+
+
+def _approx_top_k(module, op: ir.Op, operands: list, results: list, out: list, site: str | None) -> None:
+    """lax.approx_max_k / approx_min_k, exactly, as XLA:CPU computes them:
+    the operands sorted along the reduction dimension by the comparator,
+    the first top_k of each kept."""
+    config = op.attrs.get("mhlo.backend_config") or {}
+    names = op.attrs.get("called_computations") or ()
+    comparator = module.functions.get(names[0]) if names else None
+    if comparator is None or "reduction_dim" not in config:
+        raise IpuCompileError.for_op(op, "ApproxTopK without its comparator or reduction dimension",
+                                     "The program is malformed; please report it")
+    region = _inline_region(module, comparator.body, {}, 1, site)    # depth 1: values of its own
+    n = len(results)
+    ordered = [ir.Value(v.type) for v in operands[:n]]
+    out.append(ir.Op("sort", operands[:n], ordered, {"dimension": int(config["reduction_dim"]), "is_stable": True},
+                     [region], op.loc))
+    for value, result in zip(ordered, results):
+        rank = len(result.type.shape)
+        out.append(ir.Op("slice", [value], [result], {"start_indices": (0,) * rank,
+                                                      "limit_indices": tuple(result.type.shape),
+                                                      "strides": (1,) * rank}, [], op.loc))
 
 
 def _check_type(t: ir.Type, op: ir.Op | None, where: str | None) -> None:

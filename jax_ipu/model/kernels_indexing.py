@@ -240,8 +240,15 @@ def merge_sort(xs: list[np.ndarray], less: Callable) -> np.ndarray:
             lo = np.where(go, mid + 1, lo)
             hi = np.where(active & ~go, mid, hi)
         new_pos = np.where(in_right, pos - width, pos) + lo
-        new_perm = np.empty_like(perm)
+        new_perm = np.full_like(perm, -1)
         new_perm[r, new_pos] = perm
+        if (new_perm < 0).any():
+            # A comparator that is no strict weak order (a FLOAT compare
+            # meeting NaNs) may send two elements to one place: the order
+            # of the places found, ties by run and position, is still a
+            # permutation (XLA's sorts also return one).
+            new_perm = np.take_along_axis(perm, np.argsort(new_pos * 2 + in_right, axis=1, kind="stable"),
+                                          axis=1)
         perm = new_perm
         width *= 2
     return perm

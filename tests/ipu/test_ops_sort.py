@@ -116,3 +116,37 @@ def test_top_k(ipu, dtype, k):
 def test_sort_inside_loop(ipu):
     x = np.random.default_rng(6).standard_normal(16).astype(np.float32)
     check(ipu, lambda x: lax.fori_loop(0, 3, lambda i, c: jnp.sort(i - c), x), x)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: f"ApproxTopK-{np.dtype(d).name}")
+def test_approx_max_k_and_min_k_are_exact_as_on_the_cpu(ipu, dtype):
+    """lax.approx_max_k / approx_min_k (the ApproxTopK custom call) as
+    XLA:CPU computes them: an exact top-k, ties included."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((6, 300)).astype(dtype)     # (its FLOAT compare leaves NaNs' places open)
+    ties = rng.integers(0, 5, (4, 50)).astype(dtype)
+    check(ipu, lambda x: lax.approx_max_k(x, 3), x)
+    check(ipu, lambda x: lax.approx_min_k(x, 4, reduction_dimension=0, recall_target=0.5), x)
+    check(ipu, lambda x: lax.approx_max_k(x, 4, aggregate_to_topk=False)[0], x)   # (f16 has ties)
+    check(ipu, jax.grad(lambda x: lax.approx_max_k(x, 3)[0].astype(jnp.float32).sum()), x)
+    # XLA:CPU's sort here is unstable: among ties, any order of the indices.
+    values, indices = jax.jit(lambda x: lax.approx_max_k(x, 6))(jax.device_put(ties, ipu))
+    want = -np.sort(-ties, axis=1)[:, :6]
+    np.testing.assert_array_equal(np.asarray(values), want)
+    np.testing.assert_array_equal(np.take_along_axis(ties, np.asarray(indices), axis=1), want)
+    assert all(len(set(row)) == 6 for row in np.asarray(indices).tolist())
+
+
+def test_a_comparator_that_is_no_order_still_permutes(ipu):
+    """A FLOAT `<` comparator meets NaNs (no strict weak order): the
+    result is still a permutation of the operands, kept together."""
+    x = with_specials(np.random.default_rng(9).standard_normal((3, 200)).astype(np.float32))
+    x[:, ::7] = np.nan
+
+    def f(x):
+        return lax.sort_p.bind(x, jnp.broadcast_to(jnp.arange(200, dtype=jnp.int32), x.shape), dimension=1,
+                               is_stable=True, num_keys=1)
+    values, index = (np.asarray(a) for a in jax.jit(f)(jax.device_put(x, ipu)))
+    for row, v, i in zip(x, values, index):
+        assert sorted(i.tolist()) == list(range(200))
+        np.testing.assert_array_equal(v, row[i])
