@@ -132,11 +132,12 @@ class Builder:
         cycles(n) -> cycles of a vertex over n elements."""
         m = outs[0].mapping
         vertices = []
+        whole = [v.size == m.size for v in inputs]
+        one = np.array([[0, 1]])
         for tile in m.tiles_used():
             intervals = m.intervals_on(tile)
             n = int((intervals[:, 1] - intervals[:, 0]).sum())
-            reads = tuple(Region(v.tensor, intervals if v.size == m.size else np.array([[0, 1]]))
-                          for v in inputs)
+            reads = tuple(Region(v.tensor, intervals if w else one) for v, w in zip(inputs, whole))
             writes = tuple(Region(out, intervals) for out in outs)
             vertices.append(Vertex(codelet, int(tile), reads, writes, int(cycles(n))))
         return vertices

@@ -92,17 +92,32 @@ OUTER_MIN_KEPT = 16
 def _outer_reads(intervals: np.ndarray, chunks: int, size: int, kept: int) -> np.ndarray:
     """Intervals of the [chunks, size, kept] input behind the partials
     [kept, chunks] elements `intervals`: for each chunk j and run of outputs
-    [o0, o1), that run in each of the chunk's `size` rows."""
-    e = np.concatenate([np.arange(a, z) for a, z in intervals])
-    o, j = e // chunks, e % chunks
-    reads = []
-    for jj in np.unique(j):
-        run = o[j == jj]
-        breaks = np.flatnonzero(np.diff(run) != 1) + 1
-        starts, ends = run[np.r_[0, breaks]], run[np.r_[breaks - 1, len(run) - 1]] + 1
-        rows = (jj * size + np.arange(size)) * kept
-        reads.append(np.stack([(rows[:, None] + starts).ravel(), (rows[:, None] + ends).ravel()], 1))
-    return np.concatenate(reads)
+    [o0, o1), that run in each of the chunk's `size` rows (in ascending
+    order)."""
+    if chunks == 1:       # the runs are the intervals, touching ones joined
+        if len(intervals) == 1:
+            starts, ends = intervals[:, 0], intervals[:, 1]
+        else:
+            apart = np.ones(len(intervals) + 1, bool)
+            apart[1:-1] = intervals[1:, 0] != intervals[:-1, 1]
+            starts, ends = intervals[apart[:-1], 0], intervals[apart[1:], 1]
+        j = np.zeros(len(starts), np.int64)
+    else:
+        e = np.concatenate([np.arange(a, z) for a, z in intervals])
+        order = np.argsort(e % chunks, kind="stable")       # by chunk, outputs ascending
+        o, jj = e[order] // chunks, e[order] % chunks
+        first = np.ones(len(o), bool)
+        first[1:] = (jj[1:] != jj[:-1]) | (o[1:] != o[:-1] + 1)
+        at = np.flatnonzero(first)
+        last = np.empty_like(at)
+        last[:-1], last[-1] = at[1:] - 1, len(o) - 1
+        starts, ends, j = o[at], o[last] + 1, jj[at]
+    rows = (j[:, None] * size + np.arange(size)) * kept            # [runs, size]
+    lo, hi = (rows + starts[:, None]).ravel(), (rows + ends[:, None]).ravel()
+    if len(starts) > 1:
+        order = np.argsort(lo, kind="stable")
+        lo, hi = lo[order], hi[order]
+    return np.stack([lo, hi], 1)
 
 
 def _init_source(lowered) -> View | np.ndarray:

@@ -4,6 +4,7 @@ a Copy of a view into a new tensor is how layouts change, at a cost."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import weakref
 from typing import Callable
 
@@ -34,7 +35,7 @@ class View:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return int(math.prod(self.shape))
 
     @property
     def tensors(self) -> tuple[Tensor, ...]:
