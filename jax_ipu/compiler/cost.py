@@ -121,10 +121,13 @@ def cost_execute(target: Target, step: Execute) -> np.ndarray:
 def cost_copy(target: Target, step: Copy) -> np.ndarray:
     which, flat = source_elements(step.src)
     tensors = step.src.tensors
-    owners = np.zeros(len(flat), dtype=np.int64)
-    for i, t in enumerate(tensors):
-        pick = which == i
-        owners[pick] = t.mapping.element_tiles()[flat[pick]]
+    if len(tensors) == 1:
+        owners = tensors[0].mapping.element_tiles()[flat]
+    else:
+        owners = np.zeros(len(flat), dtype=np.int64)
+        for i, t in enumerate(tensors):
+            pick = which == i
+            owners[pick] = t.mapping.element_tiles()[flat[pick]]
     readers = step.dst.mapping.element_tiles()
     itemsize = step.dst.dtype.itemsize
     sent, received = _remote(target, readers, owners, itemsize)

@@ -49,12 +49,16 @@ def axis_windows(size: int, window: int, stride: int, pad: tuple[int, int], base
 def combine(per_axis: list[np.ndarray], strides: list[int]) -> np.ndarray:
     """Flat indices from broadcastable per-axis indices (-1 anywhere makes
     the element padding)."""
-    flat = np.zeros((), dtype=np.int64)
-    bad = np.zeros((), dtype=bool)
+    flat = np.zeros(np.broadcast_shapes(*(np.shape(i) for i in per_axis)), dtype=np.int64)
     for index, stride in zip(per_axis, strides):
-        flat = flat + np.maximum(index, 0).astype(np.int64) * stride
-        bad = bad | (index < 0)
-    return np.where(bad, -1, flat)
+        flat += np.maximum(index, 0).astype(np.int64) * stride      # the small operand scaled, added in place
+    padded = [index for index in per_axis if (np.asarray(index) < 0).any()]
+    if padded:
+        bad = np.zeros(flat.shape, dtype=bool)
+        for index in padded:
+            bad |= np.asarray(index) < 0
+        flat[bad] = -1
+    return flat
 
 
 def row_major_strides(shape) -> list[int]:
