@@ -72,16 +72,37 @@ def _tridiagonal(a, *, lower=True):
     return c, d, e, tau
 
 
+def _nan(*shapes, dtype):
+    return tuple(np.full(shape, np.nan, dtype) for shape in shapes)
+
+
 def _eigh(a, *, lower=True):
-    w, v = np.linalg.eigh(a, UPLO="L" if lower else "U")
-    return v, w
+    # A matrix with NaN or inf (or one LAPACK cannot converge on) gives NaN
+    # results, as JAX's CPU backend does, not an error.
+    n = a.shape[-1]
+    if np.isfinite(a).all():
+        try:
+            w, v = np.linalg.eigh(a, UPLO="L" if lower else "U")
+            return v, w
+        except np.linalg.LinAlgError:
+            pass
+    return _nan((n, n), (n,), dtype=a.dtype)
 
 
 def _svd(a, *, full_matrices, compute_uv):
+    m, n = a.shape[-2:]
+    k = min(m, n)
+    if np.isfinite(a).all():
+        try:
+            if not compute_uv:
+                return (np.linalg.svd(a, compute_uv=False),)
+            u, s, vt = np.linalg.svd(a, full_matrices=full_matrices)
+            return s, u, vt
+        except np.linalg.LinAlgError:
+            pass
     if not compute_uv:
-        return (np.linalg.svd(a, compute_uv=False),)
-    u, s, vt = np.linalg.svd(a, full_matrices=full_matrices)
-    return s, u, vt
+        return _nan((k,), dtype=a.dtype)
+    return _nan((k,), (m, m if full_matrices else k), (n if full_matrices else k, n), dtype=a.dtype)
 
 
 _FUNCTIONS = {"cholesky": _cholesky, "triangular_solve": _triangular_solve, "lu": _lu, "qr": _qr,

@@ -207,3 +207,23 @@ def test_slogdet_second_order_gradients(ipu, shape):
     with jax.default_device(ipu):
         check_grads(jnp.linalg.slogdet, (jax.device_put(a, ipu),), 2, atol=1e-1, rtol=2e-1)
     check(lambda x: jax.hessian(lambda y: jnp.linalg.slogdet(y)[1])(x), a)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize("name", ["svdvals", "svd", "eigh", "eigvalsh", "pinv", "norm2"])
+def test_svd_and_eigh_of_non_finite_matrices_give_nan_not_an_error(ipu, name, bad):
+    """As on the CPU: a matrix with NaN or inf gives NaN results (LAPACK
+    did not converge), never an exception that stops the program."""
+    f = {"svdvals": lambda m: jnp.linalg.svd(m, compute_uv=False), "svd": jnp.linalg.svd,
+         "eigh": jnp.linalg.eigh, "eigvalsh": jnp.linalg.eigvalsh, "pinv": jnp.linalg.pinv,
+         "norm2": lambda m: jnp.linalg.norm(m, 2, axis=(-2, -1))}[name]
+    x = np.eye(4, dtype=np.float32)
+    x[1, 2] = x[2, 1] = bad
+    got = jax.tree.leaves(jax.jit(f)(jax.device_put(np.stack([x, np.eye(4, dtype=np.float32)]), ipu)))
+    want = jax.tree.leaves(jax.jit(f)(jax.device_put(np.stack([x, np.eye(4, dtype=np.float32)]),
+                                                    jax.devices("cpu")[0])))
+    for g, w in zip(got, want):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.shape == w.shape and g.dtype == w.dtype
+        assert np.isnan(g[0]).any() and np.isfinite(g[1]).all()      # the bad matrix only
+        np.testing.assert_allclose(np.abs(g[1]), np.abs(w[1]), atol=1e-5)
