@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 
 from jax_ipu import ir
+from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.compiler import cost, mapping
 from jax_ipu.compiler.options import CompileOptions
 from jax_ipu.graph import codelets
@@ -47,6 +48,12 @@ class ScalarBroadcast:
 Lowered = View | Splat | ScalarBroadcast
 
 
+# A tensor of more elements than this that is bigger than the whole IPU
+# fails at once: the memory plan's per-tile report would take the host tens
+# of bytes per element (gigabytes) before saying the same.
+HUGE_ELEMENTS = 1 << 26
+
+
 class Builder:
     def __init__(self, target: Target, options: CompileOptions):
         self.target = target
@@ -76,6 +83,15 @@ class Builder:
                constant: np.ndarray | None = None) -> Tensor:
         shape, dtype = tuple(int(d) for d in shape), np.dtype(dtype)
         size = int(np.prod(shape, dtype=np.int64))
+        total = self.target.num_tiles * self.target.bytes_per_tile
+        if size > HUGE_ELEMENTS and size * dtype.itemsize > total:
+            # Fails before any per-element mapping or cost array is made on
+            # the host (a 2**30-element tensor took over 24 GB there); smaller
+            # ones get the memory plan's report, tile by tile.
+            raise IpuOutOfMemoryError(
+                f"out of memory: {name} {dtype.name}{list(shape)} takes {size * dtype.itemsize:,} bytes, more "
+                f"than all of {self.target.describe()} holds ({total:,} bytes). Use smaller arrays or "
+                f"batches, or split the work over several IPUs")
         t = Tensor(len(self.tensors), name, shape, dtype,
                    tile_mapping or self.linear_mapping(size, dtype), constant)
         self.tensors.append(t)

@@ -45,3 +45,22 @@ def test_allow_out_of_memory_runs_and_profiles(tmp_path):
     assert memory["largest_tensors_on_max_tile"][0]["shape"] == [1024, 1024]
     report = run_python(f"from jax_ipu import cli; cli.main(['report', {str(path)!r}])")
     assert "DOES NOT FIT" in report.stdout
+
+
+def test_a_tensor_bigger_than_the_whole_ipu_fails_at_once_without_host_blowup():
+    """A 2**30-element intermediate took the host over 24 GB (the process was
+    killed) while its tile mapping was costed: it now fails as it is made,
+    with a clear error, using little host memory."""
+    result = run_python("""
+import resource, jax, jax.numpy as jnp, numpy as np
+x = jax.device_put(np.ones(4, np.float32), jax.devices('ipu')[0])
+try:
+    jax.jit(lambda x: jnp.broadcast_to(x[0], (2 ** 30,)).sum())(x)
+except Exception as e:
+    print('ERROR', e)
+print('RSS_MB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+""")
+    assert result.returncode == 0, result.stderr
+    assert "ERROR RESOURCE_EXHAUSTED: out of memory: reduce@" in result.stdout
+    assert "float32[1073741824] takes 4,294,967,296 bytes, more than all of IPU Model ipu2" in result.stdout
+    assert int(result.stdout.split("RSS_MB")[1]) < 2000
