@@ -5,6 +5,7 @@ Program); a run binds the inputs, calls the closures and collects the
 outputs, and records the steps' estimated cycles and exchanged bytes."""
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import threading
@@ -176,14 +177,18 @@ def lazy_copies(program: Program) -> dict:
     lazy: dict = {}
 
     def sequence(steps) -> None:
-        views = [_read_views(step) for step in steps]
-        writes: dict[int, set] = {}     # of the steps a hazard check reaches, made once
-
-        def written(j: int) -> set:
-            if j not in writes:
-                found = _written(steps[j])
-                writes[j] = found if found is not None else set(_refs(steps[j], []))
-            return writes[j]
+        # Where each tensor is read through views, and written, in this
+        # sequence (positions ascending, a read once per view): each Copy
+        # then finds its readers and hazards by bisection, not by scanning
+        # every later step (quadratic in long unrolled programs).
+        read_at: dict[int, list] = collections.defaultdict(list)
+        written_at: dict[int, list] = collections.defaultdict(list)
+        for j, step in enumerate(steps):
+            for v in _read_views(step) or ():
+                read_at[v.tensor.id].append(j)
+            found = _written(step)
+            for t in (found if found is not None else set(_refs(step, []))):
+                written_at[t].append(j)
 
         for i, step in enumerate(steps):
             if isinstance(step, p.CONTROL):
@@ -198,19 +203,17 @@ def lazy_copies(program: Program) -> dict:
             d, src = step.dst.id, _compose(step.src, lazy)
             if src.tensor.id == d:
                 continue
-            readers, last = 0, None
-            for j in range(i + 1, len(steps)):
-                if views[j] is not None:
-                    mine = sum(v.tensor.id == d for v in views[j])
-                    if mine:
-                        readers, last = readers + mine, j
+            at = read_at.get(d, ())
+            readers = len(at) - bisect.bisect_right(at, i)
             # Every other mention of the destination is one of these reads.
             if not readers or refs[d] != 1 + readers:
                 continue
             if any(op[0] == "gather" for op in src.ops) and readers > 1:
                 continue       # gathered once, not once per reader
+            last = at[-1]
             sources = {src.tensor.id} | aliases[src.tensor.id]
-            if not any(sources & written(j) for j in range(i + 1, last + 1)):
+            if not any(bisect.bisect_right(written_at.get(t, ()), i) < bisect.bisect_right(written_at.get(t, ()), last)
+                       for t in sources):
                 lazy[d] = src
 
     sequence(program.body.steps)
