@@ -178,6 +178,31 @@ def _select_and_scatter_add(source, operand, *, select_prim, window_dimensions, 
         window_strides=window_strides, padding=padding, expand_padding=any(lo or hi for lo, hi in padding))
 
 
+# Linear algebra JAX has no generic rule for, and jax-ipu does not run yet:
+# (what users call, why not, what to do).
+_NOT_YET = {
+    "eig": ("jnp.linalg.eig / eigvals (and jnp.roots)", "its results are complex numbers, which the IPU "
+            "does not have"),
+    "schur": ("jax.scipy.linalg.schur (and sqrtm, solve_sylvester)", "jax-ipu has no Schur decomposition yet"),
+    "hessenberg": ("jax.scipy.linalg.hessenberg", "jax-ipu has no Hessenberg reduction yet"),
+    "geqp3": ("jax.scipy.linalg.qr(pivoting=True)", "jax-ipu has no column-pivoted QR yet"),
+}
+
+
+def _not_yet(name: str):
+    def rule(ctx, *args, **params):
+        from jax._src import source_info_util
+        from jax_ipu.errors import IpuUnimplementedError
+        what, why = _NOT_YET[name]
+        frame = source_info_util.user_frame(ctx.traceback)
+        where = f" at {frame.file_name}:{frame.start_line}" if frame is not None else ""
+        raise IpuUnimplementedError(
+            f"lax.linalg.{name}{where} ({what}) does not run on the IPU: {why}. Run it on the CPU "
+            f"(jax.device_put(x, jax.devices('cpu')[0]) and jit it there), or use jnp.linalg.eigh / svd "
+            f"where the matrix allows")
+    return rule
+
+
 def register() -> None:
     from jax._src.interpreters import mlir
     from jax._src.lax import lax, linalg
@@ -186,6 +211,8 @@ def register() -> None:
     from jax._src.random import prng
 
     mlir.register_lowering(linalg.lu_p, _lu, platform=PLATFORM)
+    for name in _NOT_YET:
+        mlir.register_lowering(getattr(linalg, f"{name}_p"), _not_yet(name), platform=PLATFORM)
     mlir.register_lowering(linalg.eigh_p, _eigh, platform=PLATFORM)
     mlir.register_lowering(linalg.svd_p, _svd, platform=PLATFORM)
     mlir.register_lowering(linalg.tridiagonal_p, _tridiagonal, platform=PLATFORM)

@@ -227,3 +227,14 @@ def test_svd_and_eigh_of_non_finite_matrices_give_nan_not_an_error(ipu, name, ba
         assert g.shape == w.shape and g.dtype == w.dtype
         assert np.isnan(g[0]).any() and np.isfinite(g[1]).all()      # the bad matrix only
         np.testing.assert_allclose(np.abs(g[1]), np.abs(w[1]), atol=1e-5)
+
+
+@pytest.mark.parametrize("name, f", [
+    ("eig", jnp.linalg.eigvals), ("schur", jsl.schur), ("schur", jsl.sqrtm), ("hessenberg", jsl.hessenberg),
+    ("geqp3", lambda m: jsl.qr(m, pivoting=True))], ids=["eigvals", "schur", "sqrtm", "hessenberg", "qr-pivoting"])
+def test_linear_algebra_not_run_yet_fails_clearly(ipu, name, f):
+    """Not JAX's bare 'MLIR translation rule not found': the op, what
+    calls it, why, and to run it on the CPU."""
+    x = jax.device_put(np.eye(3, dtype=np.float32) + 1, ipu)
+    with pytest.raises(Exception, match=rf"lax\.linalg\.{name} .*does not run on the IPU.*Run it on the CPU"):
+        jax.jit(f)(x)
