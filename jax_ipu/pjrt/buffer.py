@@ -15,6 +15,10 @@ _PJRT_TYPES = {1: np.bool_, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64,
                10: np.float16, 11: np.float32, 12: np.float64, 14: np.complex64,
                15: np.complex128}
 _NUMPY_TYPES = {np.dtype(t): code for code, t in _PJRT_TYPES.items()}
+# The other codes, to name them in errors (ml_dtypes' names, as JAX prints them).
+_OTHER_TYPE_NAMES = {16: "float8_e5m2", 17: "float8_e4m3fn", 18: "float8_e4m3b11fnuz", 19: "float8_e5m2fnuz",
+                     20: "float8_e4m3fnuz", 21: "int4", 22: "uint4", 23: "token", 24: "int2", 25: "uint2",
+                     26: "float8_e4m3", 27: "float8_e3m4", 28: "float8_e8m0fnu", 29: "float4_e2m1fn"}
 
 
 def numpy_dtype(pjrt_type: int) -> np.dtype:
@@ -24,7 +28,10 @@ def numpy_dtype(pjrt_type: int) -> np.dtype:
     try:
         return np.dtype(_PJRT_TYPES[pjrt_type])
     except KeyError:
-        raise IpuInvalidArgument(f"PJRT element type {pjrt_type} is not supported by jax-ipu") from None
+        name = _OTHER_TYPE_NAMES.get(pjrt_type, f"PJRT element type {pjrt_type}")
+        raise IpuInvalidArgument(
+            f"{name} arrays cannot be placed on an IPU: it holds float32, float16, int32, uint32, int16, "
+            f"uint16, int8, uint8 and bool. Convert the array first (e.g. x.astype(jnp.float16))") from None
 
 
 def pjrt_type(dtype: np.dtype) -> int:

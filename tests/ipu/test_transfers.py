@@ -52,6 +52,13 @@ def test_types_the_ipu_lacks_are_refused_clearly(ipu, dtype):
     assert "IPU" in str(info.value) and ("no" in str(info.value))
 
 
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "int4", "uint4"])
+def test_narrow_types_are_refused_by_name(ipu, dtype):
+    x = np.ones(3, dtype=jax.numpy.dtype(dtype))
+    with pytest.raises(Exception, match=rf"{dtype} arrays cannot be placed on an IPU: it holds float32"):
+        jax.device_put(x, ipu).block_until_ready()
+
+
 def test_deleted_array_raises_jax_error(ipu):
     y = jax.device_put(np.ones(3, np.float32), ipu)
     y.delete()
