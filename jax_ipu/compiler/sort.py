@@ -21,7 +21,7 @@ from jax_ipu.compiler import cost
 from jax_ipu.compiler.builder import Builder, Splat
 from jax_ipu.compiler.layout import copy_to_new, name_of
 from jax_ipu.compiler.indexing import region_program
-from jax_ipu.errors import IpuUnimplementedError
+from jax_ipu.errors import IpuOutOfMemoryError, IpuUnimplementedError
 from jax_ipu.graph import codelets_indexing as ci
 from jax_ipu.graph.compute import Region, Vertex
 from jax_ipu.graph.mapping import TileMapping
@@ -136,6 +136,16 @@ def sort(b: Builder, op: ir.Op) -> None:
         for r, out in zip(op.results, results):
             b.values[r] = from_rows(b, op, out, r.type.shape, dim)
         return
+    if 2 * n * itemsize > b.target.bytes_per_tile and not b.options.allow_out_of_memory:
+        # A row, sorted and unsorted, is more than a tile holds.
+        how = ("by several keys or a custom comparator" if key is None else
+               "by a 64-bit key")
+        raise IpuOutOfMemoryError(
+            f"out of memory: {name_of(op)} sorts rows of {n} elements {how}, which keeps each row on one "
+            f"tile ({2 * n * itemsize:,} bytes with its result; a tile of {b.target.describe()} has "
+            f"{b.target.bytes_per_tile:,}). Sort by one key of at most 32 bits, which sorts across tiles "
+            f"(e.g. jnp.argsort on a combined key such as k1 * (k2.max() + 1) + k2, or argsort by k2 then a "
+            f"stable argsort by k1), or sort shorter rows")
     mapping = rows_mapping(b, rows, n)
     outs = [b.tensor(name_of(op), (rows, n), v.type.dtype, mapping) for v in op.operands]
     passes = max(1, math.ceil(math.log2(n)))
