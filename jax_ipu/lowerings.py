@@ -191,13 +191,10 @@ _NOT_YET = {
 
 def _not_yet(name: str):
     def rule(ctx, *args, **params):
-        from jax._src import source_info_util
         from jax_ipu.errors import IpuUnimplementedError
         what, why = _NOT_YET[name]
-        frame = source_info_util.user_frame(ctx.traceback)
-        where = f" at {frame.file_name}:{frame.start_line}" if frame is not None else ""
-        raise IpuUnimplementedError(
-            f"lax.linalg.{name}{where} ({what}) does not run on the IPU: {why}. Run it on the CPU "
+        raise IpuUnimplementedError(      # (raised while JAX traces: the traceback shows the user's line)
+            f"lax.linalg.{name} ({what}) does not run on the IPU: {why}. Run it on the CPU "
             f"(jax.device_put(x, jax.devices('cpu')[0]) and jit it there), or use jnp.linalg.eigh / svd "
             f"where the matrix allows")
     return rule

@@ -45,7 +45,6 @@ def compile_module(module: ir.Module, target: Target, options: CompileOptions = 
         raise IpuCompileError(f"f64_policy={options.f64_policy!r} is not supported; use 'error' or 'as_f32'")
     ranks = module.num_replicas * module.num_partitions
     module, layout = spmd.partition(module)     # several IPUs: the program each one runs
-    token_inputs = tuple(i for i, t in enumerate(module.main.arg_types) if isinstance(t, ir.TokenType))
     token_outputs = tuple(i for i, t in enumerate(module.main.result_types) if isinstance(t, ir.TokenType))
     remove_tokens(module)
     expand_rng(module)              # 64-bit generator states as 32-bit word pairs
@@ -79,7 +78,7 @@ def compile_module(module: ir.Module, target: Target, options: CompileOptions = 
         aliases=aliases, in_place=in_place_outputs(b.steps, inputs, outputs, aliases, first, last),
         cycles=cycles, unknown_trip_loops=unknown_loops, host_cycles=host_cycles, memory=memory,
         shardings=layout, flops=b.flops, transcendentals=b.transcendentals,
-        bytes_accessed=float(sum(t.nbytes for t in b.tensors if t.constant is None)), token_inputs=token_inputs,
+        bytes_accessed=float(sum(t.nbytes for t in b.tensors if t.constant is None)),
         token_outputs=token_outputs)
     if not options.allow_out_of_memory:
         check_fits(memory, b.tensors, target, program)

@@ -13,9 +13,9 @@ import dataclasses
 import numpy as np
 
 from jax_ipu import ir
-from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.compiler import cost, mapping
 from jax_ipu.compiler.options import CompileOptions
+from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.graph import codelets
 from jax_ipu.graph.compute import ComputeSet, Region, Vertex
 from jax_ipu.graph.mapping import TileMapping

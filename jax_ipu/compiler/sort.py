@@ -223,6 +223,10 @@ def _block_sort(b: Builder, op: ir.Op, inputs: list[View], program, key, rows: i
     spare = [b.tensor(f"{name}/merged", (rows, width), t.dtype, mapping) for t in tensors]
     merge_cycles = cost.worker_cycles(target, 2 * block * (2 + len(tensors)), 1, 1)
     copy_cycles = cost.worker_cycles(target, block * len(tensors), 1, 1)
+
+    def spans(ids: np.ndarray) -> np.ndarray:
+        return np.stack([ids * block, (ids + 1) * block], axis=1)
+
     tile_blocks = {int(tile): np.concatenate([np.arange(start, stop, block) // block
                                               for start, stop in mapping.intervals_on(tile)])
                    for tile in mapping.tiles_used()}
@@ -235,7 +239,6 @@ def _block_sort(b: Builder, op: ir.Op, inputs: list[View], program, key, rows: i
             other = partner[own % blocks]
             paired = other >= 0
             read = np.concatenate([own, (own - own % blocks + other)[paired]])
-            spans = lambda ids: np.stack([ids * block, (ids + 1) * block], axis=1)  # noqa: E731
             vertices.append(Vertex(f"MergeSplit<{outs[0].dtype.name}>", tile,
                                    tuple(Region(t, spans(np.sort(read))) for t in tensors),
                                    tuple(Region(t, spans(own)) for t in spare),

@@ -38,9 +38,7 @@ class Program:
     shardings: tuple | None = None
     bytes_accessed: float = 0.0
     transcendentals: float = 0.0
-    # The arguments and results that are JAX's runtime tokens (empty bool
-    # arrays here).
-    token_inputs: tuple[int, ...] = ()
+    # The results that are JAX's runtime tokens (empty bool arrays here).
     token_outputs: tuple[int, ...] = ()
 
     def cost_analysis(self) -> dict[str, float]:

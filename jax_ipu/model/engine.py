@@ -190,6 +190,11 @@ def lazy_copies(program: Program) -> dict:
             for t in (found if found is not None else set(_refs(step, []))):
                 written_at[t].append(j)
 
+        def written_between(t: int, i: int, last: int) -> bool:
+            """Whether a step in (i, last] writes tensor t."""
+            at = written_at.get(t, ())
+            return bisect.bisect_right(at, i) < bisect.bisect_right(at, last)
+
         for i, step in enumerate(steps):
             if isinstance(step, p.CONTROL):
                 if isinstance(step, p.Sequence):
@@ -210,10 +215,8 @@ def lazy_copies(program: Program) -> dict:
                 continue
             if any(op[0] == "gather" for op in src.ops) and readers > 1:
                 continue       # gathered once, not once per reader
-            last = at[-1]
             sources = {src.tensor.id} | aliases[src.tensor.id]
-            if not any(bisect.bisect_right(written_at.get(t, ()), i) < bisect.bisect_right(written_at.get(t, ()), last)
-                       for t in sources):
+            if not any(written_between(t, i, at[-1]) for t in sources):
                 lazy[d] = src
 
     sequence(program.body.steps)

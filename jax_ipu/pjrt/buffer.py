@@ -15,6 +15,7 @@ _PJRT_TYPES = {1: np.bool_, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64,
                10: np.float16, 11: np.float32, 12: np.float64, 14: np.complex64,
                15: np.complex128}
 _NUMPY_TYPES = {np.dtype(t): code for code, t in _PJRT_TYPES.items()}
+_HELD = "it holds float32, float16, int32, uint32, int16, uint16, int8, uint8 and bool"
 # The other codes, to name them in errors (ml_dtypes' names, as JAX prints them).
 _OTHER_TYPE_NAMES = {16: "float8_e5m2", 17: "float8_e4m3fn", 18: "float8_e4m3b11fnuz", 19: "float8_e5m2fnuz",
                      20: "float8_e4m3fnuz", 21: "int4", 22: "uint4", 23: "token", 24: "int2", 25: "uint2",
@@ -30,8 +31,8 @@ def numpy_dtype(pjrt_type: int) -> np.dtype:
     except KeyError:
         name = _OTHER_TYPE_NAMES.get(pjrt_type, f"PJRT element type {pjrt_type}")
         raise IpuInvalidArgument(
-            f"{name} arrays cannot be placed on an IPU: it holds float32, float16, int32, uint32, int16, "
-            f"uint16, int8, uint8 and bool. Convert the array first (e.g. x.astype(jnp.float16))") from None
+            f"{name} arrays cannot be placed on an IPU: {_HELD}. Convert the array first "
+            f"(e.g. x.astype(jnp.float16))") from None
 
 
 def pjrt_type(dtype: np.dtype) -> int:
@@ -43,8 +44,7 @@ def check_ipu_dtype(dtype: np.dtype, f64_as_f32: bool = False) -> None:
     if dtype not in IPU_DTYPES and not (f64_as_f32 and dtype in AS_32):
         advice = " (or set JAX_IPU_F64_AS_F32=1 to hold it as a 32-bit type)" if dtype in AS_32 else ""
         raise IpuInvalidArgument(
-            f"the IPU has no {dtype.name} type; it holds float32, float16, int32, "
-            f"uint32, int16, uint16, int8, uint8 and bool. Convert the array first (and keep "
+            f"the IPU has no {dtype.name} type; {_HELD}. Convert the array first (and keep "
             f"JAX_ENABLE_X64 off){advice}")
 
 
