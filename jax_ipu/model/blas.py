@@ -7,33 +7,48 @@ are busy its threads wait on one another: on 2 shared cores a 128x49x512
 block took 15 ms instead of 0.15 ms. Planned products therefore run with
 OpenBLAS on the calling thread alone (its per-thread switch, so nothing
 else is affected); the engine uses a second core its own way: a helper
-thread takes half of the rows of a large product, or of a large chain."""
+thread (model/helper.py) takes half of the rows of a large product."""
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 import glob
 import os
-import threading
-import time
 
 import numpy as np
 
-def _thread_switch():
-    """OpenBLAS's openblas_set_num_threads_local (0.3.27+) in numpy's
-    bundled library, or None when numpy uses another BLAS."""
+from jax_ipu.model.helper import run_halves
+
+def _openblas() -> ctypes.CDLL | None:
+    """numpy's bundled OpenBLAS, or None when numpy uses another BLAS."""
     libs = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
     for path in glob.glob(os.path.join(libs, "*openblas*")):
         try:
-            switch = ctypes.CDLL(path).openblas_set_num_threads_local
-        except (OSError, AttributeError):
+            return ctypes.CDLL(path)
+        except OSError:
             continue
-        switch.argtypes, switch.restype = [ctypes.c_int], ctypes.c_int
-        return switch
     return None
 
 
-_switch = _thread_switch()
+def _function(lib, names: tuple[str, ...], argtypes: list, restype):
+    for name in names:
+        fn = getattr(lib, name, None) if lib is not None else None
+        if fn is not None:
+            fn.argtypes, fn.restype = argtypes, restype
+            return fn
+    return None
+
+
+_lib = _openblas()
+# openblas_set_num_threads_local (0.3.27+): OpenBLAS's thread count for the
+# calling thread alone.
+set_local_threads = _function(_lib, ("openblas_set_num_threads_local",), [ctypes.c_int], ctypes.c_int)
+# cblas_sgemm with 64-bit integers (numpy's OpenBLAS is built with them and
+# prefixes its names): a K-chunk's product added onto the running sum in
+# one call (beta = 1), see _sgemm_chunks.
+_I, _P = ctypes.c_int64, ctypes.c_void_p
+_sgemm = _function(_lib, ("scipy_cblas_sgemm64_", "cblas_sgemm64_"),
+                   [ctypes.c_int, ctypes.c_int, ctypes.c_int, _I, _I, _I, ctypes.c_float,
+                    _P, _I, _P, _I, ctypes.c_float, _P, _I], None)
 
 
 # A planned matmul of at least this many multiply-adds (all chunks) is cut
@@ -45,50 +60,6 @@ SHARED_MACS = 1 << 22
 # one stacked np.matmul (one BLAS call per chunk, without a Python call
 # each) and summed in place; above, chunk after chunk into a running sum.
 STACKED_BYTES = 1 << 20
-
-_helper: concurrent.futures.ThreadPoolExecutor | None = None
-_helper_lock = threading.Lock()
-
-
-def _init_helper() -> None:
-    np.seterr(all="ignore")    # as on the device workers: the IPU does not trap
-    if _switch is not None:
-        _switch(1)
-
-
-_CORES = os.cpu_count() or 1
-_spare = [0.0, False]     # (when last looked, whether a core was free)
-
-
-def _spare_core() -> bool:
-    """Whether another thread would get a core of its own now: the threads
-    the kernel reports runnable (this one included) leave one free. A
-    helper on busy cores only adds hand-offs (measured 5% slower)."""
-    now = time.monotonic()
-    if now - _spare[0] > 0.01:
-        try:
-            with open("/proc/loadavg", "rb") as f:
-                running = int(f.read().split()[3].split(b"/")[0])
-        except (OSError, ValueError, IndexError):
-            running = 1
-        _spare[0], _spare[1] = now, running < _CORES
-    return _spare[1]
-
-
-def helper_pool() -> concurrent.futures.ThreadPoolExecutor | None:
-    """One thread that takes half of a large kernel's independent pieces
-    (matmul K-chunks, element-wise chain chunks), or None when no second
-    core is free."""
-    global _helper
-    if _CORES < 2 or not _spare_core():
-        return None
-    if _helper is None:
-        with _helper_lock:
-            if _helper is None:
-                _helper = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="ipu-model-helper", initializer=_init_helper)
-    return _helper
-
 
 def _row_blocks(batch: int, m: int, k: int, n: int) -> list[tuple[int, int]]:
     """The rows each piece of work computes: halves (cut at a multiple of 8)
@@ -107,28 +78,6 @@ def _stacked(x: np.ndarray, chunks: int, size: int, axis: int) -> np.ndarray:
     return x.reshape(x.shape[0], chunks, size, x.shape[-1]).transpose(1, 0, 2, 3)
 
 
-def run_halves(first, second) -> None:
-    """Calls first() here and second() on the helper thread when a core is
-    free. If the helper has not started second() by the time first() is
-    done (its core went to another process), second() runs here instead of
-    being waited for. The halves write disjoint outputs: the same values
-    whoever runs them."""
-    pool = helper_pool()
-    if pool is None:
-        first()
-        second()
-        return
-    other = pool.submit(second)
-    try:
-        first()
-    finally:
-        stolen = other.cancel()
-        if not stolen:
-            other.result()
-    if stolen:
-        second()
-
-
 def _run(rows, blocks) -> None:
     if len(blocks) == 1:
         rows(*blocks[0])
@@ -140,11 +89,11 @@ class _OneBlasThread:
     """OpenBLAS on the calling thread alone within the block."""
 
     def __enter__(self):
-        self.previous = _switch(1) if _switch is not None else None
+        self.previous = set_local_threads(1) if set_local_threads is not None else None
 
     def __exit__(self, *exc):
         if self.previous is not None:
-            _switch(self.previous)
+            set_local_threads(self.previous)
 
 
 def matmul_partials(a: np.ndarray, b: np.ndarray, out: np.ndarray, chunks: int, size: int) -> None:
@@ -174,6 +123,59 @@ class CombineScratch:
         return buf
 
 
+# cblas constants.
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+# A chunk's product of at least this many multiply-adds goes to cblas_sgemm
+# through ctypes (about 4 us a call, against 2 us for np.matmul).
+SGEMM_MACS = 1 << 16
+
+
+def _gemm_layout(x: np.ndarray, rows: int, cols: int) -> tuple[int, int] | None:
+    """(transpose flag, leading dimension) of x's last two axes, a
+    rows x cols float32 matrix, as row-major cblas reads it; None when its
+    strides are no such layout (broadcast, negative or odd steps)."""
+    s_row, s_col = x.strides[-2], x.strides[-1]
+    item = x.itemsize
+    if s_col == item and s_row % item == 0 and s_row // item >= max(cols, 1):
+        return _NO_TRANS, s_row // item
+    if s_row == item and s_col % item == 0 and s_col // item >= max(rows, 1):
+        return _TRANS, s_col // item
+    return None
+
+
+def _sgemm_chunks(a: np.ndarray, b: np.ndarray, out: np.ndarray, chunks: int, size: int,
+                  r0: int, r1: int) -> bool:
+    """out[:, r0:r1] = the chunks' products of those rows summed in the
+    plan's order, ((p0 + p1) + p2) + ...: one cblas_sgemm per batch and
+    chunk, the first with beta = 0, the next adding onto the sum (beta = 1).
+    OpenBLAS computes a chunk's product in registers and adds it to the
+    stored sum once, so the bits are those of the partial products summed
+    one after the other (tests/ipu/test_matmul_plan_order.py). False (and
+    nothing done) when the operands are not float32 matrices cblas can read
+    in place, or the chunks are too small to pay for the calls."""
+    if _sgemm is None or set_local_threads is None or a.dtype != np.float32 or b.dtype != np.float32:
+        return False
+    batch, n, rows = a.shape[0], b.shape[-1], r1 - r0
+    if rows * size * n < SGEMM_MACS or not out.flags.c_contiguous or out.dtype != np.float32:
+        return False
+    la, lb = _gemm_layout(a, a.shape[1], a.shape[2]), _gemm_layout(b, b.shape[1], b.shape[2])
+    if la is None or lb is None or a.strides[0] < 0 or b.strides[0] < 0:
+        return False
+    (ta, lda), (tb, ldb) = la, lb
+    # Step from one chunk's first column (row) of a (b) to the next, and a's r0.
+    a_chunk = size * a.strides[2]
+    b_chunk = size * b.strides[1]
+    a0 = a.ctypes.data + r0 * a.strides[1]
+    b0 = b.ctypes.data
+    c0 = out.ctypes.data + r0 * out.strides[1]
+    for i in range(batch):
+        ap, bp, cp = a0 + i * a.strides[0], b0 + i * b.strides[0], c0 + i * out.strides[0]
+        for j in range(chunks):
+            _sgemm(_ROW_MAJOR, ta, tb, rows, n, size, 1.0, ap + j * a_chunk, lda, bp + j * b_chunk, ldb,
+                   0.0 if j == 0 else 1.0, cp, n)
+    return True
+
+
 def matmul_combined(a: np.ndarray, b: np.ndarray, chunks: int, size: int, dtype,
                     scratch: CombineScratch) -> np.ndarray:
     """The partials of matmul_partials combined as the plan says, in their
@@ -184,6 +186,8 @@ def matmul_combined(a: np.ndarray, b: np.ndarray, chunks: int, size: int, dtype,
     out = np.empty((batch, m, n), dtype)
 
     def rows(r0, r1):
+        if _sgemm_chunks(a, b, out, chunks, size, r0, r1):
+            return
         acc = out[:, r0:r1]
         ar = a[:, r0:r1]
         if chunks * acc.size * out.itemsize <= STACKED_BYTES:

@@ -20,7 +20,7 @@ from jax_ipu.graph import programs as p
 from jax_ipu.graph.program import Program
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import Concat, View
-from jax_ipu.model import kernels
+from jax_ipu.model import helper, kernels
 from jax_ipu.model.targets import Target
 
 
@@ -255,6 +255,9 @@ class _Loaded:
             [_describe(s) for s in p.leaves(program.body)
              if not isinstance(s, (p.HostToDevice, p.DeviceToHost))])
         self.straight = None if self.has_control else self._straight_line(program)
+        # Whether the last run handed work to the spinning helper (which then
+        # starts spinning as the next run starts).
+        self.shares = False
 
     def _straight_line(self, program: Program):
         """fn(inputs) -> outputs for a program without control flow: the
@@ -376,6 +379,7 @@ def _host_call(step: p.HostCall):
     ids = [t.id for t in step.outputs]
 
     def host_call(state):
+        helper.end_session()     # the host may keep us waiting: the helper stops spinning
         # The host gets copies: a callback may keep what it is given.
         results = callbacks.call(step.callback_id, [np.array(r(state)) for r in readers], specs)
         for tid, value in zip(ids, results):
@@ -451,14 +455,20 @@ class Engine:
         """Runs the program; `checked=False` when the caller has already
         checked the inputs against the program's (the device's runs)."""
         loaded = self._loaded.get(id(program)) or self.load(program)
+        if loaded.shares:
+            helper.begin_session()
         if not checked and not donated and loaded.straight is not None:   # the common case, lean
             if get_ident() in _QUIET_THREADS:
-                results = loaded.straight(inputs)
+                try:
+                    results = loaded.straight(inputs)
+                finally:
+                    loaded.shares = helper.end_session()
             else:
                 token = _quiet_numpy()
                 try:
                     results = loaded.straight(inputs)
                 finally:
+                    loaded.shares = helper.end_session()
                     _restore_numpy(token)
             self.last_run = loaded.static_record
             return results
@@ -483,14 +493,18 @@ class Engine:
         if loaded.trace is not None:
             loaded.trace.clear()
         if get_ident() in _QUIET_THREADS:
-            for fn in loaded.steps:
-                fn(state)
+            try:
+                for fn in loaded.steps:
+                    fn(state)
+            finally:
+                loaded.shares = helper.end_session()
         else:
             token = _quiet_numpy()
             try:
                 for fn in loaded.steps:
                     fn(state)
             finally:
+                loaded.shares = helper.end_session()
                 _restore_numpy(token)
         self.last_run = loaded.static_record or RunRecord(list(loaded.trace))
         return [np.array(get(state)) if copy else get(state) for get, copy in loaded.outputs]

@@ -13,7 +13,7 @@ import numpy as np
 
 from jax_ipu.graph import codelets
 from jax_ipu.graph.views import View
-from jax_ipu.model import blas, elementwise, xla_chains
+from jax_ipu.model import blas, elementwise, helper, xla_chains
 
 REDUCE_UFUNCS = {"add": np.add, "multiply": np.multiply, "maximum": np.maximum,
                  "minimum": np.minimum, "and": np.bitwise_and, "or": np.bitwise_or,
@@ -55,9 +55,9 @@ FAST_CHAIN_CHUNK = 262144
 # ... and are shared with the helper thread from this many elements: the
 # hand-over costs about as much as half of a smaller one (an MLP training
 # step was 2% faster with its 401K- and 262K-element updates unshared).
-FAST_SHARED_CHAIN = 1 << 20
+FAST_SHARED_CHAIN = 1 << 17
 # A chunked chain of at least this many elements shares its chunks with a
-# helper thread (blas.helper_pool) when there is a second core.
+# helper thread (model/helper.py) when there is a second core.
 SHARED_CHAIN = 2 * CHAIN_CHUNK
 
 
@@ -151,7 +151,7 @@ def _build_chain(k: codelets.ElementwiseChain):
         # element is computed by the same ufuncs either way).
         half = (size // 2 + 7) // 8 * 8 if fast else (size // 2 + CHAIN_CHUNK - 1) // CHAIN_CHUNK * CHAIN_CHUNK
         other_regs = regs.copy()
-        blas.run_halves(lambda: _span(regs, flat, dests, 0, half),
+        helper.run_halves(lambda: _span(regs, flat, dests, 0, half),
                         lambda: _span(other_regs, flat, dests, half, size))
 
     def _span(regs, flat, dests, start, stop):

@@ -12,6 +12,7 @@ import threading
 from typing import NamedTuple
 
 from jax_ipu.errors import IpuRuntimeError
+from jax_ipu.model import helper
 
 # Seconds a replica waits for the others at one collective: the replicas
 # run the same program, so a long wait means one is stuck or diverged.
@@ -40,6 +41,7 @@ class Launch:
         self._barrier.abort()
 
     def _wait(self, rank: int) -> None:
+        helper.end_session()      # the other replicas may need the helper's core
         try:
             self._barrier.wait()
         except threading.BrokenBarrierError:

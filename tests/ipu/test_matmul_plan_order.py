@@ -16,7 +16,7 @@ import pytest
 
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Execute, leaves
-from jax_ipu.model import blas, kernels
+from jax_ipu.model import blas, helper, kernels
 from jax_ipu.model.engine import Engine
 from test_compiler import SMALL, compile_fn
 
@@ -55,13 +55,22 @@ def test_values_do_not_depend_on_the_helper_or_the_stacking(monkeypatch, batch, 
     rng = np.random.default_rng(7)
     a = rng.standard_normal((batch, m, k)).astype(np.float32)
     b = rng.standard_normal((batch, k, n)).astype(np.float32)
+
+    def combined():
+        return blas.matmul_combined(a, b, chunks, k // chunks, np.float32, blas.CombineScratch())
     results = []
-    with concurrent.futures.ThreadPoolExecutor(1, initializer=blas._init_helper) as helper:
-        for pool in (helper, None):      # a helper thread whatever the load, then none
-            monkeypatch.setattr(blas, "helper_pool", lambda: pool)
-            results.append(blas.matmul_combined(a, b, chunks, k // chunks, np.float32, blas.CombineScratch()))
+    monkeypatch.setattr(helper, "_spare_core", lambda ours=0: True)    # whatever the load
+    results.append(combined())                      # the spinning helper
+    helper.end_session()
+    monkeypatch.setattr(helper, "spinner", lambda: None)
+    with concurrent.futures.ThreadPoolExecutor(1, initializer=helper.init_helper_thread) as pool:
+        for p in (pool, None):                      # a thread pool's helper, then none
+            monkeypatch.setattr(helper, "helper_pool", lambda: p)
+            results.append(combined())
     monkeypatch.setattr(blas, "STACKED_BYTES", 0)       # chunk after chunk, never stacked
-    results.append(blas.matmul_combined(a, b, chunks, k // chunks, np.float32, blas.CombineScratch()))
+    results.append(combined())
+    monkeypatch.setattr(blas, "_sgemm", None)           # numpy's matmul and add, not cblas with beta = 1
+    results.append(combined())
     for r in results[1:]:
         np.testing.assert_array_equal(r, results[0])
 
@@ -100,12 +109,49 @@ def test_engine_combines_scratch_partials_with_the_same_bits(monkeypatch):
 
 def test_a_half_the_helper_has_not_started_runs_on_the_caller(monkeypatch):
     import threading
-    with concurrent.futures.ThreadPoolExecutor(1) as helper:
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
         release = threading.Event()
-        helper.submit(release.wait)                  # the helper is busy elsewhere
-        monkeypatch.setattr(blas, "helper_pool", lambda: helper)
+        pool.submit(release.wait)                    # the helper is busy elsewhere
+        monkeypatch.setattr(helper, "spinner", lambda: None)
+        monkeypatch.setattr(helper, "helper_pool", lambda: pool)
         ran_on = []
-        blas.run_halves(lambda: ran_on.append(threading.current_thread()),
+        helper.run_halves(lambda: ran_on.append(threading.current_thread()),
                         lambda: ran_on.append(threading.current_thread()))
         release.set()
     assert ran_on == [threading.current_thread()] * 2
+
+
+@pytest.mark.parametrize("a_t,b_t", [(False, False), (True, False), (False, True), (True, True)])
+def test_cblas_chunks_read_transposed_operands_in_place(monkeypatch, a_t, b_t):
+    """The planned sum made by cblas_sgemm with beta = 1 (one call per chunk,
+    operands read through their strides) has the bits of the partials
+    summed one after the other."""
+    assert blas._sgemm is not None         # numpy's bundled OpenBLAS
+    rng = np.random.default_rng(11)
+    batch, m, k, n, chunks = 2, 96, 256, 80, 8
+    a = (rng.standard_normal((batch, k, m)).astype(np.float32).transpose(0, 2, 1) if a_t
+         else rng.standard_normal((batch, m, k)).astype(np.float32))
+    b = (rng.standard_normal((batch, n, k)).astype(np.float32).transpose(0, 2, 1) if b_t
+         else rng.standard_normal((batch, k, n)).astype(np.float32))
+    calls = []
+    real = blas._sgemm
+
+    def spy(*args):
+        calls.append(args[1:3])
+        return real(*args)
+    monkeypatch.setattr(blas, "_sgemm", spy)
+    combined = blas.matmul_combined(a, b, chunks, k // chunks, np.float32, blas.CombineScratch())
+    expected_flags = (blas._TRANS if a_t else blas._NO_TRANS, blas._TRANS if b_t else blas._NO_TRANS)
+    assert calls and all(c == expected_flags for c in calls)
+    out = np.empty((chunks, batch, m, n), np.float32)
+    blas.matmul_partials(a, b, out, chunks, k // chunks)
+    np.testing.assert_array_equal(combined, left_fold(out))
+    np.testing.assert_allclose(combined, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+def test_cblas_is_not_given_broadcast_operands():
+    a = np.broadcast_to(np.arange(64, dtype=np.float32), (1, 128, 64))     # zero row stride
+    b = np.ones((1, 64, 512), np.float32)
+    assert blas._gemm_layout(a[0], 128, 64) is None
+    combined = blas.matmul_combined(a, b, 4, 16, np.float32, blas.CombineScratch())
+    np.testing.assert_array_equal(combined, np.broadcast_to(a[0].sum(1, keepdims=True) * 1.0, (128, 512))[None])
