@@ -18,6 +18,7 @@ import numpy as np
 
 from jax_ipu.model.helper import run_halves
 
+
 def _openblas() -> ctypes.CDLL | None:
     """numpy's bundled OpenBLAS, or None when numpy uses another BLAS."""
     libs = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
@@ -29,26 +30,37 @@ def _openblas() -> ctypes.CDLL | None:
     return None
 
 
-def _function(lib, names: tuple[str, ...], argtypes: list, restype):
-    for name in names:
-        fn = getattr(lib, name, None) if lib is not None else None
-        if fn is not None:
-            fn.argtypes, fn.restype = argtypes, restype
+_lib = _openblas()
+
+
+def _set_local_threads():
+    """openblas_set_num_threads_local (0.3.27+): OpenBLAS's thread count
+    for the calling thread alone; None without it."""
+    fn = getattr(_lib, "openblas_set_num_threads_local", None) if _lib is not None else None
+    if fn is not None:
+        fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+    return fn
+
+
+def _cblas_sgemm():
+    """cblas_sgemm with 64-bit integers (numpy's OpenBLAS is built with them
+    and prefixes its names), as a function object of its own, or None.
+
+    It adds a K-chunk's product onto the running sum in one call (beta = 1),
+    see _sgemm_chunks, which calls it with ctypes objects made once per row
+    block and updated in place (no argtypes): converting 14 Python numbers on
+    every call held the GIL twice as long, and the helper thread's calls
+    wait for it (a 128x512x512 product in two halves: 734 -> 652 us)."""
+    for name in ("scipy_cblas_sgemm64_", "cblas_sgemm64_"):
+        if _lib is not None and hasattr(_lib, name):
+            fn = _lib[name]
+            fn.restype = None
             return fn
     return None
 
 
-_lib = _openblas()
-# openblas_set_num_threads_local (0.3.27+): OpenBLAS's thread count for the
-# calling thread alone.
-set_local_threads = _function(_lib, ("openblas_set_num_threads_local",), [ctypes.c_int], ctypes.c_int)
-# cblas_sgemm with 64-bit integers (numpy's OpenBLAS is built with them and
-# prefixes its names): a K-chunk's product added onto the running sum in
-# one call (beta = 1), see _sgemm_chunks.
-_I, _P = ctypes.c_int64, ctypes.c_void_p
-_sgemm = _function(_lib, ("scipy_cblas_sgemm64_", "cblas_sgemm64_"),
-                   [ctypes.c_int, ctypes.c_int, ctypes.c_int, _I, _I, _I, ctypes.c_float,
-                    _P, _I, _P, _I, ctypes.c_float, _P, _I], None)
+set_local_threads = _set_local_threads()
+_sgemm = _cblas_sgemm()
 
 
 # A planned matmul of at least this many multiply-adds (all chunks) is cut
@@ -61,10 +73,11 @@ SHARED_MACS = 1 << 22
 # each) and summed in place; above, chunk after chunk into a running sum.
 STACKED_BYTES = 1 << 20
 
-def _row_blocks(batch: int, m: int, k: int, n: int) -> list[tuple[int, int]]:
+def _row_blocks(batch: int, m: int, k: int, n: int, whole: bool = False) -> list[tuple[int, int]]:
     """The rows each piece of work computes: halves (cut at a multiple of 8)
-    for large products, else all rows. Decided by the shape alone."""
-    if m >= 32 and batch * m * k * n >= SHARED_MACS:
+    for large products, else all rows. Decided by the shape alone, and by
+    `whole` (the product runs in a lane, model/lanes.py), never by load."""
+    if not whole and m >= 32 and batch * m * k * n >= SHARED_MACS:
         half = (m // 2 + 7) // 8 * 8
         return [(0, half), (half, m)]
     return [(0, m)]
@@ -96,7 +109,8 @@ class _OneBlasThread:
             set_local_threads(self.previous)
 
 
-def matmul_partials(a: np.ndarray, b: np.ndarray, out: np.ndarray, chunks: int, size: int) -> None:
+def matmul_partials(a: np.ndarray, b: np.ndarray, out: np.ndarray, chunks: int, size: int,
+                    whole: bool = False) -> None:
     """out[j] = a[..., j-th K-chunk] @ b[..., j-th K-chunk, :]: the planned
     partial products, one BLAS call per chunk (and row block)."""
     batch, m, k = a.shape
@@ -106,7 +120,7 @@ def matmul_partials(a: np.ndarray, b: np.ndarray, out: np.ndarray, chunks: int, 
     def rows(r0, r1):
         np.matmul(_stacked(a[:, r0:r1], chunks, size, -1), sb, out=out[:, :, r0:r1])
     with _OneBlasThread():
-        _run(rows, _row_blocks(batch, m, k, n))
+        _run(rows, _row_blocks(batch, m, k, n, whole))
 
 
 class CombineScratch:
@@ -168,16 +182,21 @@ def _sgemm_chunks(a: np.ndarray, b: np.ndarray, out: np.ndarray, chunks: int, si
     a0 = a.ctypes.data + r0 * a.strides[1]
     b0 = b.ctypes.data
     c0 = out.ctypes.data + r0 * out.strides[1]
+    i64 = ctypes.c_int64
+    pa, pb, pc, beta = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_float()
+    args = (ctypes.c_int(_ROW_MAJOR), ctypes.c_int(ta), ctypes.c_int(tb), i64(rows), i64(n), i64(size),
+            ctypes.c_float(1.0), pa, i64(lda), pb, i64(ldb), beta, pc, i64(n))
     for i in range(batch):
-        ap, bp, cp = a0 + i * a.strides[0], b0 + i * b.strides[0], c0 + i * out.strides[0]
+        ap, bp = a0 + i * a.strides[0], b0 + i * b.strides[0]
+        pc.value = c0 + i * out.strides[0]
         for j in range(chunks):
-            _sgemm(_ROW_MAJOR, ta, tb, rows, n, size, 1.0, ap + j * a_chunk, lda, bp + j * b_chunk, ldb,
-                   0.0 if j == 0 else 1.0, cp, n)
+            pa.value, pb.value, beta.value = ap + j * a_chunk, bp + j * b_chunk, 0.0 if j == 0 else 1.0
+            _sgemm(*args)
     return True
 
 
 def matmul_combined(a: np.ndarray, b: np.ndarray, chunks: int, size: int, dtype,
-                    scratch: CombineScratch) -> np.ndarray:
+                    scratch: CombineScratch, whole: bool = False) -> np.ndarray:
     """The partials of matmul_partials combined as the plan says, in their
     fixed order ((p0 + p1) + p2) + ..., in `dtype`: [batch, m, n]. Only a
     row block's partials exist at a time, in cache, never the whole set."""
@@ -201,5 +220,5 @@ def matmul_combined(a: np.ndarray, b: np.ndarray, chunks: int, size: int, dtype,
             np.matmul(ar[..., j * size:(j + 1) * size], b[..., j * size:(j + 1) * size, :], out=part)
             np.add(acc, part, out=acc)
     with _OneBlasThread():
-        _run(rows, _row_blocks(batch, m, k, n))
+        _run(rows, _row_blocks(batch, m, k, n, whole))
     return out

@@ -20,7 +20,7 @@ from jax_ipu.graph import programs as p
 from jax_ipu.graph.program import Program
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import Concat, View
-from jax_ipu.model import helper, kernels
+from jax_ipu.model import helper, kernels, lanes
 from jax_ipu.model.targets import Target
 
 
@@ -95,6 +95,9 @@ def _scratch_partials(program: Program) -> set[int]:
 # Whether the engine skips the host side of Copies their readers can read
 # through views (lazy_copies); off only to measure what that saves.
 LAZY_COPIES = True
+# Whether independent compute sets next to each other run as two lanes
+# (model/lanes.py); off only to measure what that saves.
+LANES = True
 # Kernels that read their operands through views (numpy or BLAS takes the
 # strides as they come), with the fields they read and the fields they write.
 _VIEW_READERS = {
@@ -238,6 +241,11 @@ class _Loaded:
         self.scratch = _scratch_partials(program)
         self.lazy = lazy_copies(program) if LAZY_COPIES else {}
         self.has_control = any(isinstance(s, p.CONTROL) for s in program.body.steps)
+        # A donated input's memory is also its output's: writes to either count.
+        self.aliases = collections.defaultdict(set)
+        for o, i in program.in_place.items():
+            self.aliases[program.inputs[i].id].add(program.outputs[o].tensor.id)
+            self.aliases[program.outputs[o].tensor.id].add(program.inputs[i].id)
         self.trace: list | None = [] if self.has_control else None
         self.steps = self._sequence(program.body)
         self.inputs = [(t.id, tuple(t.shape), t.dtype) for t in program.inputs]
@@ -282,7 +290,38 @@ class _Loaded:
         return env["run"]
 
     def _sequence(self, seq: p.Sequence) -> list:
-        return [fn for step in seq.steps if (fn := self._step(step)) is not None]
+        if self.trace is not None or not LANES:     # runs that record their steps keep their order
+            return [fn for step in seq.steps if (fn := self._step(step)) is not None]
+        steps = [s for s in seq.steps if not (isinstance(s, p.Copy) and s.dst.id in self.lazy)]
+        found = lanes.units(steps, [self._kernel(s) for s in steps], _tensor_ids, self.aliases)
+        fns = []
+        for item in lanes.plan(found):
+            if isinstance(item, lanes.Unit):
+                fns += [fn for step in item.steps if (fn := self._step(step)) is not None]
+            elif isinstance(item, tuple):
+                fns.append(self._lanes(item))
+            elif (fn := self._step(item)) is not None:
+                fns.append(fn)
+        return fns
+
+    def _lanes(self, pair: tuple):
+        """One step running two lanes of independent compute sets, the
+        second on the helper thread when a core is free."""
+        first, second = ([self._leaf(step, whole=True) for u in lane for step in u.steps] for lane in pair)
+
+        def run_lanes(state):
+            helper.run_lanes(lambda: _run_steps(first, state), lambda: _run_steps(second, state))
+        return run_lanes
+
+    def _kernel(self, step):
+        """The kernel the engine runs for an Execute step (reading lazy
+        Copies' sources), else None."""
+        if not isinstance(step, p.Execute):
+            return None
+        kernel = step.compute_set.kernel
+        if self.lazy and type(kernel) in _VIEW_READERS:
+            kernel = self._redirected(kernel)
+        return kernel
 
     def _step(self, step):
         fn = self._leaf(step) if not isinstance(step, p.CONTROL) else self._control(step)
@@ -294,12 +333,12 @@ class _Loaded:
                 inner(state)
         return fn
 
-    def _leaf(self, step):
+    def _leaf(self, step, whole: bool = False):
+        """whole: a product's rows in one block (in a lane), not halves."""
         if isinstance(step, p.Execute):
-            kernel = step.compute_set.kernel
-            if self.lazy and type(kernel) in _VIEW_READERS:
-                kernel = self._redirected(kernel)
-            return kernels.build(kernel, scratch=getattr(getattr(kernel, "out", None), "id", None) in self.scratch)
+            kernel = self._kernel(step)
+            return kernels.build(kernel, scratch=getattr(getattr(kernel, "out", None), "id", None) in self.scratch,
+                                 whole=whole)
         if isinstance(step, p.Copy):
             if step.dst.id in self.lazy:
                 # Its readers read its source (a no-op keeps it in the trace).

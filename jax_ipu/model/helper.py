@@ -229,12 +229,17 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-_local = threading.local()     # .shared: whether this thread's run handed a half to the spinner
+_local = threading.local()     # .shared: whether this thread's run handed a half to the spinner;
+#                                .in_lane: this thread runs a lane
 
 
 def run_halves(first: Callable, second: Callable) -> None:
     """Calls first() here and second() on the helper when a core is free
-    (else both here)."""
+    (else both here; always both here within a lane)."""
+    if getattr(_local, "in_lane", False):
+        first()
+        second()
+        return
     spin = spinner()
     if spin is not None and spin.begin():
         _local.shared = True
@@ -246,6 +251,22 @@ def run_halves(first: Callable, second: Callable) -> None:
         second()
         return
     _pool_halves(pool, first, second)
+
+
+def _in_lane(fn: Callable) -> Callable:
+    def lane():
+        _local.in_lane = True
+        try:
+            fn()
+        finally:
+            _local.in_lane = False
+    return lane
+
+
+def run_lanes(first: Callable, second: Callable) -> None:
+    """run_halves for two lanes of compute sets (model/lanes.py): what
+    runs in a lane shares nothing further with the helper."""
+    run_halves(_in_lane(first), _in_lane(second))
 
 
 def begin_session() -> None:

@@ -52,9 +52,11 @@ CHAIN_CHUNK = 65536
 # making many calls contend for the GIL (an SGD update of 401K elements on
 # two threads: 161 us in 64K chunks, 112 us in 256K chunks).
 FAST_CHAIN_CHUNK = 262144
-# ... and are shared with the helper thread from this many elements: the
-# hand-over costs about as much as half of a smaller one (an MLP training
-# step was 2% faster with its 401K- and 262K-element updates unshared).
+# ... and are shared with the helper thread from this many elements (with
+# the helper spinning, a hand-off costs about 10 us: an MLP training step
+# was 2.5% faster with its 401K- and 262K-element updates shared; smaller
+# chains cut in row halves were 5% slower, the two threads' many short
+# numpy calls contending for the GIL).
 FAST_SHARED_CHAIN = 1 << 17
 # A chunked chain of at least this many elements shares its chunks with a
 # helper thread (model/helper.py) when there is a second core.
@@ -282,7 +284,7 @@ def _operands(k: codelets.MatMulPartials):
     return get
 
 
-def _build_matmul(k: codelets.MatMulPartials):
+def _build_matmul(k: codelets.MatMulPartials, whole: bool = False):
     operands, tid = _operands(k), k.out.id
     chunks, batch, m, n = k.out.shape
     size = k.lhs.shape[2] // chunks if chunks else 0
@@ -290,7 +292,7 @@ def _build_matmul(k: codelets.MatMulPartials):
     def run(state):
         a, b = operands(state)
         out = np.empty((chunks, batch, m, n), dtype=k.out.dtype)
-        blas.matmul_partials(a, b, out, chunks, size)
+        blas.matmul_partials(a, b, out, chunks, size, whole)
         state[tid] = out
     return run
 
@@ -304,7 +306,7 @@ class Combined:
         self.value = value
 
 
-def _build_matmul_combined(k: codelets.MatMulPartials):
+def _build_matmul_combined(k: codelets.MatMulPartials, whole: bool = False):
     """The partials are scratch, read only by the matmul's reduction
     (ReduceCombine over the chunks, "add"): they are summed here, row
     block by row block while in cache, in the same fixed order, and the
@@ -316,7 +318,7 @@ def _build_matmul_combined(k: codelets.MatMulPartials):
 
     def run(state):
         a, b = operands(state)
-        state[tid] = Combined(blas.matmul_combined(a, b, chunks, size, acc, scratch).reshape(-1))
+        state[tid] = Combined(blas.matmul_combined(a, b, chunks, size, acc, scratch, whole).reshape(-1))
     return run
 
 
@@ -482,10 +484,11 @@ from jax_ipu.model import kernels_collectives  # noqa: E402
 BUILDERS.update(kernels_collectives.BUILDERS)
 
 
-def build(kernel, scratch: bool = False) -> Callable:
+def build(kernel, scratch: bool = False, whole: bool = False) -> Callable:
     """scratch: the kernel's output is only read, within a run, by kernels
     that make new arrays of it (the engine decides): for matmul partials,
-    only by the matmul's reduction, which then finds them combined."""
-    if scratch and type(kernel) is codelets.MatMulPartials:
-        return _build_matmul_combined(kernel)
+    only by the matmul's reduction, which then finds them combined.
+    whole: a product's rows in one block, never halves (it runs in a lane)."""
+    if type(kernel) is codelets.MatMulPartials:
+        return (_build_matmul_combined if scratch else _build_matmul)(kernel, whole)
     return BUILDERS[type(kernel)](kernel)

@@ -94,14 +94,14 @@ def test_engine_combines_scratch_partials_with_the_same_bits(monkeypatch):
     built = []
     real_build = kernels.build
 
-    def spy(kernel, scratch=False):
-        fn = real_build(kernel, scratch)
+    def spy(kernel, scratch=False, whole=False):
+        fn = real_build(kernel, scratch, whole)
         built.append(fn.__qualname__)
         return fn
     monkeypatch.setattr(kernels, "build", spy)
     combined = Engine(SMALL).run(program, [x, w])
     assert any(name.startswith("_build_matmul_combined") for name in built)
-    monkeypatch.setattr(kernels, "build", lambda kernel, scratch=False: real_build(kernel, False))
+    monkeypatch.setattr(kernels, "build", lambda kernel, scratch=False, whole=False: real_build(kernel, False, whole))
     materialised = Engine(SMALL).run(program, [x, w])
     np.testing.assert_array_equal(combined[0], materialised[0])
     np.testing.assert_allclose(combined[0], np.tanh(x.astype(np.float64) @ w) @ w.T, rtol=1e-4, atol=1e-3)
@@ -137,7 +137,7 @@ def test_cblas_chunks_read_transposed_operands_in_place(monkeypatch, a_t, b_t):
     real = blas._sgemm
 
     def spy(*args):
-        calls.append(args[1:3])
+        calls.append((args[1].value, args[2].value))
         return real(*args)
     monkeypatch.setattr(blas, "_sgemm", spy)
     combined = blas.matmul_combined(a, b, chunks, k // chunks, np.float32, blas.CombineScratch())

@@ -1,0 +1,124 @@
+"""Independent compute sets next to each other run as two lanes on the
+host's two cores (jax_ipu/model/lanes.py): never compute sets that share a
+tensor, and the same values whether or not the helper takes a lane."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_ipu.graph import programs as p
+from jax_ipu.model import engine, helper, lanes
+from jax_ipu.model.engine import Engine
+from jax_ipu.model.targets import get_target
+from test_compiler import compile_fn, run_cpu
+
+IPU2 = get_target("ipu2")
+
+
+def _step(params, x):
+    """An MLP's SGD step: its backward pass has an input-gradient and a
+    weight-gradient product side by side, and the updates of every
+    parameter are independent."""
+    def loss(params):
+        h = x
+        for w in params[:-1]:
+            h = jax.nn.relu(h @ w)
+        return jnp.mean((h @ params[-1]) ** 2)
+    grads = jax.grad(loss)(params)
+    return [w - 0.01 * g for w, g in zip(params, grads)]
+
+
+def _inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    params = [(rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32)
+              for a, b in [(512, 512), (512, 512), (512, 16)]]
+    return params, rng.standard_normal((128, 512)).astype(np.float32)
+
+
+def _plan(program):
+    loaded = Engine(IPU2).load(program)
+    steps = [s for s in program.body.steps if not (isinstance(s, p.Copy) and s.dst.id in loaded.lazy)]
+    found = lanes.units(steps, [loaded._kernel(s) for s in steps], engine._tensor_ids, loaded.aliases)
+    return lanes.plan(found)
+
+
+def test_a_training_step_runs_its_independent_products_and_updates_as_lanes():
+    params, x = _inputs()
+    program = compile_fn(_step, params, x, target=IPU2)
+    pairs = [item for item in _plan(program) if isinstance(item, tuple)]
+    assert pairs
+    for first, second in pairs:
+        written = set().union(*(u.writes for u in first))
+        read = set().union(*(u.reads for u in first))
+        for u in second:                      # the lanes share no tensor they write
+            assert not (u.writes & read) and not (u.reads & written)
+    lane_kernels = {type(k).__name__ for pair in pairs for lane in pair for u in lane for k in u.kernels}
+    assert "MatMulPartials" in lane_kernels and "ElementwiseChain" in lane_kernels
+
+
+def test_lanes_give_the_same_bits_with_and_without_the_helper(monkeypatch):
+    params, x = _inputs(1)
+    program = compile_fn(_step, params, x, target=IPU2)
+    monkeypatch.setattr(helper, "_spare_core", lambda: True)
+    taken = []
+    real = helper.run_lanes
+
+    def spy(first, second):
+        taken.append(1)
+        real(first, second)
+    monkeypatch.setattr(helper, "run_lanes", spy)
+    with_helper = Engine(IPU2).run(program, params + [x])
+    helper.end_session()
+    assert taken
+    monkeypatch.setattr(helper, "spinner", lambda: None)
+    monkeypatch.setattr(helper, "helper_pool", lambda: None)
+    alone = Engine(IPU2).run(program, params + [x])
+    for a, b in zip(with_helper, alone):
+        np.testing.assert_array_equal(a, b)
+    for got, want in zip(with_helper, run_cpu(_step, params, x)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    monkeypatch.setattr(engine, "LANES", False)
+    for got, want in zip(Engine(IPU2).run(program, params + [x]), with_helper):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _unit(name, reads, writes, work=1e6):
+    return lanes.Unit([name], [], set(reads), set(writes), work)
+
+
+def test_dependent_or_small_or_lopsided_groups_stay_in_order():
+    a, b = _unit("a", {1}, {2}), _unit("b", {2}, {3})           # b reads what a writes
+    assert lanes.plan([a, b]) == [a, b]
+    c, d = _unit("c", {1}, {2}), _unit("d", {3}, {1})           # d overwrites what c reads
+    assert lanes.plan([c, d]) == [c, d]
+    e, f = _unit("e", {1}, {2}, 10.0), _unit("f", {3}, {4}, 10.0)   # too little work for a hand-off
+    assert lanes.plan([e, f]) == [e, f]
+    g, h = _unit("g", {1}, {2}, 1e7), _unit("h", {3}, {4}, 1e5)     # one big compute set keeps its halves
+    assert lanes.plan([g, h]) == [g, h]
+    i, j, k = _unit("i", {1}, {2}), _unit("j", {3}, {4}), _unit("k", {5}, {6})
+    barrier = object()
+    plan = lanes.plan([i, j, barrier, k])
+    assert plan[0] == ([i], [j]) and plan[1:] == [barrier, k]
+
+
+def test_a_donated_buffer_written_in_place_counts_as_its_input():
+    """An update written into a donated input's buffer conflicts with a
+    compute set reading that input, though they name different tensors."""
+    params, x = _inputs(2)
+
+    def f(w, x):
+        return w - 0.01 * jnp.tanh(x[:, :512].T @ x[:, :512]), jnp.sum(w * w, axis=0)
+    program = compile_fn(f, params[0], x, target=IPU2)
+    loaded = Engine(IPU2).load(program)     # as if the caller donated w: its update is written into w
+    out_id, in_id = program.outputs[0].tensor.id, program.inputs[0].id
+    loaded.aliases[out_id].add(in_id)
+    loaded.aliases[in_id].add(out_id)
+    steps = [s for s in program.body.steps if not (isinstance(s, p.Copy) and s.dst.id in loaded.lazy)]
+    found = [u for u in lanes.units(steps, [loaded._kernel(s) for s in steps], engine._tensor_ids,
+                                    loaded.aliases) if isinstance(u, lanes.Unit)]
+    writers = [u for u in found if out_id in u.writes]
+    readers = [u for u in found if in_id in u.reads and u not in writers]
+    assert writers and readers
+    assert all(in_id in u.writes for u in writers)
+    assert not any(lanes._independent(w, r) for w in writers for r in readers)
