@@ -271,12 +271,17 @@ class _Loaded:
         """fn(inputs) -> outputs for a program without control flow: the
         steps called one after the other in one generated function (small
         programs run on every call, where the loops of run() show)."""
-        env = {"template": self.template, "np": np}
+        env = {"template": self.template, "np": np, "wake": helper.begin_session, "rest": helper.end_session}
         lines = ["def run(inputs):", "    state = template.copy()"]
         lines += [f"    state[{tid}] = inputs[{i}]" for i, tid in enumerate(self.input_ids)]
+        wake, rest = _helper_schedule(self.steps)
         for i, fn in enumerate(self.steps):
             env[f"s{i}"] = fn
+            if i in wake:
+                lines.append("    wake()")
             lines.append(f"    s{i}(state)")
+            if i in rest:
+                lines.append("    rest()")
         results = []
         for j, (view, (get, copy)) in enumerate(zip(program.outputs, self.outputs)):
             if view.is_whole_tensor and view.shape == view.tensor.shape:
@@ -297,12 +302,26 @@ class _Loaded:
         fns = []
         for item in lanes.plan(found):
             if isinstance(item, lanes.Unit):
-                fns += [fn for step in item.steps if (fn := self._step(step)) is not None]
+                fns += [self._estimated(fn, step) for step in item.steps if (fn := self._step(step)) is not None]
             elif isinstance(item, tuple):
-                fns.append(self._lanes(item))
-            elif (fn := self._step(item)) is not None:
+                fn = self._lanes(item)
+                fn.estimated_us = max(sum(_estimate_us(u.kernels[0]) for u in lane) for lane in item)
                 fns.append(fn)
+            elif (fn := self._step(item)) is not None:
+                fns.append(self._estimated(fn, item))
         return fns
+
+    def _estimated(self, fn, step):
+        """fn, knowing roughly how long it takes (for _helper_schedule)."""
+        kernel = self._kernel(step)
+        if (isinstance(kernel, codelets.ReduceCombine) and kernels.takes_combined(kernel)
+                and kernel.partials.tensor.id in self.scratch):
+            kernel = None           # the product has summed its partials already
+        try:
+            fn.estimated_us = _estimate_us(kernel)
+        except AttributeError:      # a builtin or bound method: no attributes
+            pass
+        return fn
 
     def _lanes(self, pair: tuple):
         """One step running two lanes of independent compute sets, the
@@ -311,6 +330,7 @@ class _Loaded:
 
         def run_lanes(state):
             helper.run_lanes(lambda: _run_steps(first, state), lambda: _run_steps(second, state))
+        run_lanes.shares = True
         return run_lanes
 
     def _kernel(self, step):
@@ -410,6 +430,50 @@ def _no_op(state) -> None:
     pass
 
 
+# Host microseconds per unit of lanes.work (roughly), and per step.
+_US_PER_WORK, _US_PER_STEP = 0.0005, 10.0
+# The helper thread, asleep, takes about 100 us to wake: a straight-line
+# program wakes it this long (estimated) before a step that shares work...
+PREWAKE_US = 150.0
+# ... and lets it sleep through stretches without shared work at least this
+# long: a spinning helper slows the caller's own work by ~10% on these VMs
+# (the cores share more than they show).
+IDLE_US = 400.0
+
+
+def _estimate_us(kernel) -> float:
+    if isinstance(kernel, codelets.MatMulPartials):     # a BLAS call per chunk
+        return _US_PER_STEP + _US_PER_WORK * lanes.work(kernel) + 2.0 * kernel.out.shape[0] * kernel.out.shape[1]
+    if isinstance(kernel, lanes.LANE_KERNELS):
+        return _US_PER_STEP + _US_PER_WORK * lanes.work(kernel)
+    return _US_PER_STEP
+
+
+def _helper_schedule(fns: list) -> tuple[set, set]:
+    """(positions before which the helper is woken, positions after which
+    it goes back to sleep) in a straight-line program's steps: it spins
+    only around the steps that share work (fn.shares)."""
+    shares = [i for i, fn in enumerate(fns) if getattr(fn, "shares", False)]
+    est = [getattr(fn, "estimated_us", _US_PER_STEP) for fn in fns]
+    wake, rest = set(), set()
+    previous = -1
+    for j in shares:
+        if previous >= 0 and sum(est[previous + 1:j]) < IDLE_US:
+            previous = j
+            continue          # it keeps spinning through a short stretch
+        if previous >= 0:
+            rest.add(previous)
+        k, ahead = j, 0.0
+        while k > previous + 1 and ahead < PREWAKE_US:
+            k -= 1
+            ahead += est[k]
+        wake.add(k)
+        previous = j
+    if previous >= 0:
+        rest.add(previous)
+    return wake, rest
+
+
 def _host_call(step: p.HostCall):
     from jax_ipu import callbacks
 
@@ -494,8 +558,6 @@ class Engine:
         """Runs the program; `checked=False` when the caller has already
         checked the inputs against the program's (the device's runs)."""
         loaded = self._loaded.get(id(program)) or self.load(program)
-        if loaded.shares:
-            helper.begin_session()
         if not checked and not donated and loaded.straight is not None:   # the common case, lean
             if get_ident() in _QUIET_THREADS:
                 try:
@@ -531,6 +593,8 @@ class Engine:
                     state[output_id] = state[input_id]
         if loaded.trace is not None:
             loaded.trace.clear()
+        if loaded.shares:
+            helper.begin_session()
         if get_ident() in _QUIET_THREADS:
             try:
                 for fn in loaded.steps:

@@ -192,6 +192,7 @@ def _build_chain(k: codelets.ElementwiseChain):
             else:                             # an input, a view or a scalar: give it its own data
                 state[tid] = np.array(np.broadcast_to(value, shape), dtype=dtype)
     if chunkable:
+        run_chunked.shares = size >= (FAST_SHARED_CHAIN if fast else SHARED_CHAIN)
         return run_chunked
     return _straight_line(k, fetch, plan, outputs, template, shape) or run
 
@@ -294,7 +295,14 @@ def _build_matmul(k: codelets.MatMulPartials, whole: bool = False):
         out = np.empty((chunks, batch, m, n), dtype=k.out.dtype)
         blas.matmul_partials(a, b, out, chunks, size, whole)
         state[tid] = out
+    run.shares = _shares(k, whole)
     return run
+
+
+def _shares(k: codelets.MatMulPartials, whole: bool) -> bool:
+    """Whether the product is cut in row halves for the helper thread."""
+    batch, m, kk = k.lhs.shape
+    return len(blas._row_blocks(batch, m, kk, k.rhs.shape[-1], whole)) > 1
 
 
 class Combined:
@@ -319,6 +327,7 @@ def _build_matmul_combined(k: codelets.MatMulPartials, whole: bool = False):
     def run(state):
         a, b = operands(state)
         state[tid] = Combined(blas.matmul_combined(a, b, chunks, size, acc, scratch, whole).reshape(-1))
+    run.shares = _shares(k, whole)
     return run
 
 

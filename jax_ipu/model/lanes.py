@@ -22,7 +22,7 @@ import numpy as np
 from jax_ipu.graph import codelets
 
 # Kernels a lane may hold: they read and write only the tensors they name.
-_LANE_KERNELS = (codelets.ElementwiseChain, codelets.MatMulPartials, codelets.ReduceCombine,
+LANE_KERNELS = (codelets.ElementwiseChain, codelets.MatMulPartials, codelets.ReduceCombine,
                  codelets.ReducePartials)
 # Host seconds per unit of work, roughly: a float32 multiply-add of a planned
 # product costs about 1/27 of an element of an element-wise op.
@@ -46,7 +46,8 @@ class Unit:
     work: float
 
 
-def _work(kernel) -> float:
+def work(kernel) -> float:
+    """Rough host cost of a lane kernel, in element-operations."""
     if isinstance(kernel, codelets.MatMulPartials):
         batch, m, k = kernel.lhs.shape
         return batch * m * k * kernel.rhs.shape[-1] * MAC_COST
@@ -72,7 +73,7 @@ def units(steps: list, kernels: list, tensor_ids, aliases: dict) -> list:
     i = 0
     while i < len(steps):
         kernel = kernels[i]
-        if not isinstance(kernel, _LANE_KERNELS):
+        if not isinstance(kernel, LANE_KERNELS):
             found.append(steps[i])
             i += 1
             continue
@@ -88,7 +89,7 @@ def units(steps: list, kernels: list, tensor_ids, aliases: dict) -> list:
                 writes.add(t.id)
                 writes |= aliases.get(t.id, set())
         reads = set(tensor_ids(ks, []))
-        found.append(Unit([steps[j] for j in group], ks, reads, writes, sum(_work(k) for k in ks)))
+        found.append(Unit([steps[j] for j in group], ks, reads, writes, sum(work(k) for k in ks)))
         i += len(group)
     return found
 

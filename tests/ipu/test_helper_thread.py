@@ -128,3 +128,22 @@ def test_a_host_callback_stops_the_spinning(monkeypatch):
     np.testing.assert_allclose(np.asarray(out), np.tanh(x @ w) @ w, rtol=1e-4, atol=1e-4)
     assert seen["owner"] is None
     assert seen["helper_cpu"] < 0.1
+
+
+def _fn(us, shares=False):
+    def fn(state):
+        pass
+    fn.estimated_us, fn.shares = us, shares
+    return fn
+
+
+def test_the_helper_is_woken_ahead_of_shared_work_and_sleeps_through_long_solo_stretches():
+    from jax_ipu.model.engine import IDLE_US, PREWAKE_US, _helper_schedule
+    solo = PREWAKE_US / 3
+    fns = ([_fn(solo)] * 6 + [_fn(1000, True)]          # woken about PREWAKE_US ahead of the first
+           + [_fn(solo)] * 2 + [_fn(1000, True)]         # a short stretch: it keeps spinning
+           + [_fn(IDLE_US)] * 2 + [_fn(1000, True)]      # a long one: it sleeps, woken again ahead
+           + [_fn(solo)] * 3)                            # and sleeps after the last
+    wake, rest = _helper_schedule(fns)
+    assert wake == {3, 11} and rest == {9, 12}
+    assert _helper_schedule([_fn(solo)] * 4) == (set(), set())
