@@ -9,6 +9,7 @@ import bisect
 import collections
 import dataclasses
 import threading
+import time
 import weakref
 from threading import get_ident
 
@@ -262,28 +263,47 @@ class _Loaded:
         self.static_record = None if self.has_control else RunRecord(
             [_describe(s) for s in p.leaves(program.body)
              if not isinstance(s, (p.HostToDevice, p.DeviceToHost))])
-        self.straight = None if self.has_control else self._straight_line(program)
+        self.name, self.output_views = program.name, program.outputs
+        # A straight-line program's first runs time its steps (step_us, the
+        # fastest run's), then it runs with the helper's schedule made of them.
+        self.timed_runs = 0 if self.has_control or not any(getattr(f, "shares", False) for f in self.steps) \
+            else TIMED_RUNS
+        self.step_us = [float("inf")] * len(self.steps)
+        self.straight = None if self.has_control else self._straight_line(timed=self.timed_runs > 0)
         # Whether the last run handed work to the spinning helper (which then
         # starts spinning as the next run starts).
         self.shares = False
 
-    def _straight_line(self, program: Program):
+    def timed_run_done(self) -> None:
+        self.timed_runs -= 1
+        if self.timed_runs == 0:
+            self.straight = self._straight_line(timed=False)
+
+    def _straight_line(self, timed: bool = False):
         """fn(inputs) -> outputs for a program without control flow: the
         steps called one after the other in one generated function (small
-        programs run on every call, where the loops of run() show)."""
-        env = {"template": self.template, "np": np, "wake": helper.begin_session, "rest": helper.end_session}
-        lines = ["def run(inputs):", "    state = template.copy()"]
+        programs run on every call, where the loops of run() show). timed:
+        each step's time kept in step_us; else the helper thread is woken
+        and let sleep as _helper_schedule says from step_us."""
+        env = {"template": self.template, "np": np, "wake": helper.begin_session, "rest": helper.end_session,
+               "clock": time.perf_counter, "took": self.step_us}
+        lines = ["def run(inputs, alias=()):", "    state = template.copy()"]
         lines += [f"    state[{tid}] = inputs[{i}]" for i, tid in enumerate(self.input_ids)]
-        wake, rest = _helper_schedule(self.steps)
+        lines += ["    for o, i in alias:", "        state[o] = state[i]"]    # donated buffers, written in place
+        wake, rest = (set(), set()) if timed else _helper_schedule(self.steps, self.step_us)
+        if timed:
+            lines.append("    t = clock()")
         for i, fn in enumerate(self.steps):
             env[f"s{i}"] = fn
             if i in wake:
                 lines.append("    wake()")
             lines.append(f"    s{i}(state)")
+            if timed:
+                lines.append(f"    u = clock(); took[{i}] = min(took[{i}], (u - t) * 1e6); t = u")
             if i in rest:
                 lines.append("    rest()")
         results = []
-        for j, (view, (get, copy)) in enumerate(zip(program.outputs, self.outputs)):
+        for j, (view, (get, copy)) in enumerate(zip(self.output_views, self.outputs)):
             if view.is_whole_tensor and view.shape == view.tensor.shape:
                 value = f"state[{view.tensor.id}]"
             else:
@@ -291,7 +311,7 @@ class _Loaded:
                 value = f"g{j}(state)"
             results.append(f"np.array({value})" if copy else value)
         lines.append(f"    return [{', '.join(results)}]")
-        exec(compile("\n".join(lines), f"<program {program.name}>", "exec"), env)
+        exec(compile("\n".join(lines), f"<program {self.name}>", "exec"), env)
         return env["run"]
 
     def _sequence(self, seq: p.Sequence) -> list:
@@ -302,26 +322,12 @@ class _Loaded:
         fns = []
         for item in lanes.plan(found):
             if isinstance(item, lanes.Unit):
-                fns += [self._estimated(fn, step) for step in item.steps if (fn := self._step(step)) is not None]
+                fns += [fn for step in item.steps if (fn := self._step(step)) is not None]
             elif isinstance(item, tuple):
-                fn = self._lanes(item)
-                fn.estimated_us = max(sum(_estimate_us(u.kernels[0]) for u in lane) for lane in item)
-                fns.append(fn)
+                fns.append(self._lanes(item))
             elif (fn := self._step(item)) is not None:
-                fns.append(self._estimated(fn, item))
+                fns.append(fn)
         return fns
-
-    def _estimated(self, fn, step):
-        """fn, knowing roughly how long it takes (for _helper_schedule)."""
-        kernel = self._kernel(step)
-        if (isinstance(kernel, codelets.ReduceCombine) and kernels.takes_combined(kernel)
-                and kernel.partials.tensor.id in self.scratch):
-            kernel = None           # the product has summed its partials already
-        try:
-            fn.estimated_us = _estimate_us(kernel)
-        except AttributeError:      # a builtin or bound method: no attributes
-            pass
-        return fn
 
     def _lanes(self, pair: tuple):
         """One step running two lanes of independent compute sets, the
@@ -430,31 +436,25 @@ def _no_op(state) -> None:
     pass
 
 
-# Host microseconds per unit of lanes.work (roughly), and per step.
-_US_PER_WORK, _US_PER_STEP = 0.0005, 10.0
 # The helper thread, asleep, takes about 100 us to wake: a straight-line
-# program wakes it this long (estimated) before a step that shares work...
+# program wakes it this long (as its steps took) before a step that shares
+# work...
 PREWAKE_US = 150.0
 # ... and lets it sleep through stretches without shared work at least this
 # long: a spinning helper slows the caller's own work by ~10% on these VMs
 # (the cores share more than they show).
 IDLE_US = 400.0
+# Runs of a straight-line program whose steps are timed (the fastest of
+# them counts) before its helper schedule is made.
+TIMED_RUNS = 2
 
 
-def _estimate_us(kernel) -> float:
-    if isinstance(kernel, codelets.MatMulPartials):     # a BLAS call per chunk
-        return _US_PER_STEP + _US_PER_WORK * lanes.work(kernel) + 2.0 * kernel.out.shape[0] * kernel.out.shape[1]
-    if isinstance(kernel, lanes.LANE_KERNELS):
-        return _US_PER_STEP + _US_PER_WORK * lanes.work(kernel)
-    return _US_PER_STEP
-
-
-def _helper_schedule(fns: list) -> tuple[set, set]:
+def _helper_schedule(fns: list, est: list) -> tuple[set, set]:
     """(positions before which the helper is woken, positions after which
-    it goes back to sleep) in a straight-line program's steps: it spins
-    only around the steps that share work (fn.shares)."""
+    it goes back to sleep) in a straight-line program's steps, est[i] the
+    microseconds step i took: it spins only around the steps that share
+    work (fn.shares)."""
     shares = [i for i, fn in enumerate(fns) if getattr(fn, "shares", False)]
-    est = [getattr(fn, "estimated_us", _US_PER_STEP) for fn in fns]
     wake, rest = set(), set()
     previous = -1
     for j in shares:
@@ -558,19 +558,23 @@ class Engine:
         """Runs the program; `checked=False` when the caller has already
         checked the inputs against the program's (the device's runs)."""
         loaded = self._loaded.get(id(program)) or self.load(program)
-        if not checked and not donated and loaded.straight is not None:   # the common case, lean
+        if not checked and loaded.straight is not None:   # the common case, lean
+            alias = [(output_id, input_id) for i, input_id, output_id in loaded.in_place
+                     if i in donated and inputs[i].flags.writeable] if donated else ()
             if get_ident() in _QUIET_THREADS:
                 try:
-                    results = loaded.straight(inputs)
+                    results = loaded.straight(inputs, alias)
                 finally:
                     loaded.shares = helper.end_session()
             else:
                 token = _quiet_numpy()
                 try:
-                    results = loaded.straight(inputs)
+                    results = loaded.straight(inputs, alias)
                 finally:
                     loaded.shares = helper.end_session()
                     _restore_numpy(token)
+            if loaded.timed_runs:
+                loaded.timed_run_done()
             self.last_run = loaded.static_record
             return results
         state = loaded.template.copy()
