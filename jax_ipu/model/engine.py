@@ -442,8 +442,11 @@ def _no_op(state) -> None:
 PREWAKE_US = 150.0
 # ... and lets it sleep through stretches without shared work at least this
 # long: a spinning helper slows the caller's own work by ~10% on these VMs
-# (the cores share more than they show).
-IDLE_US = 400.0
+# (the cores share more than they show), which over such a stretch costs
+# more than waking it again (100-200 us with its first hand-off). An MLP
+# training step, whose 1.1-1.7 ms stretch it now spins through, ran 1-2%
+# faster than with 400 us (about as fast as spinning throughout).
+IDLE_US = 2000.0
 # Runs of a straight-line program whose steps are timed (the fastest of
 # them counts) before its helper schedule is made.
 TIMED_RUNS = 2
