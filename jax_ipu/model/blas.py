@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+import threading
 
 import numpy as np
 
@@ -98,15 +99,40 @@ def _run(rows, blocks) -> None:
         run_halves(lambda: rows(*blocks[0]), lambda: rows(*blocks[1]))
 
 
+_blas_lock = threading.Lock()
+_blas_users = 0             # threads inside _OneBlasThread now
+_blas_saved: int | None = None
+
+
 class _OneBlasThread:
-    """OpenBLAS on the calling thread alone within the block."""
+    """OpenBLAS on the calling thread alone within the block.
+
+    numpy's OpenBLAS (0.3.31) applies openblas_set_num_threads_local to
+    every thread, not only the caller: restoring the user's count when one
+    thread leaves the block gave the other engine thread, still inside
+    its own, two OpenBLAS threads mid-product (other bits: a lane's product
+    came out 1 ulp off in the process's first run). So the count is set to
+    1 by whoever enters and given back only when the last thread leaves."""
 
     def __enter__(self):
-        self.previous = set_local_threads(1) if set_local_threads is not None else None
+        global _blas_users, _blas_saved
+        if set_local_threads is None:
+            return
+        with _blas_lock:
+            previous = set_local_threads(1)
+            if _blas_users == 0:
+                _blas_saved = previous
+            _blas_users += 1
 
     def __exit__(self, *exc):
-        if self.previous is not None:
-            set_local_threads(self.previous)
+        global _blas_users, _blas_saved
+        if set_local_threads is None:
+            return
+        with _blas_lock:
+            _blas_users -= 1
+            if _blas_users == 0 and _blas_saved is not None:
+                set_local_threads(_blas_saved)
+                _blas_saved = None
 
 
 def matmul_partials(a: np.ndarray, b: np.ndarray, out: np.ndarray, chunks: int, size: int,

@@ -34,13 +34,10 @@ _CORES = os.cpu_count() or 1
 
 def init_helper_thread() -> None:
     """What every helper thread sets once: numpy ignores floating-point
-    errors (the IPU does not trap, as on the device workers), and OpenBLAS
-    runs on the thread alone."""
-    from jax_ipu.model import blas
-
+    errors (the IPU does not trap, as on the device workers). (OpenBLAS's
+    thread count is the engine's to set, around each product: see
+    blas._OneBlasThread.)"""
     np.seterr(all="ignore")
-    if blas.set_local_threads is not None:
-        blas.set_local_threads(1)
 
 
 _running = [0.0, 1]     # (when last looked, runnable threads then, our spinning helper aside)

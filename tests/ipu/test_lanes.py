@@ -122,3 +122,89 @@ def test_a_donated_buffer_written_in_place_counts_as_its_input():
     assert writers and readers
     assert all(in_id in u.writes for u in writers)
     assert not any(lanes._independent(w, r) for w in writers for r in readers)
+
+
+def test_a_loop_body_runs_lanes_and_its_record_keeps_program_order(monkeypatch):
+    """In a program with control flow each step is recorded as it runs (for
+    profiles): lanes record theirs in program order, with the Copies the
+    engine skips, so the record is the one of a run without lanes."""
+    params, x = _inputs(3)
+
+    def train(params, x):
+        return jax.lax.fori_loop(0, 3, lambda i, p: _step(p, x), params)
+    program = compile_fn(train, params, x, target=IPU2)
+    ran = []
+    real = helper.run_lanes
+
+    def spy(first, second):
+        ran.append(1)
+        real(first, second)
+    monkeypatch.setattr(helper, "run_lanes", spy)
+    eng = Engine(IPU2)
+    got = eng.run(program, params + [x])
+    with_lanes = list(eng.last_run.steps)
+    assert len(ran) >= 3 * 2                      # both groups, in every iteration
+    monkeypatch.setattr(engine, "LANES", False)
+    eng = Engine(IPU2)
+    plain = eng.run(program, params + [x])
+    assert list(eng.last_run.steps) == with_lanes
+    for a, b, want in zip(got, plain, run_cpu(train, params, x)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a, want, rtol=1e-4, atol=1e-5)
+
+
+_FIRST_RUN = """
+import numpy as np
+from jax_ipu.model import helper
+from jax_ipu.model.engine import Engine
+from test_compiler import compile_fn
+from test_lanes import IPU2, _inputs, _step
+params, x = _inputs(1)
+program = compile_fn(_step, params, x, target=IPU2)
+helper._spare_core = lambda: True
+first = Engine(IPU2).run(program, params + [x])
+helper.end_session()
+helper.spinner = helper.helper_pool = lambda: None
+again = Engine(IPU2).run(program, params + [x])
+print(all(np.array_equal(a, b) for a, b in zip(first, again)))
+"""
+
+
+def test_the_first_run_of_a_process_gives_the_same_bits():
+    """A fresh process's first run with lanes on two threads: OpenBLAS's
+    thread count is process-wide, and one lane's end once gave the other
+    lane two OpenBLAS threads mid-product (1-ulp differences)."""
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(__file__)
+    env = dict(os.environ, PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", _FIRST_RUN], capture_output=True, text=True, env=env,
+                          cwd=here, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "True"
+
+
+def test_openblas_goes_back_to_the_users_thread_count_only_when_no_engine_thread_needs_one():
+    import threading
+    from jax_ipu.model import blas
+    assert blas.set_local_threads is not None
+    user = blas.set_local_threads(3)
+    inside, left = threading.Event(), threading.Event()
+    seen = {}
+
+    def other():
+        with blas._OneBlasThread():
+            inside.set()
+            left.wait(10)                                 # the first thread has left its block
+            seen["during"] = blas.set_local_threads(1)    # the count this one computes with
+    block = blas._OneBlasThread()
+    block.__enter__()                                     # this thread enters first...
+    t = threading.Thread(target=other)
+    t.start()
+    inside.wait(10)
+    block.__exit__(None, None, None)                      # ... and leaves first
+    left.set()
+    t.join(10)
+    assert seen["during"] == 1
+    assert blas.set_local_threads(user) == 3              # given back once both left
