@@ -315,27 +315,45 @@ class _Loaded:
         return env["run"]
 
     def _sequence(self, seq: p.Sequence) -> list:
-        if self.trace is not None or not LANES:     # runs that record their steps keep their order
+        if not LANES:
             return [fn for step in seq.steps if (fn := self._step(step)) is not None]
-        steps = [s for s in seq.steps if not (isinstance(s, p.Copy) and s.dst.id in self.lazy)]
+        # Lazy Copies run nothing; in a traced run they still take their place
+        # in the record, with the step after them (lead).
+        steps, lead, pending = [], {}, []
+        for s in seq.steps:
+            if isinstance(s, p.Copy) and s.dst.id in self.lazy:
+                pending.append(s)
+            else:
+                steps.append(s)
+                lead[id(s)], pending = pending, []
         found = lanes.units(steps, [self._kernel(s) for s in steps], _tensor_ids, self.aliases)
+        order = {id(u): i for i, u in enumerate(found)}
         fns = []
         for item in lanes.plan(found):
-            if isinstance(item, lanes.Unit):
-                fns += [fn for step in item.steps if (fn := self._step(step)) is not None]
-            elif isinstance(item, tuple):
-                fns.append(self._lanes(item))
-            elif (fn := self._step(item)) is not None:
-                fns.append(fn)
+            if isinstance(item, tuple):
+                fns.append(self._lanes(item, lead, order))
+                continue
+            for step in (item.steps if isinstance(item, lanes.Unit) else [item]):
+                fns += [fn for s in lead[id(step)] + [step] if (fn := self._step(s)) is not None]
+        fns += [fn for s in pending if (fn := self._step(s)) is not None]
         return fns
 
-    def _lanes(self, pair: tuple):
+    def _lanes(self, pair: tuple, lead: dict, order: dict):
         """One step running two lanes of independent compute sets, the
-        second on the helper thread when a core is free."""
+        second on the helper thread when a core is free. A traced run
+        records their steps in program order first."""
         first, second = ([self._leaf(step, whole=True) for u in lane for step in u.steps] for lane in pair)
 
         def run_lanes(state):
             helper.run_lanes(lambda: _run_steps(first, state), lambda: _run_steps(second, state))
+        if self.trace is not None:
+            units = sorted(pair[0] + pair[1], key=lambda u: order[id(u)])
+            infos = [_describe(s) for u in units for step in u.steps for s in lead[id(step)] + [step]]
+            trace, run = self.trace, run_lanes
+
+            def run_lanes(state):
+                trace.extend(infos)
+                run(state)
         run_lanes.shares = True
         return run_lanes
 
