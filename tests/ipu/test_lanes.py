@@ -43,6 +43,17 @@ def _plan(program):
     return lanes.plan(found)
 
 
+def _count_lanes(monkeypatch) -> list:
+    """A list that gets an entry each time a run hands out lanes."""
+    ran, real = [], helper.run_lanes
+
+    def spy(first, second):
+        ran.append(1)
+        real(first, second)
+    monkeypatch.setattr(helper, "run_lanes", spy)
+    return ran
+
+
 def test_a_training_step_runs_its_independent_products_and_updates_as_lanes():
     params, x = _inputs()
     program = compile_fn(_step, params, x, target=IPU2)
@@ -61,13 +72,7 @@ def test_lanes_give_the_same_bits_with_and_without_the_helper(monkeypatch):
     params, x = _inputs(1)
     program = compile_fn(_step, params, x, target=IPU2)
     monkeypatch.setattr(helper, "_spare_core", lambda: True)
-    taken = []
-    real = helper.run_lanes
-
-    def spy(first, second):
-        taken.append(1)
-        real(first, second)
-    monkeypatch.setattr(helper, "run_lanes", spy)
+    taken = _count_lanes(monkeypatch)
     with_helper = Engine(IPU2).run(program, params + [x])
     helper.end_session()
     assert taken
@@ -133,13 +138,7 @@ def test_a_loop_body_runs_lanes_and_its_record_keeps_program_order(monkeypatch):
     def train(params, x):
         return jax.lax.fori_loop(0, 3, lambda i, p: _step(p, x), params)
     program = compile_fn(train, params, x, target=IPU2)
-    ran = []
-    real = helper.run_lanes
-
-    def spy(first, second):
-        ran.append(1)
-        real(first, second)
-    monkeypatch.setattr(helper, "run_lanes", spy)
+    ran = _count_lanes(monkeypatch)
     eng = Engine(IPU2)
     got = eng.run(program, params + [x])
     with_lanes = list(eng.last_run.steps)
