@@ -5,8 +5,8 @@ in the plan's fixed order, so the values never depend on threads or load.
 OpenBLAS spreads even small products over every core, and when the cores
 are busy its threads wait on one another: on 2 shared cores a 128x49x512
 block took 15 ms instead of 0.15 ms. Planned products therefore run with
-OpenBLAS on the calling thread alone (its per-thread switch, so nothing
-else is affected); the engine uses a second core its own way: a helper
+OpenBLAS on one thread (its thread count is process-wide in numpy's build:
+see _OneBlasThread); the engine uses a second core its own way: a helper
 thread (model/helper.py) takes half of the rows of a large product."""
 from __future__ import annotations
 
@@ -35,8 +35,9 @@ _lib = _openblas()
 
 
 def _set_local_threads():
-    """openblas_set_num_threads_local (0.3.27+): OpenBLAS's thread count
-    for the calling thread alone; None without it."""
+    """openblas_set_num_threads_local (0.3.27+), which sets OpenBLAS's
+    thread count (for every thread, in numpy's build: see _OneBlasThread)
+    and returns the previous one; None without it."""
     fn = getattr(_lib, "openblas_set_num_threads_local", None) if _lib is not None else None
     if fn is not None:
         fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
@@ -74,7 +75,7 @@ SHARED_MACS = 1 << 22
 # each) and summed in place; above, chunk after chunk into a running sum.
 STACKED_BYTES = 1 << 20
 
-def _row_blocks(batch: int, m: int, k: int, n: int, whole: bool = False) -> list[tuple[int, int]]:
+def row_blocks(batch: int, m: int, k: int, n: int, whole: bool = False) -> list[tuple[int, int]]:
     """The rows each piece of work computes: halves (cut at a multiple of 8)
     for large products, else all rows. Decided by the shape alone, and by
     `whole` (the product runs in a lane, model/lanes.py), never by load."""
@@ -146,7 +147,7 @@ def matmul_partials(a: np.ndarray, b: np.ndarray, out: np.ndarray, chunks: int, 
     def rows(r0, r1):
         np.matmul(_stacked(a[:, r0:r1], chunks, size, -1), sb, out=out[:, :, r0:r1])
     with _OneBlasThread():
-        _run(rows, _row_blocks(batch, m, k, n, whole))
+        _run(rows, row_blocks(batch, m, k, n, whole))
 
 
 class CombineScratch:
@@ -246,5 +247,5 @@ def matmul_combined(a: np.ndarray, b: np.ndarray, chunks: int, size: int, dtype,
             np.matmul(ar[..., j * size:(j + 1) * size], b[..., j * size:(j + 1) * size, :], out=part)
             np.add(acc, part, out=acc)
     with _OneBlasThread():
-        _run(rows, _row_blocks(batch, m, k, n, whole))
+        _run(rows, row_blocks(batch, m, k, n, whole))
     return out

@@ -161,6 +161,16 @@ def _refs(step, found: list) -> list:
     return found
 
 
+def donation_aliases(program: Program) -> collections.defaultdict:
+    """{tensor id: ids of the tensors sharing its memory}: a donated input's
+    memory is also its output's, so writes to either count for both."""
+    aliases = collections.defaultdict(set)
+    for o, i in program.in_place.items():
+        aliases[program.inputs[i].id].add(program.outputs[o].tensor.id)
+        aliases[program.outputs[o].tensor.id].add(program.inputs[i].id)
+    return aliases
+
+
 def lazy_copies(program: Program) -> dict:
     """{destination tensor id: source view} of the Copies the engine need
     not make on the host: a layout change (transpose, broadcast, slice...)
@@ -173,11 +183,7 @@ def lazy_copies(program: Program) -> dict:
     refs = collections.Counter(_tensor_ids(program.outputs, []))
     refs.update(_tensor_ids(program.inputs, []))
     refs.update(_refs(program.body, []))
-    # A donated input's memory is also its output's: writes to either count.
-    aliases = collections.defaultdict(set)
-    for o, i in program.in_place.items():
-        aliases[program.inputs[i].id].add(program.outputs[o].tensor.id)
-        aliases[program.outputs[o].tensor.id].add(program.inputs[i].id)
+    aliases = donation_aliases(program)
     lazy: dict = {}
 
     def sequence(steps) -> None:
@@ -242,11 +248,7 @@ class _Loaded:
         self.scratch = _scratch_partials(program)
         self.lazy = lazy_copies(program) if LAZY_COPIES else {}
         self.has_control = any(isinstance(s, p.CONTROL) for s in program.body.steps)
-        # A donated input's memory is also its output's: writes to either count.
-        self.aliases = collections.defaultdict(set)
-        for o, i in program.in_place.items():
-            self.aliases[program.inputs[i].id].add(program.outputs[o].tensor.id)
-            self.aliases[program.outputs[o].tensor.id].add(program.inputs[i].id)
+        self.aliases = donation_aliases(program)
         self.trace: list | None = [] if self.has_control else None
         self.steps = self._sequence(program.body)
         self.inputs = [(t.id, tuple(t.shape), t.dtype) for t in program.inputs]
@@ -273,6 +275,12 @@ class _Loaded:
         # Whether the last run handed work to the spinning helper (which then
         # starts spinning as the next run starts).
         self.shares = False
+
+    def donated_aliases(self, inputs: list, donated) -> list:
+        """(output id, input id) of the outputs written in place into the
+        donated inputs' own memory (those numpy lets us write)."""
+        return [(output_id, input_id) for i, input_id, output_id in self.in_place
+                if i in donated and inputs[i].flags.writeable]
 
     def timed_run_done(self) -> None:
         self.timed_runs -= 1
@@ -580,19 +588,13 @@ class Engine:
         checked the inputs against the program's (the device's runs)."""
         loaded = self._loaded.get(id(program)) or self.load(program)
         if not checked and loaded.straight is not None:   # the common case, lean
-            alias = [(output_id, input_id) for i, input_id, output_id in loaded.in_place
-                     if i in donated and inputs[i].flags.writeable] if donated else ()
-            if get_ident() in _QUIET_THREADS:
-                try:
-                    results = loaded.straight(inputs, alias)
-                finally:
-                    loaded.shares = helper.end_session()
-            else:
-                token = _quiet_numpy()
-                try:
-                    results = loaded.straight(inputs, alias)
-                finally:
-                    loaded.shares = helper.end_session()
+            alias = loaded.donated_aliases(inputs, donated) if donated else ()
+            token = None if get_ident() in _QUIET_THREADS else _quiet_numpy()
+            try:
+                results = loaded.straight(inputs, alias)
+            finally:
+                loaded.shares = helper.end_session()
+                if token is not None:
                     _restore_numpy(token)
             if loaded.timed_runs:
                 loaded.timed_run_done()
@@ -613,26 +615,19 @@ class Engine:
             for tid, array in zip(loaded.input_ids, inputs):
                 state[tid] = array
         if donated:
-            for i, input_id, output_id in loaded.in_place:
-                if i in donated and state[input_id].flags.writeable:
-                    state[output_id] = state[input_id]
+            for output_id, input_id in loaded.donated_aliases(inputs, donated):
+                state[output_id] = state[input_id]
         if loaded.trace is not None:
             loaded.trace.clear()
         if loaded.shares:
             helper.begin_session()
-        if get_ident() in _QUIET_THREADS:
-            try:
-                for fn in loaded.steps:
-                    fn(state)
-            finally:
-                loaded.shares = helper.end_session()
-        else:
-            token = _quiet_numpy()
-            try:
-                for fn in loaded.steps:
-                    fn(state)
-            finally:
-                loaded.shares = helper.end_session()
+        token = None if get_ident() in _QUIET_THREADS else _quiet_numpy()
+        try:
+            for fn in loaded.steps:
+                fn(state)
+        finally:
+            loaded.shares = helper.end_session()
+            if token is not None:
                 _restore_numpy(token)
         self.last_run = loaded.static_record or RunRecord(list(loaded.trace))
         return [np.array(get(state)) if copy else get(state) for get, copy in loaded.outputs]

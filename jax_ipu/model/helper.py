@@ -9,9 +9,11 @@ idle core woken through the hypervisor) and then ran on cold caches, and
 the caller slept as long again waiting for it. So while a run shares work,
 the helper waits for the next half spinning on a libc spinlock, outside
 the GIL, as XLA:CPU's thread pool spins between its tasks: a hand-off then
-costs about 10 us. The spin lasts from a run's first shared kernel to the
-end of the run, or to a host call (a callback or feed may wait on the user
-for as long as it likes); between runs the helper sleeps. A run takes the
+costs about 10 us. The spin lasts from a run's first shared kernel (or,
+in a straight-line program, from shortly before it: engine._helper_schedule)
+to the end of the run, to a long stretch without shared work, or to a host
+call (a callback or feed may wait on the user for as long as it likes);
+between runs the helper sleeps. A run takes the
 spinning helper only when a core is free (as the kernel's run queue says),
 and one run at a time: another device's run then shares through a thread
 pool, or not at all.
@@ -267,9 +269,10 @@ def run_lanes(first: Callable, second: Callable) -> None:
 
 
 def begin_session() -> None:
-    """A run that shared work last time starts: the helper starts spinning
-    now, so that it is ready when the first half comes (waking it then made
-    the caller do that half itself)."""
+    """Work to share comes soon (a run that shared work last time starts,
+    or a straight-line program's schedule says so): the helper starts
+    spinning now, so that it is ready when the first half comes (waking it
+    then made the caller do that half itself)."""
     spin = spinner()
     if spin is not None:
         spin.begin()

@@ -302,7 +302,7 @@ def _build_matmul(k: codelets.MatMulPartials, whole: bool = False):
 def _shares(k: codelets.MatMulPartials, whole: bool) -> bool:
     """Whether the product is cut in row halves for the helper thread."""
     batch, m, kk = k.lhs.shape
-    return len(blas._row_blocks(batch, m, kk, k.rhs.shape[-1], whole)) > 1
+    return len(blas.row_blocks(batch, m, kk, k.rhs.shape[-1], whole)) > 1
 
 
 class Combined:

@@ -24,8 +24,8 @@ from jax_ipu.graph import codelets
 # Kernels a lane may hold: they read and write only the tensors they name.
 LANE_KERNELS = (codelets.ElementwiseChain, codelets.MatMulPartials, codelets.ReduceCombine,
                  codelets.ReducePartials)
-# Host seconds per unit of work, roughly: a float32 multiply-add of a planned
-# product costs about 1/27 of an element of an element-wise op.
+# Relative host cost, roughly: a float32 multiply-add of a planned product
+# costs about 1/27 of an element of an element-wise op.
 MAC_COST = 1 / 27
 # A group of at least this much work (in element-operations; an SGD
 # update of 256K parameters is 512K) is run as lanes...
