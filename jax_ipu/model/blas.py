@@ -11,6 +11,7 @@ thread (model/helper.py) takes half of the rows of a large product."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import glob
 import os
 import threading
@@ -61,8 +62,24 @@ def _cblas_sgemm():
     return None
 
 
+def _cblas_sgemm_batch():
+    """OpenBLAS's cblas_sgemm_batch (0.3.29+; 64-bit integers, prefixed in
+    numpy's build), or None: a list of products in one call, run one after
+    the other, in order, when OpenBLAS has one thread (see _OneBlasThread).
+    A row block's chunks then run in one call without the GIL, not one
+    Python-level call each (whose GIL hand-offs, with the helper thread
+    taking the other half, cost more than the calls)."""
+    for name in ("scipy_cblas_sgemm_batch64_", "cblas_sgemm_batch64_"):
+        if _lib is not None and hasattr(_lib, name):
+            fn = _lib[name]
+            fn.restype = None
+            return fn
+    return None
+
+
 set_local_threads = _set_local_threads()
 _sgemm = _cblas_sgemm()
+_sgemm_batch = _cblas_sgemm_batch()
 
 
 # A planned matmul of at least this many multiply-adds (all chunks) is cut
@@ -169,6 +186,11 @@ _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 # A chunk's product of at least this many multiply-adds goes to cblas_sgemm
 # through ctypes (about 4 us a call, against 2 us for np.matmul).
 SGEMM_MACS = 1 << 16
+# OpenBLAS's batch call gives products of at most this many multiply-adds
+# to its small-matrix kernels (the single call does not on this CPU: other
+# bits), and those crash in numpy's OpenBLAS 0.3.31 (measured: 128x8x10):
+# smaller chunks are single calls.
+BATCH_MIN_MACS = 100 ** 3
 
 
 def _gemm_layout(x: np.ndarray, rows: int, cols: int) -> tuple[int, int] | None:
@@ -188,7 +210,8 @@ def _sgemm_chunks(a: np.ndarray, b: np.ndarray, out: np.ndarray, chunks: int, si
                   r0: int, r1: int) -> bool:
     """out[:, r0:r1] = the chunks' products of those rows summed in the
     plan's order, ((p0 + p1) + p2) + ...: one cblas_sgemm per batch and
-    chunk, the first with beta = 0, the next adding onto the sum (beta = 1).
+    chunk, the first with beta = 0, the next adding onto the sum (beta = 1),
+    all of them in one cblas_sgemm_batch call where it can take them.
     OpenBLAS computes a chunk's product in registers and adds it to the
     stored sum once, so the bits are those of the partial products summed
     one after the other (tests/ipu/test_matmul_plan_order.py). False (and
@@ -209,6 +232,18 @@ def _sgemm_chunks(a: np.ndarray, b: np.ndarray, out: np.ndarray, chunks: int, si
     a0 = a.ctypes.data + r0 * a.strides[1]
     b0 = b.ctypes.data
     c0 = out.ctypes.data + r0 * out.strides[1]
+    if _sgemm_batch is not None and rows * size * n > BATCH_MIN_MACS and _blas_users > 0:
+        # (With more than one OpenBLAS thread the batch's products would run
+        # at once, racing on their sum: only inside _OneBlasThread.)
+        # Addresses: this block's offsets (made once per layout) plus the operands' own.
+        offsets, fixed, _ = _batch_layout(a.strides, b.strides, out.strides, batch, chunks, a_chunk, b_chunk,
+                                          (ta, lda, tb, ldb, rows, n, size))
+        pointers = offsets + np.array([[a0], [b0], [c0]], np.int64)
+        at = ctypes.c_void_p(pointers.ctypes.data)
+        step = pointers.strides[0]
+        _sgemm_batch(*fixed[:7], at, fixed[7], ctypes.c_void_p(at.value + step), fixed[8], fixed[9],
+                     ctypes.c_void_p(at.value + 2 * step), *fixed[10:])
+        return True
     i64 = ctypes.c_int64
     pa, pb, pc, beta = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_float()
     args = (ctypes.c_int(_ROW_MAJOR), ctypes.c_int(ta), ctypes.c_int(tb), i64(rows), i64(n), i64(size),
@@ -220,6 +255,30 @@ def _sgemm_chunks(a: np.ndarray, b: np.ndarray, out: np.ndarray, chunks: int, si
             pa.value, pb.value, beta.value = ap + j * a_chunk, bp + j * b_chunk, 0.0 if j == 0 else 1.0
             _sgemm(*args)
     return True
+
+
+@functools.lru_cache(maxsize=256)
+def _batch_layout(a_strides, b_strides, c_strides, batch, chunks, a_chunk, b_chunk, call):
+    """For one cblas_sgemm_batch call over a row block: the byte offsets
+    of each product's a, b and c [3, batch * chunks], and the other
+    arguments. Two groups run in order: every batch's first chunk with
+    beta = 0, then the other chunks, batch after batch and in the plan's
+    order, each added onto its sum (beta = 1)."""
+    ta, lda, tb, ldb, rows, n, size = call
+    batch_of, chunk_of = np.divmod(np.arange(batch * chunks, dtype=np.int64), chunks)
+    order = np.argsort(chunk_of != 0, kind="stable")
+    offsets = np.ascontiguousarray(np.stack([batch_of * a_strides[0] + chunk_of * a_chunk,
+                                             batch_of * b_strides[0] + chunk_of * b_chunk,
+                                             batch_of * c_strides[0]])[:, order])
+    groups = 1 if chunks == 1 else 2
+    i32, i64 = np.int32, np.int64
+    arrays = [np.full(2, ta, i32), np.full(2, tb, i32), np.full(2, rows, i64), np.full(2, n, i64),
+              np.full(2, size, i64), np.ones(2, np.float32), np.full(2, lda, i64), np.full(2, ldb, i64),
+              np.array([0.0, 1.0], np.float32), np.full(2, n, i64), np.array([batch, batch * (chunks - 1)], i64)]
+    ptr = [ctypes.c_void_p(x.ctypes.data) for x in arrays]
+    # (order, transa, transb, m, n, k, alpha, [a], lda, [b], ldb, beta, [c], ldc, groups, sizes)
+    fixed = (ctypes.c_int(_ROW_MAJOR), *ptr[:6], ptr[6], ptr[7], ptr[8], ptr[9], ctypes.c_int64(groups), ptr[10])
+    return offsets, fixed, arrays       # the arrays live as long as their pointers
 
 
 def matmul_combined(a: np.ndarray, b: np.ndarray, chunks: int, size: int, dtype,

@@ -155,3 +155,57 @@ def test_cblas_is_not_given_broadcast_operands():
     assert blas._gemm_layout(a[0], 128, 64) is None
     combined = blas.matmul_combined(a, b, 4, 16, np.float32, blas.CombineScratch())
     np.testing.assert_array_equal(combined, np.broadcast_to(a[0].sum(1, keepdims=True) * 1.0, (128, 512))[None])
+
+
+@pytest.mark.parametrize("a_t,b_t", [(False, False), (True, False), (False, True), (True, True)])
+def test_a_row_blocks_chunks_are_one_cblas_batch_call(monkeypatch, a_t, b_t):
+    """Chunks of more than 100**3 multiply-adds: a row block's chunks (of
+    every batch) are one cblas_sgemm_batch call, run in the plan's order on
+    one OpenBLAS thread: the same bits as the partials summed one after the
+    other, and as one cblas_sgemm call per chunk."""
+    assert blas._sgemm_batch is not None       # numpy's bundled OpenBLAS (0.3.29+)
+    rng = np.random.default_rng(12)
+    batch, m, k, n, chunks = 2, 160, 512, 400, 8
+    a = (rng.standard_normal((batch, k, m)).astype(np.float32).transpose(0, 2, 1) if a_t
+         else rng.standard_normal((batch, m, k)).astype(np.float32))
+    b = (rng.standard_normal((batch, n, k)).astype(np.float32).transpose(0, 2, 1) if b_t
+         else rng.standard_normal((batch, k, n)).astype(np.float32))
+    calls = []
+    real = blas._sgemm_batch
+
+    def spy(*args):
+        calls.append(args)
+        return real(*args)
+    monkeypatch.setattr(blas, "_sgemm_batch", spy)
+    monkeypatch.setattr(helper, "_spare_core", lambda ours=0: True)
+    combined = blas.matmul_combined(a, b, chunks, k // chunks, np.float32, blas.CombineScratch())
+    helper.end_session()
+    assert len(calls) == 2                        # the two row halves
+    out = np.empty((chunks, batch, m, n), np.float32)
+    blas.matmul_partials(a, b, out, chunks, k // chunks)
+    np.testing.assert_array_equal(combined, left_fold(out))
+    monkeypatch.setattr(blas, "_sgemm_batch", None)          # a call per chunk
+    np.testing.assert_array_equal(
+        blas.matmul_combined(a, b, chunks, k // chunks, np.float32, blas.CombineScratch()), combined)
+    np.testing.assert_allclose(combined, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+def test_small_chunks_and_several_blas_threads_never_use_the_batch_call(monkeypatch):
+    """OpenBLAS's batch call gives small products to kernels that crash in
+    numpy's build, and with several OpenBLAS threads runs a batch's products
+    at once (racing on their sum): neither reaches it."""
+    calls = []
+    real = blas._sgemm_batch
+    monkeypatch.setattr(blas, "_sgemm_batch", lambda *args: calls.append(args) or real(*args))
+    rng = np.random.default_rng(13)
+    a = rng.standard_normal((1, 128, 512)).astype(np.float32)
+    b = rng.standard_normal((1, 512, 10)).astype(np.float32)
+    small = blas.matmul_combined(a, b, 64, 8, np.float32, blas.CombineScratch())   # 128x8x10 chunks
+    np.testing.assert_allclose(small, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+    a = rng.standard_normal((1, 128, 784)).astype(np.float32)
+    b = rng.standard_normal((1, 784, 512)).astype(np.float32)
+    out = np.empty((1, 128, 512), np.float32)
+    # Outside _OneBlasThread (OpenBLAS's own thread count): a call per chunk.
+    assert blas._sgemm_chunks(a, b, out, 16, 49, 0, 128)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+    assert calls == []
