@@ -176,6 +176,10 @@ def test_ctrl_c_during_a_quick_run_on_the_users_thread_interrupts_the_user(ipu, 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
     monkeypatch.setattr(engine, "run", interrupted)
+    # The worker waits (a minute) for the user to run it: on a busy machine
+    # it could otherwise take the run first, and the interrupt be its own.
+    from jax_ipu.pjrt import device
+    monkeypatch.setattr(device.DeviceWorker, "GRACE_SECONDS", 60.0)
     y = f(x)
     with pytest.raises(KeyboardInterrupt):
         try:
