@@ -45,41 +45,31 @@ def _set_local_threads():
     return fn
 
 
-def _cblas_sgemm():
-    """cblas_sgemm with 64-bit integers (numpy's OpenBLAS is built with them
-    and prefixes its names), as a function object of its own, or None.
-
-    It adds a K-chunk's product onto the running sum in one call (beta = 1),
-    see _sgemm_chunks, which calls it with ctypes objects made once per row
-    block and updated in place (no argtypes): converting 14 Python numbers on
-    every call held the GIL twice as long, and the helper thread's calls
-    wait for it (a 128x512x512 product in two halves: 734 -> 652 us)."""
-    for name in ("scipy_cblas_sgemm64_", "cblas_sgemm64_"):
-        if _lib is not None and hasattr(_lib, name):
-            fn = _lib[name]
-            fn.restype = None
-            return fn
-    return None
-
-
-def _cblas_sgemm_batch():
-    """OpenBLAS's cblas_sgemm_batch (0.3.29+; 64-bit integers, prefixed in
-    numpy's build), or None: a list of products in one call, run one after
-    the other, in order, when OpenBLAS has one thread (see _OneBlasThread).
-    A row block's chunks then run in one call without the GIL, not one
-    Python-level call each (whose GIL hand-offs, with the helper thread
-    taking the other half, cost more than the calls)."""
-    for name in ("scipy_cblas_sgemm_batch64_", "cblas_sgemm_batch64_"):
-        if _lib is not None and hasattr(_lib, name):
-            fn = _lib[name]
+def _cblas(name: str):
+    """The cblas function `name` with 64-bit integers (numpy's OpenBLAS is
+    built with them and prefixes its names), as a function object of its
+    own (no argtypes: see _sgemm_chunks), or None."""
+    for symbol in (f"scipy_cblas_{name}64_", f"cblas_{name}64_"):
+        if _lib is not None and hasattr(_lib, symbol):
+            fn = _lib[symbol]
             fn.restype = None
             return fn
     return None
 
 
 set_local_threads = _set_local_threads()
-_sgemm = _cblas_sgemm()
-_sgemm_batch = _cblas_sgemm_batch()
+# cblas_sgemm adds a K-chunk's product onto the running sum in one call
+# (beta = 1), see _sgemm_chunks, which calls it with ctypes objects made once
+# per row block and updated in place (no argtypes): converting 14 Python
+# numbers on every call held the GIL twice as long, and the helper thread's
+# calls wait for it (a 128x512x512 product in two halves: 734 -> 652 us).
+_sgemm = _cblas("sgemm")
+# OpenBLAS's cblas_sgemm_batch (0.3.29+): a list of products in one call, run
+# one after the other, in order, when OpenBLAS has one thread (see
+# _OneBlasThread). A row block's chunks then run in one call without the
+# GIL, not one Python-level call each (whose GIL hand-offs, with the helper
+# thread taking the other half, cost more than the calls).
+_sgemm_batch = _cblas("sgemm_batch")
 
 
 # A planned matmul of at least this many multiply-adds (all chunks) is cut

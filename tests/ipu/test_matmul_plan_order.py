@@ -121,6 +121,26 @@ def test_a_half_the_helper_has_not_started_runs_on_the_caller(monkeypatch):
     assert ran_on == [threading.current_thread()] * 2
 
 
+def spied(monkeypatch, name: str) -> list:
+    """The arguments of every call of blas.<name> from now on."""
+    calls, real = [], getattr(blas, name)
+
+    def spy(*args):
+        calls.append(args)
+        return real(*args)
+    monkeypatch.setattr(blas, name, spy)
+    return calls
+
+
+def operands(rng, batch, m, k, n, a_t, b_t):
+    """a [batch, m, k] and b [batch, k, n], each transposed in memory if asked."""
+    a = (rng.standard_normal((batch, k, m)).astype(np.float32).transpose(0, 2, 1) if a_t
+         else rng.standard_normal((batch, m, k)).astype(np.float32))
+    b = (rng.standard_normal((batch, n, k)).astype(np.float32).transpose(0, 2, 1) if b_t
+         else rng.standard_normal((batch, k, n)).astype(np.float32))
+    return a, b
+
+
 @pytest.mark.parametrize("a_t,b_t", [(False, False), (True, False), (False, True), (True, True)])
 def test_cblas_chunks_read_transposed_operands_in_place(monkeypatch, a_t, b_t):
     """The planned sum made by cblas_sgemm with beta = 1 (one call per chunk,
@@ -129,20 +149,11 @@ def test_cblas_chunks_read_transposed_operands_in_place(monkeypatch, a_t, b_t):
     assert blas._sgemm is not None         # numpy's bundled OpenBLAS
     rng = np.random.default_rng(11)
     batch, m, k, n, chunks = 2, 96, 256, 80, 8
-    a = (rng.standard_normal((batch, k, m)).astype(np.float32).transpose(0, 2, 1) if a_t
-         else rng.standard_normal((batch, m, k)).astype(np.float32))
-    b = (rng.standard_normal((batch, n, k)).astype(np.float32).transpose(0, 2, 1) if b_t
-         else rng.standard_normal((batch, k, n)).astype(np.float32))
-    calls = []
-    real = blas._sgemm
-
-    def spy(*args):
-        calls.append((args[1].value, args[2].value))
-        return real(*args)
-    monkeypatch.setattr(blas, "_sgemm", spy)
+    a, b = operands(rng, batch, m, k, n, a_t, b_t)
+    calls = spied(monkeypatch, "_sgemm")
     combined = blas.matmul_combined(a, b, chunks, k // chunks, np.float32, blas.CombineScratch())
     expected_flags = (blas._TRANS if a_t else blas._NO_TRANS, blas._TRANS if b_t else blas._NO_TRANS)
-    assert calls and all(c == expected_flags for c in calls)
+    assert calls and all((c[1].value, c[2].value) == expected_flags for c in calls)
     out = np.empty((chunks, batch, m, n), np.float32)
     blas.matmul_partials(a, b, out, chunks, k // chunks)
     np.testing.assert_array_equal(combined, left_fold(out))
@@ -166,17 +177,8 @@ def test_a_row_blocks_chunks_are_one_cblas_batch_call(monkeypatch, a_t, b_t):
     assert blas._sgemm_batch is not None       # numpy's bundled OpenBLAS (0.3.29+)
     rng = np.random.default_rng(12)
     batch, m, k, n, chunks = 2, 160, 512, 400, 8
-    a = (rng.standard_normal((batch, k, m)).astype(np.float32).transpose(0, 2, 1) if a_t
-         else rng.standard_normal((batch, m, k)).astype(np.float32))
-    b = (rng.standard_normal((batch, n, k)).astype(np.float32).transpose(0, 2, 1) if b_t
-         else rng.standard_normal((batch, k, n)).astype(np.float32))
-    calls = []
-    real = blas._sgemm_batch
-
-    def spy(*args):
-        calls.append(args)
-        return real(*args)
-    monkeypatch.setattr(blas, "_sgemm_batch", spy)
+    a, b = operands(rng, batch, m, k, n, a_t, b_t)
+    calls = spied(monkeypatch, "_sgemm_batch")
     monkeypatch.setattr(helper, "_spare_core", lambda ours=0: True)
     combined = blas.matmul_combined(a, b, chunks, k // chunks, np.float32, blas.CombineScratch())
     helper.end_session()
@@ -194,9 +196,7 @@ def test_small_chunks_and_several_blas_threads_never_use_the_batch_call(monkeypa
     """OpenBLAS's batch call gives small products to kernels that crash in
     numpy's build, and with several OpenBLAS threads runs a batch's products
     at once (racing on their sum): neither reaches it."""
-    calls = []
-    real = blas._sgemm_batch
-    monkeypatch.setattr(blas, "_sgemm_batch", lambda *args: calls.append(args) or real(*args))
+    calls = spied(monkeypatch, "_sgemm_batch")
     rng = np.random.default_rng(13)
     a = rng.standard_normal((1, 128, 512)).astype(np.float32)
     b = rng.standard_normal((1, 512, 10)).astype(np.float32)
