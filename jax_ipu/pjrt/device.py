@@ -123,7 +123,9 @@ class DeviceWorker:
                 if timeout is None or timeout <= 0:
                     self._wakes_at = 0.0
                     with run_lock:
-                        if jobs:
+                        # The job looked at, unless another thread ran it
+                        # meanwhile (then the next one has its own grace).
+                        if jobs and jobs[0][3] == seq:
                             jobs.popleft()[0]()   # jobs report their own errors through events
                     drain_released()
                     continue

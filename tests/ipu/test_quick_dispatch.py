@@ -209,3 +209,30 @@ def test_a_worker_asleep_until_a_later_deadline_wakes_for_an_earlier_one(ipu, mo
         time.sleep(0.001)
     assert not worker._jobs, "the worker slept past the new run's deadline"
     np.testing.assert_array_equal(np.asarray(z), np.full(2, 7.0))
+
+
+def test_a_worker_that_looked_at_a_job_another_thread_ran_gives_the_next_its_grace(monkeypatch):
+    """The worker decides to run the job at the front once its grace is
+    over, then waits for the device; if another thread ran that job
+    meanwhile, the job now at the front still gets its own grace (it was
+    run at once: a Ctrl-C test failed on a loaded machine)."""
+    from jax_ipu.pjrt import device
+    worker = device.DeviceWorker("ipu-test-worker")
+    ran = []
+    try:
+        monkeypatch.setattr(device.DeviceWorker, "GRACE_SECONDS", 0.0)
+        worker._run_lock.acquire()                   # as while another thread runs a job
+        worker.submit(lambda: ran.append("first"), quick=True)    # due now: the worker waits for the lock
+        time.sleep(0.1)
+        worker._jobs.popleft()[0]()                  # another thread runs it, as help() does
+        monkeypatch.setattr(device.DeviceWorker, "GRACE_SECONDS", 60.0)
+        worker.submit(lambda: ran.append(threading.current_thread().name), quick=True)
+        worker._run_lock.release()
+        time.sleep(0.2)
+        assert ran == ["first"]                      # the second waits out its grace...
+        worker.help()
+        assert ran == ["first", threading.current_thread().name]    # ... or the next thread that asks
+    finally:
+        if worker._run_lock.locked():
+            worker._run_lock.release()
+        worker.close()
