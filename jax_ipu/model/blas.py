@@ -226,13 +226,10 @@ def _sgemm_chunks(a: np.ndarray, b: np.ndarray, out: np.ndarray, chunks: int, si
         # (With more than one OpenBLAS thread the batch's products would run
         # at once, racing on their sum: only inside _OneBlasThread.)
         # Addresses: this block's offsets (made once per layout) plus the operands' own.
-        offsets, fixed, _ = _batch_layout(a.strides, b.strides, out.strides, batch, chunks, a_chunk, b_chunk,
-                                          (ta, lda, tb, ldb, rows, n, size))
+        offsets, call = _batch_layout(a.strides, b.strides, out.strides, batch, chunks, a_chunk, b_chunk,
+                                      (ta, lda, tb, ldb, rows, n, size))
         pointers = offsets + np.array([[a0], [b0], [c0]], np.int64)
-        at = ctypes.c_void_p(pointers.ctypes.data)
-        step = pointers.strides[0]
-        _sgemm_batch(*fixed[:7], at, fixed[7], ctypes.c_void_p(at.value + step), fixed[8], fixed[9],
-                     ctypes.c_void_p(at.value + 2 * step), *fixed[10:])
+        call(*(ctypes.c_void_p(p.ctypes.data) for p in pointers))
         return True
     i64 = ctypes.c_int64
     pa, pb, pc, beta = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_float()
@@ -248,27 +245,35 @@ def _sgemm_chunks(a: np.ndarray, b: np.ndarray, out: np.ndarray, chunks: int, si
 
 
 @functools.lru_cache(maxsize=256)
-def _batch_layout(a_strides, b_strides, c_strides, batch, chunks, a_chunk, b_chunk, call):
+def _batch_layout(a_strides, b_strides, c_strides, batch, chunks, a_chunk, b_chunk, gemm):
     """For one cblas_sgemm_batch call over a row block: the byte offsets
-    of each product's a, b and c [3, batch * chunks], and the other
-    arguments. Two groups run in order: every batch's first chunk with
-    beta = 0, then the other chunks, batch after batch and in the plan's
-    order, each added onto its sum (beta = 1)."""
-    ta, lda, tb, ldb, rows, n, size = call
+    of each product's a, b and c [3, batch * chunks], and call(a list,
+    b list, c list) making it with the other arguments (gemm: ta, lda, tb,
+    ldb, rows, n, size). Two groups run in order: every batch's first chunk
+    with beta = 0, then the other chunks, batch after batch and in the
+    plan's order, each added onto its sum (beta = 1)."""
+    ta, lda, tb, ldb, rows, n, size = gemm
     batch_of, chunk_of = np.divmod(np.arange(batch * chunks, dtype=np.int64), chunks)
     order = np.argsort(chunk_of != 0, kind="stable")
     offsets = np.ascontiguousarray(np.stack([batch_of * a_strides[0] + chunk_of * a_chunk,
                                              batch_of * b_strides[0] + chunk_of * b_chunk,
                                              batch_of * c_strides[0]])[:, order])
-    groups = 1 if chunks == 1 else 2
-    i32, i64 = np.int32, np.int64
-    arrays = [np.full(2, ta, i32), np.full(2, tb, i32), np.full(2, rows, i64), np.full(2, n, i64),
-              np.full(2, size, i64), np.ones(2, np.float32), np.full(2, lda, i64), np.full(2, ldb, i64),
-              np.array([0.0, 1.0], np.float32), np.full(2, n, i64), np.array([batch, batch * (chunks - 1)], i64)]
-    ptr = [ctypes.c_void_p(x.ctypes.data) for x in arrays]
-    # (order, transa, transb, m, n, k, alpha, [a], lda, [b], ldb, beta, [c], ldc, groups, sizes)
-    fixed = (ctypes.c_int(_ROW_MAJOR), *ptr[:6], ptr[6], ptr[7], ptr[8], ptr[9], ctypes.c_int64(groups), ptr[10])
-    return offsets, fixed, arrays       # the arrays live as long as their pointers
+    kept = []              # the arrays behind the pointers, alive as long as `call`
+
+    def per_group(values, dtype=np.int64) -> ctypes.c_void_p:
+        x = np.array(np.broadcast_to(values, 2), dtype)
+        kept.append(x)
+        return ctypes.c_void_p(x.ctypes.data)
+    head = (ctypes.c_int(_ROW_MAJOR), per_group(ta, np.int32), per_group(tb, np.int32), per_group(rows),
+            per_group(n), per_group(size), per_group(1.0, np.float32))
+    a_ld, b_ld, c_ld = per_group(lda), per_group(ldb), per_group(n)
+    betas = per_group([0.0, 1.0], np.float32)
+    groups, sizes = ctypes.c_int64(1 if chunks == 1 else 2), per_group([batch, batch * (chunks - 1)])
+
+    def call(a_list, b_list, c_list):
+        _sgemm_batch(*head, a_list, a_ld, b_list, b_ld, betas, c_list, c_ld, groups, sizes)
+    call.kept = kept
+    return offsets, call
 
 
 def matmul_combined(a: np.ndarray, b: np.ndarray, chunks: int, size: int, dtype,
