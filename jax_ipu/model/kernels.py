@@ -106,6 +106,9 @@ SHARED_CHAIN = 2 * CHAIN_CHUNK
 
 
 def _build_chain(k: codelets.ElementwiseChain):
+    run = _axpy_chain(k)
+    if run is not None:
+        return run
     if xla_chains.wanted(k):
         run = xla_chains.build(k, reader)
         if run is not None:
@@ -237,6 +240,85 @@ def _build_chain(k: codelets.ElementwiseChain):
         run_chunked.shares = size >= (FAST_SHARED_CHAIN if fast else SHARED_CHAIN)
         return run_chunked
     return _straight_line(k, fetch, plan, outputs, template, shape) or run
+
+
+_F32 = np.dtype(np.float32)
+
+
+def _axpy_parts(k: codelets.ElementwiseChain):
+    """(alpha, x view, y view) when the chain is y + c * x or y - c * x
+    (either operand order of the multiply; c a float32 scalar, x and y
+    float32 views of the chain's shape; the sum its one output), else
+    None."""
+    if blas._saxpy is None or k.shape == () or len(k.outputs) != 1 or k.outputs[0][1].dtype != _F32:
+        return None
+    n = len(k.inputs)
+    scalars, views, ops = {}, {}, []
+    for reg, source in enumerate(k.inputs):
+        if isinstance(source, View):
+            if source.shape == k.shape and source.dtype == _F32:
+                views[reg] = source
+        elif np.ndim(source) == 0 and np.asarray(source).dtype == _F32:
+            scalars[reg] = np.asarray(source)
+    for i, ins in enumerate(k.instructions):
+        value = dict(ins.attrs).get("value") if ins.op == "constant" else None
+        if value is not None and np.ndim(value) == 0 and np.asarray(value).dtype == _F32:
+            scalars[n + i] = np.asarray(value)
+        elif ins.dtype == _F32:
+            ops.append((n + i, ins))
+        else:
+            return None
+    if len(ops) != 2:
+        return None
+    (product, mul), (total, add) = ops
+    if mul.op != "multiply" or add.op not in ("add", "subtract") or k.outputs[0][0] != total:
+        return None
+    c, x = mul.args if mul.args[0] in scalars else mul.args[::-1]
+    if c not in scalars or x not in views:
+        return None
+    if add.op == "subtract":
+        if add.args[1] != product:
+            return None
+        y, sign = add.args[0], -1
+    else:
+        y, sign = (add.args[1] if add.args[0] == product else add.args[0]), 1
+    if y not in views or product not in add.args or y == product:
+        return None
+    return float(sign * scalars[c]), views[x], views[y]
+
+
+def _axpy_chain(k: codelets.ElementwiseChain):
+    """fn(state) for a chain y +- c * x (an SGD update) as one BLAS axpy:
+    one pass, each element rounded once as XLA:CPU rounds it (blas.axpy).
+    Written in place into the output's buffer when it is y's own memory
+    (a donated parameter), else into a new array holding a copy of y.
+    None when the chain is not of that form."""
+    parts = _axpy_parts(k)
+    if parts is None:
+        return None
+    alpha, xv, yv = parts
+    get_x, get_y, tid, shape = reader(xv), reader(yv), k.outputs[0][1].id, k.shape
+
+    def run(state):
+        x, y = get_x(state), get_y(state)
+        target = state[tid]
+        if (target is not None and type(target) is np.ndarray and target.flags.writeable
+                and target.flags.c_contiguous and target.dtype == _F32 and target.size == x.size
+                and not np.may_share_memory(target, x)
+                and (_same_flat(target, y) or not np.may_share_memory(target, y))):
+            out = target
+        else:
+            out = state[tid] = np.empty(shape, _F32)
+        if not _same_flat(out, y):
+            np.copyto(out.reshape(shape), y)
+        blas.axpy(alpha, np.ascontiguousarray(x).reshape(-1), out.reshape(-1))
+    return run
+
+
+def _same_flat(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays are the same memory in the same C order."""
+    return (a.flags.c_contiguous and b.flags.c_contiguous and a.size == b.size and a.dtype == b.dtype
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
 
 
 def _straight_line(k, fetch, plan, outputs, template, shape):

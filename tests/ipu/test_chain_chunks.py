@@ -75,9 +75,11 @@ def test_chain_on_a_transposed_layout_gives_the_same_values():
 
 @pytest.mark.parametrize("shape", [(784, 512), (1100, 1000)])   # one thread; two halves
 def test_chain_of_fast_ops_writes_its_last_op_into_the_output(monkeypatch, shape):
-    """An SGD-like update (ops numpy runs at memory speed) of a donated
-    buffer: big chunks, the last op writing straight into the buffer, on
-    one thread or two halves: the values of the whole-array evaluation."""
+    """An SGD-like update with weight decay (ops numpy runs at memory
+    speed; a plain w - c * g is one BLAS axpy, test_axpy_chains.py) of a
+    donated buffer: big chunks, the last op writing straight into the
+    buffer, on one thread or two halves: the values of the whole-array
+    evaluation."""
     from jax_ipu.compiler import compile_module
     from jax_ipu.model.targets import get_target
     from jax_ipu.stablehlo import import_module
@@ -85,14 +87,14 @@ def test_chain_of_fast_ops_writes_its_last_op_into_the_output(monkeypatch, shape
     rng = np.random.default_rng(3)
     w = rng.standard_normal(shape).astype(np.float32)
     g = rng.standard_normal(shape).astype(np.float32)
-    text = jax.jit(lambda w, g: w - 0.01 * g, donate_argnums=0).lower(w, g).as_text()
+    text = jax.jit(lambda w, g: w * 0.99 - 0.01 * g, donate_argnums=0).lower(w, g).as_text()
     program = compile_module(import_module(text), target)
     [chain] = [s.compute_set.kernel for s in leaves(program.body) if isinstance(s, Execute)]
     assert kernels.build(chain).__name__ == "run_chunked"
     donated = w.copy()
     out = Engine(target).run(program, [donated, g], frozenset({0}))[0]
     assert out is donated
-    np.testing.assert_array_equal(out, w - np.float32(0.01) * g)
+    np.testing.assert_array_equal(out, w * np.float32(0.99) - np.float32(0.01) * g)
     fresh = Engine(target).run(program, [w.copy(), g])[0]
     np.testing.assert_array_equal(fresh, out)
     monkeypatch.setattr(kernels, "FAST_CHAIN_CHUNK", 1 << 40)
