@@ -233,51 +233,107 @@ def _gemm_layout(x: np.ndarray, rows: int, cols: int) -> tuple[int, int] | None:
 
 
 def _sgemm_chunks(a: np.ndarray, b: np.ndarray, out: np.ndarray, chunks: int, size: int,
-                  r0: int, r1: int) -> bool:
-    """out[:, r0:r1] = the chunks' products of those rows summed in the
-    plan's order, ((p0 + p1) + p2) + ...: one cblas_sgemm per batch and
-    chunk, the first with beta = 0, the next adding onto the sum (beta = 1),
-    all of them in one cblas_sgemm_batch call where it can take them.
-    OpenBLAS computes a chunk's product in registers and adds it to the
-    stored sum once, so the bits are those of the partial products summed
-    one after the other (tests/ipu/test_matmul_plan_order.py). False (and
-    nothing done) when the operands are not float32 matrices cblas can read
-    in place, or the chunks are too small to pay for the calls."""
+                  blocks: list, scratch: CombineScratch | None = None) -> dict:
+    """For each row block (r0, r1), a call() computing out[:, r0:r1] = the
+    chunks' products of those rows summed in the plan's order,
+    ((p0 + p1) + p2) + ...: one cblas_sgemm per batch and chunk, the first
+    with beta = 0, the next adding onto the sum (beta = 1), all of them in
+    one cblas_sgemm_batch call where it can take them; None for a block
+    whose operands are not float32 matrices cblas can read in place, or
+    whose chunks are too small to pay for the calls. OpenBLAS computes a
+    chunk's product in registers and adds it to the stored sum once, so
+    the bits are those of the partial products summed one after the other
+    (tests/ipu/test_matmul_plan_order.py). Keyed by r0.
+
+    Everything but the BLAS calls is done here, for every block before any
+    runs, and cheaply: what depends only on the operands' layout is kept in
+    `scratch` (the product's) from run to run, and a run reads the three
+    addresses and adds them to each block's offsets. The helper thread
+    taking a block then needs the GIL only to start its call (it used to
+    start 90-150 us after the hand-off, waiting for the GIL while the
+    caller did this part for its own block, then doing it for its own)."""
+    key = (a.dtype, b.dtype, out.dtype, a.shape, a.strides, b.shape, b.strides, out.strides,
+           out.flags.c_contiguous, chunks, size, tuple(blocks), _blas_users > 0)
+    plan = scratch.buffers.get("plan") if scratch is not None else None
+    if plan is None or plan[0] != key:
+        plan = (key, _block_plans(a, b, out, chunks, size, blocks))
+        if scratch is not None:
+            scratch.buffers["plan"] = plan
+    calls = {}
+    bases = None
+    for r0, block in plan[1]:
+        if block is None:
+            calls[r0] = None
+            continue
+        if bases is None:
+            bases = np.array([[a.ctypes.data], [b.ctypes.data], [out.ctypes.data]], np.int64)
+        offsets, pointers, lists, make = block
+        np.add(offsets, bases, out=pointers)
+        calls[r0] = make(lists, pointers, (a, b, out))
+    return calls
+
+
+def _block_plans(a, b, out, chunks, size, blocks) -> list:
+    """[(r0, plan or None)]: for a row block cblas can take, (byte offsets of
+    each call's a, b and c from the operands' own addresses [3, calls],
+    the array their sums go to, ctypes pointers to its rows, make(lists,
+    addresses, operands) -> call())."""
+    plans = [(r0, None) for r0, _ in blocks]
     if _sgemm is None or set_local_threads is None or a.dtype != np.float32 or b.dtype != np.float32:
-        return False
-    batch, n, rows = a.shape[0], b.shape[-1], r1 - r0
-    if rows * size * n < SGEMM_MACS or not out.flags.c_contiguous or out.dtype != np.float32:
-        return False
+        return plans
+    if not out.flags.c_contiguous or out.dtype != np.float32:
+        return plans
+    batch, n = a.shape[0], b.shape[-1]
     la, lb = _gemm_layout(a, a.shape[1], a.shape[2]), _gemm_layout(b, b.shape[1], b.shape[2])
     if la is None or lb is None or a.strides[0] < 0 or b.strides[0] < 0:
-        return False
+        return plans
     (ta, lda), (tb, ldb) = la, lb
-    # Step from one chunk's first column (row) of a (b) to the next, and a's r0.
+    # Step from one chunk's first column (row) of a (b) to the next.
     a_chunk = size * a.strides[2]
     b_chunk = size * b.strides[1]
-    a0 = a.ctypes.data + r0 * a.strides[1]
-    b0 = b.ctypes.data
-    c0 = out.ctypes.data + r0 * out.strides[1]
-    if _sgemm_batch is not None and rows * size * n > BATCH_MIN_MACS and _blas_users > 0:
-        # (With more than one OpenBLAS thread the batch's products would run
-        # at once, racing on their sum: only inside _OneBlasThread.)
-        # Addresses: this block's offsets (made once per layout) plus the operands' own.
-        offsets, call = _batch_layout(a.strides, b.strides, out.strides, batch, chunks, a_chunk, b_chunk,
-                                      (ta, lda, tb, ldb, rows, n, size))
-        pointers = offsets + np.array([[a0], [b0], [c0]], np.int64)
-        call(*(ctypes.c_void_p(p.ctypes.data) for p in pointers))
-        return True
+    for i, (r0, r1) in enumerate(blocks):
+        rows = r1 - r0
+        if rows * size * n < SGEMM_MACS:
+            continue
+        start = np.array([[r0 * a.strides[1]], [0], [r0 * out.strides[1]]], np.int64)
+        gemm = (ta, lda, tb, ldb, rows, n, size)
+        if _sgemm_batch is not None and rows * size * n > BATCH_MIN_MACS and _blas_users > 0:
+            # (With more than one OpenBLAS thread the batch's products would
+            # run at once, racing on their sum: only inside _OneBlasThread.)
+            offsets, call = _batch_layout(a.strides, b.strides, out.strides, batch, chunks, a_chunk, b_chunk, gemm)
+
+            def make(lists, addresses, operands, call=call):
+                return functools.partial(call, *lists, addresses)
+        else:
+            offsets = np.zeros((3, 1), np.int64)
+
+            def make(lists, addresses, operands, gemm=gemm):
+                a0, b0, c0 = (int(x) for x in addresses[:, 0])
+                return _each_chunk(*operands, chunks, a0, b0, c0, a_chunk, b_chunk, gemm)
+        offsets = np.ascontiguousarray(offsets + start)
+        pointers = np.empty_like(offsets)
+        plans[i] = (r0, (offsets, pointers, [ctypes.c_void_p(p.ctypes.data) for p in pointers], make))
+    return plans
+
+
+def _each_chunk(a, b, out, chunks, a0, b0, c0, a_chunk, b_chunk, gemm):
+    """call() making one cblas_sgemm per batch and chunk of a row block."""
+    ta, lda, tb, ldb, rows, n, size = gemm
     i64 = ctypes.c_int64
     pa, pb, pc, beta = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_float()
     args = (ctypes.c_int(_ROW_MAJOR), ctypes.c_int(ta), ctypes.c_int(tb), i64(rows), i64(n), i64(size),
             ctypes.c_float(1.0), pa, i64(lda), pb, i64(ldb), beta, pc, i64(n))
-    for i in range(batch):
-        ap, bp = a0 + i * a.strides[0], b0 + i * b.strides[0]
-        pc.value = c0 + i * out.strides[0]
-        for j in range(chunks):
-            pa.value, pb.value, beta.value = ap + j * a_chunk, bp + j * b_chunk, 0.0 if j == 0 else 1.0
-            _sgemm(*args)
-    return True
+    steps = (a.shape[0], a.strides[0], b.strides[0], out.strides[0])
+
+    def each_chunk(keep=(a, b, out)):
+        batch, a_batch, b_batch, c_batch = steps
+        for i in range(batch):
+            ap, bp = a0 + i * a_batch, b0 + i * b_batch
+            pc.value = c0 + i * c_batch
+            for j in range(chunks):
+                pa.value, pb.value, beta.value = ap + j * a_chunk, bp + j * b_chunk, 0.0 if j == 0 else 1.0
+                _sgemm(*args)
+    return each_chunk
 
 
 @functools.lru_cache(maxsize=256)
@@ -306,7 +362,8 @@ def _batch_layout(a_strides, b_strides, c_strides, batch, chunks, a_chunk, b_chu
     betas = per_group([0.0, 1.0], np.float32)
     groups, sizes = ctypes.c_int64(1 if chunks == 1 else 2), per_group([batch, batch * (chunks - 1)])
 
-    def call(a_list, b_list, c_list):
+    def call(a_list, b_list, c_list, pointers=None):
+        """(pointers: the array behind the lists, kept alive by the caller's partial.)"""
         _sgemm_batch(*head, a_list, a_ld, b_list, b_ld, betas, c_list, c_ld, groups, sizes)
     call.kept = kept
     return offsets, call
@@ -320,9 +377,12 @@ def matmul_combined(a: np.ndarray, b: np.ndarray, chunks: int, size: int, dtype,
     batch, m, k = a.shape
     n = b.shape[-1]
     out = np.empty((batch, m, n), dtype)
+    calls = {}
 
     def rows(r0, r1):
-        if _sgemm_chunks(a, b, out, chunks, size, r0, r1):
+        call = calls[r0]
+        if call is not None:
+            call()
             return
         acc = out[:, r0:r1]
         ar = a[:, r0:r1]
@@ -336,6 +396,8 @@ def matmul_combined(a: np.ndarray, b: np.ndarray, chunks: int, size: int, dtype,
         for j in range(1, chunks):
             np.matmul(ar[..., j * size:(j + 1) * size], b[..., j * size:(j + 1) * size, :], out=part)
             np.add(acc, part, out=acc)
+    blocks = row_blocks(batch, m, k, n, whole)
     with _OneBlasThread():
-        _run(rows, row_blocks(batch, m, k, n, whole))
+        calls.update(_sgemm_chunks(a, b, out, chunks, size, blocks, scratch))
+        _run(rows, blocks)
     return out

@@ -206,6 +206,7 @@ def test_small_chunks_and_several_blas_threads_never_use_the_batch_call(monkeypa
     b = rng.standard_normal((1, 784, 512)).astype(np.float32)
     out = np.empty((1, 128, 512), np.float32)
     # Outside _OneBlasThread (OpenBLAS's own thread count): a call per chunk.
-    assert blas._sgemm_chunks(a, b, out, 16, 49, 0, 128)
+    [call] = blas._sgemm_chunks(a, b, out, 16, 49, [(0, 128)]).values()
+    call()
     np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
     assert calls == []
