@@ -112,7 +112,12 @@ def _split(group: list) -> tuple[list, list] | None:
     if max(loads) > MAX_LANE_SHARE * total:
         return None
     order = {id(u): i for i, u in enumerate(group)}
-    return (sorted(lanes[0], key=lambda u: order[id(u)]), sorted(lanes[1], key=lambda u: order[id(u)]))
+    first, second = (sorted(lane, key=lambda u: order[id(u)]) for lane in lanes)
+    # The helper takes the lane of fewer units: a unit's Python holds the GIL,
+    # which the helper waits for while the caller runs its own; with the
+    # fewer, it soon spends its lane in BLAS or numpy calls, outside the GIL.
+    # (An MLP's updates: the helper's five ended 120 us after the caller's one.)
+    return (second, first) if len(second) > len(first) else (first, second)
 
 
 def plan(found: list) -> list:

@@ -207,3 +207,17 @@ def test_openblas_goes_back_to_the_users_thread_count_only_when_no_engine_thread
     t.join(10)
     assert seen["during"] == 1
     assert blas.set_local_threads(user) == 3              # given back once both left
+
+
+def test_the_helper_takes_the_lane_of_fewer_units():
+    """An MLP's updates: the biggest alone in one lane, the others in the
+    other. The helper (second lane) gets the lone one: the caller's Python
+    for many small units holds the GIL the helper would wait for."""
+    w1, w2 = _unit("w1", {1}, {2}, 802_816.0), _unit("w2", {3}, {4}, 524_288.0)
+    small = [_unit(f"b{i}", {10 + 2 * i}, {11 + 2 * i}, work) for i, work in enumerate([1024.0, 10240.0, 1024.0])]
+    group = [small[0], w1, small[1], w2, small[2]]
+    [(first, second)] = lanes.plan(group)
+    assert second == [w1] and first == [small[0], small[1], w2, small[2]]     # program order in each
+    p1, p2 = _unit("p1", {20}, {21}, 2e6), _unit("p2", {22}, {23}, 2e6)
+    [(first, second)] = lanes.plan([p1, p2])                                # as many: as assigned
+    assert (first, second) == ([p1], [p2])
