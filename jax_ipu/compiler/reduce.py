@@ -1,7 +1,8 @@
 """reduce: each operand rearranged to [kept, reduced] (a Copy when that is a
 layout change), partial reductions of equal chunks spread over tiles, then a
 cross-tile stage combining each output's partials and the init value in a
-fixed order. A body of one op (add, max, ...) on one operand reduces with
+fixed order; with one partial per output (rows that fit a tile), a single
+stage applies the init itself. A body of one op (add, max, ...) on one operand reduces with
 that op, fp16 sums and products accumulating in fp32; any other body of
 element-wise ops (argmax's compare-and-select over values and indices) is
 applied pairwise in a tree."""
@@ -21,6 +22,9 @@ from jax_ipu.graph.compute import Region, Vertex
 from jax_ipu.graph.views import View
 from jax_ipu.model.elementwise import ELEMENTWISE_OPS
 
+# A reduction with one partial per output (and no wider accumulator) is
+# one compute set, not partials and a combine (see _single_stage).
+SINGLE_STAGE = True
 # Bodies of one op on one operand that reduce with a numpy ufunc.
 SINGLE_OP = {"add", "multiply", "maximum", "minimum", "and", "or", "xor"}
 
@@ -163,6 +167,9 @@ def reduce(b: Builder, op: ir.Op) -> None:
     accs = [np.dtype(np.float32) if d == np.float16 and single in ("add", "multiply") else d for d in dtypes]
     what = single or "+".join(dict.fromkeys(i.op for i in program if i.op != "constant"))
     per_element = max(1, len(program))
+    if SINGLE_STAGE and chunks == 1 and single is not None and accs[0] == dtypes[0]:
+        _single_stage(b, op, xs[0], single, _init_source(inits[0]), dtypes[0], kept, size, outer)
+        return
 
     # Several chunks per output: one chunk per tile, while tiles last.
     mapping = spread(b.target, kept * chunks) if chunks > 1 else b.linear_mapping(kept * chunks, accs[0])
@@ -198,6 +205,29 @@ def reduce(b: Builder, op: ir.Op) -> None:
     b.flops += kept * reduced * per_element
     for result, out in zip(op.results, outs):
         b.values[result] = View(out).then("reshape", result.type.shape)
+
+
+def _single_stage(b: Builder, op: ir.Op, x: View, single: str, init, dtype: np.dtype, kept: int, size: int,
+                  outer: bool) -> None:
+    """One partial per output: one compute set whose vertices reduce their
+    outputs' elements and apply the init value, as Poplar reduces in one
+    stage what fits on a tile (no partials tensor, no second compute set
+    and sync). The same arithmetic in the same order as two stages (the
+    partial stage's, then the init; the combine of a single partial is
+    that partial). x: [kept, 1, size], or [1, size, kept] if outer."""
+    out = b.tensor(name_of(op), (kept,), dtype)
+    vertices = []
+    for tile in out.mapping.tiles_used():
+        intervals = out.mapping.intervals_on(tile)
+        count = int((intervals[:, 1] - intervals[:, 0]).sum())
+        reads = [Region(x.tensor, _outer_reads(intervals, 1, size, kept) if outer else intervals * size)]
+        if isinstance(init, View):
+            reads.append(Region(init.tensor, np.array([[0, 1]])))
+        vertices.append(Vertex(f"Reduce<{single},{dtype.name}>", int(tile), tuple(reads),
+                               (Region(out, intervals),), cost.reduce_cycles(b.target, count * size, dtype)))
+    b.execute(f"reduce {single} {name_of(op)}", codelets.ReducePartials(x, single, out, outer, init), vertices)
+    b.flops += kept * size
+    b.values[op.results[0]] = View(out).then("reshape", op.results[0].type.shape)
 
 
 RULES = {"reduce": reduce}

@@ -463,10 +463,27 @@ SHORT_AXIS_ROWS = 256
 
 def _build_reduce_partials(k: codelets.ReducePartials):
     get, tid, ufunc, acc = reader(k.input), k.out.id, REDUCE_UFUNCS[k.op], k.out.dtype
+    run = _partials_runner(k, get, ufunc, acc)
+    if k.init is None:
+        def partials(state):
+            state[tid] = run(state)
+        return partials
+    # A single stage: the one partial of each output is its result, then the init.
+    init = reader(k.init) if isinstance(k.init, View) else (lambda state, value=k.init: value)
+    shape = k.out.shape
+
+    def single_stage(state):
+        value = ufunc(init(state).astype(acc, copy=False), run(state).reshape(shape))
+        state[tid] = np.asarray(value).astype(acc, copy=False).reshape(shape)
+    return single_stage
+
+
+def _partials_runner(k: codelets.ReducePartials, get, ufunc, acc):
+    """fn(state) -> the partials [O, chunks]."""
     if k.outer:
         def run_outer(state):
             # [chunks, O], each chunk's rows combined in order, as [O, chunks].
-            state[tid] = np.ascontiguousarray(ufunc.reduce(get(state), axis=1, dtype=acc).T)
+            return np.ascontiguousarray(ufunc.reduce(get(state), axis=1, dtype=acc).T)
         return run_outer
 
     rows, size = k.input.shape[0] * k.input.shape[1], k.input.shape[2]
@@ -479,11 +496,11 @@ def _build_reduce_partials(k: codelets.ReducePartials):
             total = x[..., 0].astype(acc)      # a copy of its own
             for i in range(1, size):
                 ufunc(total, x[..., i], out=total)
-            state[tid] = total
+            return total
         return run_short
 
     def run(state):
-        state[tid] = ufunc.reduce(get(state), axis=2, dtype=acc)
+        return ufunc.reduce(get(state), axis=2, dtype=acc)
     return run
 
 
