@@ -246,8 +246,9 @@ _F32 = np.dtype(np.float32)
 
 
 def _axpy_parts(k: codelets.ElementwiseChain):
-    """(alpha, x view, y view) when the chain is y + c * x or y - c * x
-    (either operand order of the multiply; c a float32 scalar, x and y
+    """(sign, c, x view, y view) when the chain is y + c * x or y - c * x
+    (either operand order of the multiply; c a float32 scalar, an immediate
+    or a one-element tensor such as a learning rate passed in; x and y
     float32 views of the chain's shape; the sum its one output), else
     None."""
     if blas._saxpy is None or k.shape == () or len(k.outputs) != 1 or k.outputs[0][1].dtype != _F32:
@@ -256,8 +257,12 @@ def _axpy_parts(k: codelets.ElementwiseChain):
     scalars, views, ops = {}, {}, []
     for reg, source in enumerate(k.inputs):
         if isinstance(source, View):
-            if source.shape == k.shape and source.dtype == _F32:
-                views[reg] = source
+            if source.dtype != _F32:
+                continue
+            if source.tensor.size == 1:
+                scalars[reg] = View(source.tensor)
+            if source.shape == k.shape:
+                views[reg] = source      # (a one-element chain's operands are both)
         elif np.ndim(source) == 0 and np.asarray(source).dtype == _F32:
             scalars[reg] = np.asarray(source)
     for i, ins in enumerate(k.instructions):
@@ -273,7 +278,7 @@ def _axpy_parts(k: codelets.ElementwiseChain):
     (product, mul), (total, add) = ops
     if mul.op != "multiply" or add.op not in ("add", "subtract") or k.outputs[0][0] != total:
         return None
-    c, x = mul.args if mul.args[0] in scalars else mul.args[::-1]
+    c, x = mul.args if mul.args[0] in scalars and mul.args[1] in views else mul.args[::-1]
     if c not in scalars or x not in views:
         return None
     if add.op == "subtract":
@@ -284,7 +289,7 @@ def _axpy_parts(k: codelets.ElementwiseChain):
         y, sign = (add.args[1] if add.args[0] == product else add.args[0]), 1
     if y not in views or product not in add.args or y == product:
         return None
-    return float(sign * scalars[c]), views[x], views[y]
+    return sign, scalars[c], views[x], views[y]
 
 
 def _axpy_chain(k: codelets.ElementwiseChain):
@@ -296,11 +301,13 @@ def _axpy_chain(k: codelets.ElementwiseChain):
     parts = _axpy_parts(k)
     if parts is None:
         return None
-    alpha, xv, yv = parts
+    sign, c, xv, yv = parts
     get_x, get_y, tid, shape = reader(xv), reader(yv), k.outputs[0][1].id, k.shape
+    get_c = reader(c) if isinstance(c, View) else (lambda state, value=c: value)
 
     def run(state):
         x, y = get_x(state), get_y(state)
+        alpha = sign * float(np.asarray(get_c(state)).reshape(-1)[0])
         target = state[tid]
         if (target is not None and type(target) is np.ndarray and target.flags.writeable
                 and target.flags.c_contiguous and target.dtype == _F32 and target.size == x.size

@@ -142,3 +142,21 @@ def test_mlp_sgd_step_matches_xla_cpu(ipu, axpy_calls):
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_array_max_ulp(a, b, maxulp=ULPS)
     assert len(axpy_calls) == 4
+
+
+def test_learning_rate_passed_in_or_computed(ipu, axpy_calls):
+    """The scalar may be a tensor: a learning rate passed in, or computed
+    in the program (a schedule): read on each run."""
+    w, g = operands((300, 70), seed=6)
+    passed = lambda w, g, lr: w - lr * g                               # noqa: E731
+    scheduled = lambda w, g, step: w - (0.1 * 0.9 ** step) * g          # noqa: E731
+    for fn, scalar in ((passed, np.float32(0.01)), (passed, np.float32(-3.5)), (scheduled, np.float32(7))):
+        want = on_cpu(fn, w, g, scalar)
+        np.testing.assert_array_max_ulp(run_on(ipu, fn, w, g, scalar), want, maxulp=ULPS)
+    assert len(axpy_calls) == 3
+    step = jax.jit(passed, donate_argnums=0)
+    w_dev = jax.device_put(w, ipu)
+    for lr in (np.float32(0.5), np.float32(0.25)):        # one program, the scalar read on each run
+        w_dev = step(w_dev, jax.device_put(g, ipu), jax.device_put(lr, ipu))
+        w = on_cpu(passed, w, g, lr)
+    np.testing.assert_array_max_ulp(np.asarray(w_dev), w, maxulp=ULPS)
