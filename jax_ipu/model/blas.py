@@ -159,17 +159,18 @@ def axpy(alpha: float, x: np.ndarray, y: np.ndarray) -> bool:
     from XLA's): the rest goes through the kernel as a zero-padded block."""
     if _saxpy is None or set_local_threads is None:
         return False
+    def saxpy(count: int, xs: np.ndarray, ys: np.ndarray) -> None:
+        _saxpy(ctypes.c_int64(count), ctypes.c_float(alpha), ctypes.c_void_p(xs.ctypes.data), ctypes.c_int64(1),
+               ctypes.c_void_p(ys.ctypes.data), ctypes.c_int64(1))
     n = x.size
     head = n - n % AXPY_BLOCK
     with _OneBlasThread():
         if head:
-            _saxpy(ctypes.c_int64(head), ctypes.c_float(alpha), ctypes.c_void_p(x.ctypes.data), ctypes.c_int64(1),
-                   ctypes.c_void_p(y.ctypes.data), ctypes.c_int64(1))
+            saxpy(head, x, y)
         if head < n:
             pad = np.zeros((2, AXPY_BLOCK), np.float32)
             pad[0, :n - head], pad[1, :n - head] = x[head:], y[head:]
-            _saxpy(ctypes.c_int64(AXPY_BLOCK), ctypes.c_float(alpha), ctypes.c_void_p(pad[0].ctypes.data),
-                   ctypes.c_int64(1), ctypes.c_void_p(pad[1].ctypes.data), ctypes.c_int64(1))
+            saxpy(AXPY_BLOCK, pad[0], pad[1])
             y[head:] = pad[1, :n - head]
     return True
 
@@ -377,7 +378,6 @@ def matmul_combined(a: np.ndarray, b: np.ndarray, chunks: int, size: int, dtype,
     batch, m, k = a.shape
     n = b.shape[-1]
     out = np.empty((batch, m, n), dtype)
-    calls = {}
 
     def rows(r0, r1):
         call = calls[r0]
@@ -398,6 +398,6 @@ def matmul_combined(a: np.ndarray, b: np.ndarray, chunks: int, size: int, dtype,
             np.add(acc, part, out=acc)
     blocks = row_blocks(batch, m, k, n, whole)
     with _OneBlasThread():
-        calls.update(_sgemm_chunks(a, b, out, chunks, size, blocks, scratch))
+        calls = _sgemm_chunks(a, b, out, chunks, size, blocks, scratch)
         _run(rows, blocks)
     return out

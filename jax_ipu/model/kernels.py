@@ -32,6 +32,14 @@ def reader(view: View) -> Callable:
     return lambda state: view.apply(lambda t: state[t.id])
 
 
+def _value_reader(source: View | np.ndarray) -> Callable:
+    """fn(state) -> a view's array, or the immediate `source` itself (an
+    init value, a scale: held in vertex state)."""
+    if isinstance(source, View):
+        return reader(source)
+    return lambda state: source
+
+
 # View ops whose result is, on a C-ordered tensor, a strided view of its memory.
 _STRIDED_OPS = frozenset({"reshape", "transpose", "slice", "broadcast"})
 
@@ -303,7 +311,7 @@ def _axpy_chain(k: codelets.ElementwiseChain):
         return None
     sign, c, xv, yv = parts
     get_x, get_y, tid, shape = reader(xv), reader(yv), k.outputs[0][1].id, k.shape
-    get_c = reader(c) if isinstance(c, View) else (lambda state, value=c: value)
+    get_c = _value_reader(c)
 
     def run(state):
         x, y = get_x(state), get_y(state)
@@ -476,7 +484,7 @@ def _build_reduce_partials(k: codelets.ReducePartials):
             state[tid] = run(state)
         return partials
     # A single stage: the one partial of each output is its result, then the init.
-    init = reader(k.init) if isinstance(k.init, View) else (lambda state, value=k.init: value)
+    init = _value_reader(k.init)
     shape = k.out.shape
 
     def single_stage(state):
@@ -521,12 +529,7 @@ def takes_combined(k: codelets.ReduceCombine) -> bool:
 
 def _build_reduce_combine(k: codelets.ReduceCombine):
     get, tid, ufunc, axis = reader(k.partials), k.out.id, REDUCE_UFUNCS[k.op], k.axis
-    if isinstance(k.init, View):
-        init = reader(k.init)
-    elif k.init is not None:
-        init = lambda state, value=k.init: value  # noqa: E731  (an immediate)
-    else:
-        init = None
+    init = None if k.init is None else _value_reader(k.init)
     dtype, shape = k.out.dtype, k.out.shape
     acc = k.partials.dtype
     # The matmul's reduction may find its partials already combined.
@@ -549,8 +552,7 @@ def _build_tree_reduce(k: codelets.TreeReduce):
     dtypes = [v.dtype for v in k.inputs] * 2 + [i.dtype for i in k.body]
     steps = [(_instruction(ins, dtypes)[0], ins.args) for ins in k.body]
     results = k.results
-    inits = None if k.init is None else [
-        reader(i) if isinstance(i, View) else (lambda state, value=i: value) for i in k.init]
+    inits = None if k.init is None else [_value_reader(i) for i in k.init]
     outs = [(t.id, t.dtype, t.shape) for t in k.outs]
 
     def body(operands: list) -> list:
