@@ -43,6 +43,19 @@ def init_helper_thread() -> None:
 
 
 _running = [0.0, 1]     # (when last looked, runnable threads then, our spinning helper aside)
+_loadavg: list = []     # a descriptor of /proc/loadavg kept open (per process)
+
+
+def _runnable() -> int:
+    """Runnable threads on the host now (/proc/loadavg's fourth field), 1 if
+    unknown. Read at offset 0 of a descriptor kept open: 2 us, against
+    19 us to open, read and close it, at the start of every other run."""
+    try:
+        if not _loadavg:
+            _loadavg.append(os.open("/proc/loadavg", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
+        return int(os.pread(_loadavg[0], 128, 0).split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 1
 
 
 def _spare_core() -> bool:
@@ -52,11 +65,7 @@ def _spare_core() -> bool:
     only adds hand-offs (measured 5% slower). Looked at every 10 ms."""
     now = time.monotonic()
     if now - _running[0] > 0.01:
-        try:
-            with open("/proc/loadavg", "rb") as f:
-                running = int(f.read().split()[3].split(b"/")[0])
-        except (OSError, ValueError, IndexError):
-            running = 1
+        running = _runnable()
         spin = _spinner
         if spin is not None and spin.owner is not None:
             running -= 1

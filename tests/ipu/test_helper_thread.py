@@ -3,6 +3,7 @@ core is free, spinning between hand-offs only while a run shares work, and
 errors in either half reach the caller."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -178,3 +179,18 @@ def test_a_straight_line_program_times_its_first_runs_then_follows_the_schedule(
         np.testing.assert_array_equal(got[1], want[1])
     assert loaded.timed_runs == 0 and all(t < float("inf") for t in loaded.step_us)
     helper.end_session()
+
+
+def test_runnable_threads_read_from_a_kept_descriptor_of_proc_loadavg(monkeypatch):
+    """The spare-core check reads the kernel's count of runnable threads at
+    offset 0 of a descriptor it keeps (fresh figures on every read); where
+    it cannot, it assumes this thread alone."""
+    with open("/proc/loadavg", "rb") as f:
+        total = int(f.read().split()[3].split(b"/")[1])
+    first = helper._runnable()
+    assert 1 <= first <= total + 64          # this thread runs: at least itself
+    fd = helper._loadavg[0]
+    assert helper._runnable() >= 1 and helper._loadavg == [fd]     # the same descriptor, read again
+    monkeypatch.setattr(helper, "_loadavg", [])
+    monkeypatch.setattr(helper.os, "open", lambda *a, **k: (_ for _ in ()).throw(OSError("no")))
+    assert helper._runnable() == 1
