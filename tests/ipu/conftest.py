@@ -30,6 +30,16 @@ def cpu():
     return jax.devices("cpu")[0]
 
 
+def run_on(device, fn, *args):
+    """fn jitted and run on `device`: its results as a pytree of numpy arrays."""
+    return jax.tree.map(np.asarray, jax.jit(fn)(*jax.device_put(args, device)))
+
+
+def on_cpu(fn, *args):
+    """The reference: fn on XLA:CPU (run_on the CPU device)."""
+    return run_on(jax.devices("cpu")[0], fn, *args)
+
+
 def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     if dtype == np.bool_:

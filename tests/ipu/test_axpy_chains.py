@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import on_cpu, run_on
 from jax_ipu.model import blas
 
 # x86-64 kernels fuse the multiply-add; elsewhere allow the ulp a second rounding makes.
@@ -43,14 +44,6 @@ def operands(shape, seed=0, g_shape=None):
     w = (rng.standard_normal(shape) * 100).astype(np.float32)
     g = rng.standard_normal(g_shape or shape).astype(np.float32)
     return w, g
-
-
-def run_on(device, fn, *args):
-    return jax.tree.map(np.asarray, jax.jit(fn)(*jax.device_put(args, device)))
-
-
-def on_cpu(fn, *args):
-    return run_on(jax.devices("cpu")[0], fn, *args)
 
 
 @pytest.mark.parametrize("form", AXPY_FORMS)

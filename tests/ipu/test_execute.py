@@ -7,12 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import IPU_DTYPES, random_array
-
-
-def on_cpu(f, *args):
-    cpu = jax.devices("cpu")[0]
-    return jax.jit(f)(*[jax.device_put(a, cpu) for a in args])
+from conftest import IPU_DTYPES, on_cpu, random_array
 
 
 def assert_same(got, want, rtol=1e-6, atol=1e-6):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from jax import lax
 
+from conftest import on_cpu
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.model import kernels, xla_chains
@@ -37,9 +38,8 @@ def on_both(monkeypatch, f, *args):
     return on_xla, on_numpy
 
 
-def on_cpu(f, *args):
-    cpu = jax.devices("cpu")[0]
-    return [np.asarray(o) for o in jax.tree.leaves(jax.jit(f)(*jax.device_put(args, cpu)))]
+def cpu_leaves(f, *args):
+    return jax.tree.leaves(on_cpu(f, *args))
 
 
 rng = np.random.default_rng(0)
@@ -65,7 +65,7 @@ FLOAT_CHAINS = {
 def test_float_chains_match_xla_cpu(monkeypatch, name):
     f = FLOAT_CHAINS[name]
     on_xla, on_numpy = on_both(monkeypatch, f, X, Y)
-    [want] = on_cpu(f, X, Y)
+    [want] = cpu_leaves(f, X, Y)
     # The same compiler, though not the same fusions (XLA may contract a
     # multiply into the last step of an exp): within 2 ulp, NaN where XLA:CPU
     # has NaN. numpy's libm differs by a few ulp from XLA's approximations.
@@ -92,7 +92,7 @@ def test_integer_chains_are_exact(monkeypatch, name):
     a = rng.integers(info.min, info.max, N, endpoint=True, dtype=dtype)
     b = rng.integers(max(info.min, -9), 9, N, endpoint=True).astype(dtype)   # zeros included
     on_xla, on_numpy = on_both(monkeypatch, f, a, b)
-    for x, n, want in zip(on_xla, on_numpy, on_cpu(f, a, b)):
+    for x, n, want in zip(on_xla, on_numpy, cpu_leaves(f, a, b)):
         assert x.dtype == want.dtype
         np.testing.assert_array_equal(x, want)
         np.testing.assert_array_equal(n, want)
@@ -104,7 +104,7 @@ def test_float_to_int_conversion_saturates(monkeypatch):
         return big.astype(jnp.int32), (big * 1e-6).astype(jnp.uint8), big > 2e8
     x = np.concatenate([X, [np.nan, np.inf, -np.inf, 88.0]]).astype(np.float32)
     on_xla, on_numpy = on_both(monkeypatch, f, x)
-    for x_, n, want in zip(on_xla, on_numpy, on_cpu(f, x)):
+    for x_, n, want in zip(on_xla, on_numpy, cpu_leaves(f, x)):
         assert x_.dtype == want.dtype
         # exp may differ by an ulp between fusions, which moves the integers.
         np.testing.assert_allclose(x_.astype(np.float64), want, rtol=3e-7, atol=1)
@@ -119,7 +119,7 @@ def test_reduce_precision_and_bitcast(monkeypatch):
         y = lax.reduce_precision(jnp.exp(x * 0.1), exponent_bits=5, mantissa_bits=10)
         return y, lax.bitcast_convert_type(jnp.tanh(x), jnp.int32) >> 3
     on_xla, on_numpy = on_both(monkeypatch, f, X)
-    rounded, bits = on_cpu(f, X)
+    rounded, bits = cpu_leaves(f, X)
     # Rounded to float16's precision: an ulp of exp may move it by one f16 ulp.
     np.testing.assert_allclose(on_xla[0], rounded, rtol=1e-3)
     np.testing.assert_allclose(on_numpy[0], rounded, rtol=1e-3)
@@ -136,7 +136,7 @@ def test_inputs_laid_out_transposed_broadcast_or_unaligned():
     assert chain_runners(program) == ["run_on_xla"]
     engine = Engine(SMALL)
     want = engine.run(program, [a, bias])[0]
-    np.testing.assert_array_equal(want, on_cpu(lambda x, b: jnp.tanh(x + b) * jnp.exp(-x), a, bias)[0])
+    np.testing.assert_array_equal(want, cpu_leaves(lambda x, b: jnp.tanh(x + b) * jnp.exp(-x), a, bias)[0])
     np.testing.assert_array_equal(engine.run(program, [np.asfortranarray(a), bias])[0], want)
     raw = np.empty(a.nbytes + 4, np.uint8)[4:]       # 4 bytes past numpy's alignment
     unaligned = raw.view(np.float32).reshape(a.shape)
@@ -155,7 +155,7 @@ def test_donated_input_is_written_in_place():
     donated = x.copy()
     out = Engine(SMALL).run(program, [donated], frozenset({0}))[0]
     assert out is donated
-    np.testing.assert_array_equal(out, on_cpu(lambda a: jnp.sin(a) * 3 + a, x)[0])
+    np.testing.assert_array_equal(out, cpu_leaves(lambda a: jnp.sin(a) * 3 + a, x)[0])
 
 
 def test_what_stays_on_numpy(monkeypatch):
@@ -194,7 +194,7 @@ def test_quick_runs_on_the_callers_thread_and_on_two_ipus(ipus):
     """A small program (run by whichever thread asks for it first) and
     programs on two IPUs at once all use XLA:CPU kernels safely."""
     f = jax.jit(lambda a: jnp.tanh(a) * jnp.exp(-a))
-    want = on_cpu(lambda a: jnp.tanh(a) * jnp.exp(-a), X)[0]
+    want = cpu_leaves(lambda a: jnp.tanh(a) * jnp.exp(-a), X)[0]
     for _ in range(3):
         outs = [f(jax.device_put(X, d)) for d in ipus for _ in range(4)]
         assert outs[0].is_ready() in (True, False)      # may run it on this thread
