@@ -307,34 +307,37 @@ def _block_plans(a, b, out, chunks, size, blocks) -> list:
                 return functools.partial(call, *lists, addresses)
         else:
             offsets = np.zeros((3, 1), np.int64)
+            each = _each_chunk((batch, a.strides[0], b.strides[0], out.strides[0]), chunks, a_chunk, b_chunk, gemm)
 
-            def make(lists, addresses, operands, gemm=gemm):
+            def make(lists, addresses, operands, each=each):
                 a0, b0, c0 = (int(x) for x in addresses[:, 0])
-                return _each_chunk(*operands, chunks, a0, b0, c0, a_chunk, b_chunk, gemm)
+                return functools.partial(each, a0, b0, c0, operands)
         offsets = np.ascontiguousarray(offsets + start)
         pointers = np.empty_like(offsets)
         plans[i] = (r0, (offsets, pointers, [ctypes.c_void_p(p.ctypes.data) for p in pointers], make))
     return plans
 
 
-def _each_chunk(a, b, out, chunks, a0, b0, c0, a_chunk, b_chunk, gemm):
-    """call() making one cblas_sgemm per batch and chunk of a row block."""
+def _each_chunk(steps, chunks, a_chunk, b_chunk, gemm):
+    """each(a0, b0, c0, operands) making one cblas_sgemm per batch and chunk
+    of a row block, its operands' first elements at those addresses (the
+    operands: the arrays, kept alive by the caller). Its ctypes arguments
+    are made once, with the plan, and updated in place on each call."""
     ta, lda, tb, ldb, rows, n, size = gemm
     i64 = ctypes.c_int64
     pa, pb, pc, beta = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_float()
     args = (ctypes.c_int(_ROW_MAJOR), ctypes.c_int(ta), ctypes.c_int(tb), i64(rows), i64(n), i64(size),
             ctypes.c_float(1.0), pa, i64(lda), pb, i64(ldb), beta, pc, i64(n))
-    steps = (a.shape[0], a.strides[0], b.strides[0], out.strides[0])
+    batch, a_batch, b_batch, c_batch = steps
 
-    def each_chunk(keep=(a, b, out)):
-        batch, a_batch, b_batch, c_batch = steps
+    def each(a0, b0, c0, operands):
         for i in range(batch):
             ap, bp = a0 + i * a_batch, b0 + i * b_batch
             pc.value = c0 + i * c_batch
             for j in range(chunks):
                 pa.value, pb.value, beta.value = ap + j * a_chunk, bp + j * b_chunk, 0.0 if j == 0 else 1.0
                 _sgemm(*args)
-    return each_chunk
+    return each
 
 
 @functools.lru_cache(maxsize=256)

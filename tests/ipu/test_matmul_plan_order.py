@@ -210,3 +210,24 @@ def test_small_chunks_and_several_blas_threads_never_use_the_batch_call(monkeypa
     call()
     np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
     assert calls == []
+
+
+@pytest.mark.parametrize("batch,m,k,n,chunks", [(2, 96, 256, 80, 8), (1, 64, 256, 64, 2), (1, 160, 512, 400, 8)])
+def test_a_products_prepared_calls_follow_new_operands_on_every_run(monkeypatch, batch, m, k, n, chunks):
+    """The cblas calls of a product (one per chunk, or a batch call) are
+    prepared once per layout and kept in its scratch: a later run with
+    other arrays of that layout (new addresses, as every run has) computes
+    on those, never on the first run's."""
+    rng = np.random.default_rng(batch * m + n)
+    scratch = blas.CombineScratch()
+    calls = spied(monkeypatch, "_sgemm")
+    for _ in range(3):
+        a = rng.standard_normal((batch, m, k)).astype(np.float32)
+        b = rng.standard_normal((batch, k, n)).astype(np.float32)
+        combined = blas.matmul_combined(a, b, chunks, k // chunks, np.float32, scratch)
+        out = np.empty((chunks, batch, m, n), np.float32)
+        blas.matmul_partials(a, b, out, chunks, k // chunks)
+        np.testing.assert_array_equal(combined, left_fold(out))
+    assert "plan" in scratch.buffers
+    if m * (k // chunks) * n <= blas.BATCH_MIN_MACS:
+        assert len(calls) == 3 * batch * chunks       # one cblas_sgemm per chunk, each run
