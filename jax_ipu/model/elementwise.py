@@ -141,18 +141,20 @@ def _select(pred, on_true, on_false, dtype, attrs):
     if (p.size < MASKED_SELECT or p.dtype != np.bool_ or t.dtype != dtype or f.dtype != dtype
             or dtype.itemsize not in _BITS):
         return np.where(p, t, f).astype(dtype, copy=False)
-    # f ^ ((t ^ f) & mask), the mask all ones where pred: the chosen operand's bits.
+    # f ^ ((t ^ f) * pred), in unsigned integers of the element's width: the
+    # chosen operand's bits (pred's bytes are 0 or 1, widened inside the
+    # multiply's loop: one pass, against two to make a mask of ones and a
+    # third to apply it, 42 -> 20 us for relu's gradient on 64K elements).
     bits = _BITS[dtype.itemsize]
-    mask = p.view(np.uint8).astype(bits)        # widened, then negated in place: 12 us
-    np.negative(mask, out=mask)                 # for 64K elements, against 15 us in one call
+    flag = p.view(np.uint8)
     # The result in an array of its own (base None), which a chain keeps
     # as its output without copying it.
     out = np.empty(np.broadcast_shapes(p.shape, t.shape, f.shape), dtype)
     if f.size == 1 and not f.view(bits).any():       # select(p, x, 0), e.g. relu's gradient
-        np.bitwise_and(t.view(bits), mask, out=out.view(bits))
+        np.multiply(t.view(bits), flag, out=out.view(bits), dtype=bits)
         return out
     fb = f.view(bits)
-    picked = np.bitwise_and(np.bitwise_xor(t.view(bits), fb), mask, out=mask)
+    picked = np.multiply(np.bitwise_xor(t.view(bits), fb), flag, dtype=bits)
     np.bitwise_xor(picked, fb, out=out.view(bits))
     return out
 

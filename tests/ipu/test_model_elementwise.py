@@ -11,10 +11,11 @@ from jax_ipu.model.engine import Engine
 from test_compiler import SMALL, compile_fn
 
 SHAPES = [((128, 512), (128, 512), ()), ((128, 512), (), (128, 512)), ((128, 512), (1, 512), (128, 1)),
-          ((128, 512), (), ()), ((4000,), (4000,), (4000,)), ((7,), (7,), ())]
+          ((128, 512), (), ()), ((4000,), (4000,), (4000,)), ((7,), (7,), ()),
+          ((1, 2048), (16, 2048), (16, 1))]
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.uint8, np.bool_])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.uint8, np.bool_, np.int64, np.uint16])
 @pytest.mark.parametrize("shapes", SHAPES)
 def test_masked_select_picks_the_same_bits_as_where(dtype, shapes):
     rng = np.random.default_rng(0)
