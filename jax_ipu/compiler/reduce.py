@@ -1,5 +1,7 @@
 """reduce: each operand rearranged to [kept, reduced] (a Copy when that is a
-layout change), partial reductions of equal chunks spread over tiles, then a
+layout change), partial reductions of equal chunks spread over tiles (the
+operand padded with the init value when its length has no divisor that
+spreads it), then a
 cross-tile stage combining each output's partials and the init value in a
 fixed order; with one partial per output (rows that fit a tile), a single
 stage applies the init itself. A body of one op (add, max, ...) on one operand reduces with
@@ -19,7 +21,7 @@ from jax_ipu.compiler.mapping import MIN_BYTES_PER_TILE, spread
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
 from jax_ipu.graph.compute import Region, Vertex
-from jax_ipu.graph.views import View
+from jax_ipu.graph.views import Concat, View
 from jax_ipu.model.elementwise import ELEMENTWISE_OPS
 
 # A reduction with one partial per output (and no wider accumulator) is
@@ -85,6 +87,38 @@ def _chunks(reduced: int, kept: int, tiles: int, min_chunk: int) -> int:
     return max(d for d in range(1, limit + 1) if reduced % d == 0)
 
 
+# When the equal chunks of a reduced length (a prime, say) would use fewer
+# than 1/UNEVEN of the tiles the work deserves, the operand is padded with
+# the init value up to a length that splits well (StableHLO lets the init
+# value be applied any number of times). A sum of 300,007 elements was one
+# chunk on one tile: 1.2 MB there, out of memory.
+UNEVEN = 4
+
+
+def _chunking(reduced: int, kept: int, tiles: int, min_chunk: int) -> tuple[int, int, int]:
+    """(chunks, elements per chunk, init-valued elements padded after the
+    reduced ones)."""
+    chunks = _chunks(reduced, kept, tiles, min_chunk)
+    limit = max(1, min(tiles // max(kept, 1), reduced // min_chunk)) if kept < tiles else 1
+    if chunks * UNEVEN >= limit:
+        return chunks, reduced // chunks, 0
+    size = -(-reduced // limit)
+    chunks = -(-reduced // size)
+    return chunks, size, chunks * size - reduced
+
+
+def _padded(b: Builder, op: ir.Op, x: View, init, axis: int, pad: int) -> View:
+    """x, [kept, reduced] (axis 1) or [reduced, kept] (axis 0), copied with
+    `pad` elements of the init value after each run of reduced elements."""
+    src = _init_source(init)
+    if not isinstance(src, View):
+        src = b.constant(f"{name_of(op)}/init", np.asarray(src, x.dtype))
+    shape = list(x.shape)
+    shape[axis] = pad
+    fill = src.then("reshape", ()).then("broadcast", tuple(shape), ())
+    return copy_to_new(b, op, Concat((x, fill), axis))
+
+
 # Outputs a row must hold for a reduction over leading dims to combine
 # rows (numpy then adds contiguous runs of at least this many elements);
 # narrower ones are transposed first and reduced along rows. A conv bias
@@ -148,21 +182,26 @@ def reduce(b: Builder, op: ir.Op) -> None:
                                 else ScalarBroadcast(_init_source(init), result.type.shape))
         return
     dtypes = [r.type.dtype for r in op.results]
-    chunks = _chunks(reduced, kept, b.target.num_tiles,
-                     max(1, MIN_BYTES_PER_TILE // max(d.itemsize for d in dtypes)))
-    size = reduced // chunks
+    chunks, size, pad = _chunking(reduced, kept, b.target.num_tiles,
+                                  max(1, MIN_BYTES_PER_TILE // max(d.itemsize for d in dtypes)))
     # Reduced dims leading (a sum over the batch): each tile combines whole
     # rows of its outputs' elements, as Poplar reduces outer dimensions,
     # instead of a transposing Copy first.
     outer = (single is not None and kept >= OUTER_MIN_KEPT and dims == list(range(len(dims))))
     xs = []
-    for value in op.operands[:n]:
+    for value, init in zip(op.operands[:n], inits):
         x = b.view(value, name_of(op))
         if outer:
+            if pad:
+                x = _padded(b, op, x.then("reshape", (reduced, kept)), init, 0, pad)
             xs.append(x.then("reshape", (chunks, size, kept)))
             continue
         if kept_dims + dims != sorted(kept_dims + dims):
-            x = copy_to_new(b, op, x.then("transpose", tuple(kept_dims + dims)))
+            x = x.then("transpose", tuple(kept_dims + dims))
+            if not pad:
+                x = copy_to_new(b, op, x)
+        if pad:
+            x = _padded(b, op, x.then("reshape", (kept, reduced)), init, 1, pad)
         xs.append(x.then("reshape", (kept, chunks, size)))
     accs = [np.dtype(np.float32) if d == np.float16 and single in ("add", "multiply") else d for d in dtypes]
     what = single or "+".join(dict.fromkeys(i.op for i in program if i.op != "constant"))

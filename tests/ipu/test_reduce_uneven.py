@@ -1,0 +1,89 @@
+"""Reductions over lengths with no divisor that spreads them (primes, twice
+a prime): the operand is padded with the init value so that its partials
+still spread over the tiles, instead of one tile reducing everything (a
+sum of 300,007 float32 was out of memory on tile 0). Values against JAX's
+CPU backend: f32 sums within 1e-4 relative, selections exact."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from jax_ipu.compiler import reduce as compiler_reduce
+from jax_ipu.graph import codelets
+from jax_ipu.graph.programs import Execute, leaves
+from jax_ipu.model.targets import get_target
+from test_compiler import compile_fn
+from conftest import on_cpu, run_on
+
+IPU2 = get_target("ipu2")
+
+
+def check(f, *args, tol=1e-4):
+    got, want = run_on(jax.devices("ipu")[0], f, *args), on_cpu(f, *args)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=tol, atol=tol, equal_nan=True)
+
+
+@pytest.mark.parametrize("reduced,kept,tiles,chunks,size,pad", [
+    (300_007, 1, 1472, 1471, 204, 77), (1_000_003, 1, 1472, 1471, 680, 277),     # primes
+    (1009, 15, 1472, 15, 68, 11),               # limited by the 64-element minimum chunk
+    (1 << 20, 1, 1472, 1024, 1024, 0),          # a power of two splits evenly
+    (300_000, 1, 1472, 1250, 240, 0),           # so does a round number
+    (97, 3, 1472, 1, 97, 0),                    # too short to split
+])
+def test_chunking(reduced, kept, tiles, chunks, size, pad):
+    got = compiler_reduce._chunking(reduced, kept, tiles, 64)
+    assert got == (chunks, size, pad)
+    assert chunks * size == reduced + pad and pad < size
+
+
+def test_a_prime_length_sum_spreads_over_the_tiles():
+    x = np.ones(300_007, np.float32)
+    program = compile_fn(lambda a: jnp.sum(a * a), x, target=IPU2)
+    partials = [s for s in leaves(program.body) if isinstance(s, Execute)
+                and isinstance(s.compute_set.kernel, codelets.ReducePartials)]
+    assert partials and max(len({v.tile for v in s.compute_set.vertices}) for s in partials) > 1000
+
+
+PRIME = 30_011
+
+
+@pytest.mark.parametrize("fn", [
+    lambda a: jnp.sum(a), lambda a: jnp.max(a), lambda a: jnp.min(a * 3), lambda a: jnp.argmax(a),
+    lambda a: jnp.prod(1 + a * 1e-4), lambda a: jnp.mean(a * a), lambda a: jnp.any(a > 3.9),
+    lambda a: jnp.all(a < 4.5), lambda a: jnp.sum(a.astype(jnp.int32)),
+    lambda a: jnp.mean(a.astype(jnp.float16)),
+], ids=["sum", "max", "min", "argmax", "prod", "mean", "any", "all", "int_sum", "f16_mean"])
+def test_prime_length_reductions_match_cpu(fn):
+    x = np.random.default_rng(0).standard_normal(PRIME).astype(np.float32)
+    check(fn, x, tol=1e-2)      # (fp16's mean; the float32 ones agree to 1e-5 or better)
+
+
+@pytest.mark.parametrize("shape,axes", [
+    ((1009, 16), (0,)),            # reduced dims leading (outer)
+    ((16, 1009), (1,)),            # trailing
+    ((3, 1009, 5), (1,)),          # in the middle: transposed, then padded
+    ((2, 1013, 7), (0, 1)),        # two of them
+])
+def test_prime_lengths_in_every_layout(shape, axes):
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    check(lambda a: (jnp.sum(a, axis=axes), jnp.max(a, axis=axes), jnp.argmin(a, axis=axes[-1])), x)
+
+
+def test_init_value_computed_at_run_time():
+    """The padding holds the init value however it is made (StableHLO lets
+    a reduction apply it any number of times: an identity, as JAX passes)."""
+    x = np.random.default_rng(2).standard_normal(PRIME).astype(np.float32)
+    check(lambda a, lo: lax.reduce(a, lo, lax.max, (0,)), x, np.float32(-np.inf))
+    check(lambda a, z: lax.reduce(a, z, lax.add, (0,)), x, np.float32(0.0))
+    y = np.random.default_rng(3).integers(0, 1000, PRIME).astype(np.int32)
+
+    def body(u, v):         # the largest value, the lowest index among equals (order-free)
+        take = (u[0] > v[0]) | ((u[0] == v[0]) & (u[1] < v[1]))
+        return jnp.where(take, u[0], v[0]), jnp.where(take, u[1], v[1])
+    check(lambda a, i: lax.reduce((a, i), (np.int32(-1), np.int32(PRIME)), body, (0,)), y,
+          np.arange(PRIME, dtype=np.int32))
