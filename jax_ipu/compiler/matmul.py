@@ -1,6 +1,7 @@
 """dot_general: operands rearranged to [batch, M, K] x [batch, K, N] (a
 Copy when that is a layout change), per-tile partial products over K-chunks
-as the plan says (fp32 partials for float inputs), then a cross-tile
+as the plan says (fp32 partials for float inputs; K padded with zeros when
+only uneven chunks fit), then a cross-tile
 reduction of the partials in a fixed order."""
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from jax_ipu.graph import codelets
 from jax_ipu.graph.compute import Region, Vertex
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.tensors import Tensor
-from jax_ipu.graph.views import View
+from jax_ipu.graph.views import Concat, View
 
 
 def _canonical(b: Builder, op: ir.Op, value: ir.Value, order: list[int], shape3) -> View:
@@ -57,6 +58,10 @@ def dot_general(b: Builder, op: ir.Op) -> None:
     plan = plan_matmul(b.target, batch, m, n, k, lhs_t.dtype, acc, b.options.available_memory_proportion)
     pb, pm, pn, pk = plan.splits
     bb, mb, nb, kc = plan.blocks
+    flops = 2.0 * batch * m * n * k
+    if kc * pk != k:        # K padded with zeros to whole chunks (see plan_matmul)
+        lhs, rhs = _zero_padded(b, op, lhs, 2, kc * pk - k), _zero_padded(b, op, rhs, 1, kc * pk - k)
+        k = kc * pk
 
     # Partials [pk, batch, m, n]: tile of block (kk, bi, mi, ni).
     tile_of = (((np.arange(pk)[:, None, None, None] * pb + np.arange(batch)[None, :, None, None] // bb) * pm
@@ -88,13 +93,21 @@ def dot_general(b: Builder, op: ir.Op) -> None:
                                            int(cost.matmul_cycles(b.target, macs, lhs_t.dtype))))
     b.execute(f"matmul {name_of(op)} {pb}x{pm}x{pn}x{pk} tiles", codelets.MatMulPartials(lhs, rhs, partials),
               vertices)
-    b.flops += 2.0 * batch * m * n * k
+    b.flops += flops
     if pk == 1 and acc == out_dtype:
         b.values[op.results[0]] = View(partials).then("reshape", out_t.shape)
         return
     out = b.tensor(name_of(op), (batch * m * n,), out_dtype)
     _reduce_partials(b, op, View(partials).then("reshape", (pk, batch * m * n)), out)
     b.values[op.results[0]] = View(out).then("reshape", out_t.shape)
+
+
+def _zero_padded(b: Builder, op: ir.Op, x: View, axis: int, pad: int) -> View:
+    """x with `pad` zeros after its elements along `axis` (a Copy)."""
+    shape = list(x.shape)
+    shape[axis] = pad
+    zeros = b.constant(f"{name_of(op)}/zero", np.zeros((), x.dtype)).then("broadcast", tuple(shape), ())
+    return copy_to_new(b, op, Concat((x, zeros), axis))
 
 
 def _reduce_partials(b: Builder, op: ir.Op, partials: View, out: Tensor) -> None:

@@ -47,13 +47,30 @@ def _divisors(extent: int, limit: int) -> np.ndarray:
 
 def plan_matmul(target: Target, batch: int, m: int, n: int, k: int, in_dtype: np.dtype,
                 acc_dtype: np.dtype, proportion: float) -> MatMulPlan:
+    """K is split in chunks of equal length that divide it; when no such
+    split fits the tiles (a long K with no divisor that spreads it, a
+    prime), in chunks of ceil(K / chunks) over K padded with zeros (the
+    lowering's Copy; zeros add nothing to a product)."""
+    plan = _best(target, batch, m, n, k, in_dtype, acc_dtype, proportion, pad_k=False)
+    if plan.temporary_bytes > proportion * target.bytes_per_tile:
+        padded = _best(target, batch, m, n, k, in_dtype, acc_dtype, proportion, pad_k=True)
+        if padded.temporary_bytes < plan.temporary_bytes:
+            return padded
+    return plan
+
+
+def _best(target: Target, batch: int, m: int, n: int, k: int, in_dtype: np.dtype,
+          acc_dtype: np.dtype, proportion: float, pad_k: bool) -> MatMulPlan:
     tiles = target.num_tiles
     grids = np.meshgrid(_splits(batch, tiles), _splits(m, tiles), _splits(n, tiles),
-                        _divisors(k, tiles), indexing="ij")
+                        _splits(k, tiles) if pad_k else _divisors(k, tiles), indexing="ij")
     pb, pm, pn, pk = (g.ravel().astype(np.float64) for g in grids)
     fits_tiles = pb * pm * pn * pk <= tiles
     pb, pm, pn, pk = pb[fits_tiles], pm[fits_tiles], pn[fits_tiles], pk[fits_tiles]
-    bb, mb, nb, kc = np.ceil(batch / pb), np.ceil(m / pm), np.ceil(n / pn), k / pk
+    bb, mb, nb = np.ceil(batch / pb), np.ceil(m / pm), np.ceil(n / pn)
+    kc = np.ceil(k / pk) if pad_k else k / pk
+    if pad_k:       # no empty chunks: as many as ceil(K / chunk) needs
+        pk = np.ceil(k / kc)
     item, acc = np.dtype(in_dtype).itemsize, np.dtype(acc_dtype).itemsize
     compute = matmul_cycles(target, bb * mb * nb * kc, np.dtype(in_dtype))
     operand_bytes = (bb * mb * kc + bb * kc * nb) * item
