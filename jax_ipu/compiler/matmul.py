@@ -55,51 +55,102 @@ def dot_general(b: Builder, op: ir.Op) -> None:
         return
     lhs = _canonical(b, op, op.operands[0], lb + lf + lc, (batch, m, k))
     rhs = _canonical(b, op, op.operands[1], rb + rc + rf, (batch, k, n))
-    plan = plan_matmul(b.target, batch, m, n, k, lhs_t.dtype, acc, b.options.available_memory_proportion)
+    proportion = b.options.available_memory_proportion
+    plan = plan_matmul(b.target, batch, m, n, k, lhs_t.dtype, acc, proportion)
+    steps = [(0, m, 0, n, plan)]
+    if plan.temporary_bytes > proportion * b.target.bytes_per_tile:
+        steps = _serial_steps(b.target, batch, m, n, k, lhs_t.dtype, acc, proportion) or steps
+    b.flops += 2.0 * batch * m * n * k
+    padded = max(p.blocks[3] * p.splits[3] for *_, p in steps)
+    if padded != k:         # K padded with zeros to whole chunks (see plan_matmul)
+        lhs, rhs = _zero_padded(b, op, lhs, 2, padded - k), _zero_padded(b, op, rhs, 1, padded - k)
+    results = [_product(b, op, lhs, rhs, window, acc, out_dtype) for window in steps]
+    if len(results) == 1:
+        b.values[op.results[0]] = results[0].then("reshape", out_t.shape)
+        return
+    whole = copy_to_new(b, op, Concat(tuple(results), 1 if steps[0][1] - steps[0][0] < m else 2))
+    b.values[op.results[0]] = whole.then("reshape", out_t.shape)
+
+
+# At most this many products in turn for one dot_general (see _serial_steps).
+MAX_SERIAL_STEPS = 256
+
+
+def _serial_steps(target, batch: int, m: int, n: int, k: int, in_dtype, acc, proportion: float) -> list | None:
+    """When no plan of the whole product fits the tiles, its rows (or
+    columns, whichever are more) in blocks computed one after the other,
+    each planned on all tiles, as PopLibs splits a product serially: the
+    fewest blocks (a power of two) whose plan fits. [(r0, r1, c0, c1,
+    plan)], or None if even MAX_SERIAL_STEPS blocks do not fit."""
+    budget = proportion * target.bytes_per_tile
+    by_columns = n >= m
+    extent = n if by_columns else m
+    count = 2
+    while count <= min(extent, MAX_SERIAL_STEPS):
+        size = -(-extent // count)
+        plans = {}
+        for lo in range(0, extent, size):
+            width = min(size, extent - lo)
+            if width not in plans:
+                plans[width] = plan_matmul(target, batch, m if by_columns else width, width if by_columns else n, k,
+                                           in_dtype, acc, proportion)
+        if all(p.temporary_bytes <= budget for p in plans.values()):
+            return [(0, m, lo, min(lo + size, n), plans[min(size, n - lo)]) if by_columns else
+                    (lo, min(lo + size, m), 0, n, plans[min(size, m - lo)]) for lo in range(0, extent, size)]
+        count *= 2
+    return None
+
+
+def _product(b: Builder, op: ir.Op, lhs: View, rhs: View, window: tuple, acc, out_dtype) -> View:
+    """Rows r0:r1 and columns c0:c1 of the product of lhs [batch, M, Kp] and
+    rhs [batch, Kp, N] (Kp: K, with zeros after it if padded) as its plan
+    says: [batch, rows, columns]."""
+    r0, r1, c0, c1, plan = window
+    batch, m, kp = lhs.shape
+    n = rhs.shape[2]
+    rows, cols = r1 - r0, c1 - c0
     pb, pm, pn, pk = plan.splits
     bb, mb, nb, kc = plan.blocks
-    flops = 2.0 * batch * m * n * k
-    if kc * pk != k:        # K padded with zeros to whole chunks (see plan_matmul)
-        lhs, rhs = _zero_padded(b, op, lhs, 2, kc * pk - k), _zero_padded(b, op, rhs, 1, kc * pk - k)
-        k = kc * pk
+    if (r0, r1, kc * pk) != (0, m, kp):
+        lhs = lhs.then("slice", (0, r0, 0), (batch, r1, kc * pk), (1, 1, 1))
+    if (c0, c1, kc * pk) != (0, n, kp):
+        rhs = rhs.then("slice", (0, 0, c0), (batch, kc * pk, c1), (1, 1, 1))
 
-    # Partials [pk, batch, m, n]: tile of block (kk, bi, mi, ni).
+    # Partials [pk, batch, rows, cols]: tile of block (kk, bi, mi, ni).
     tile_of = (((np.arange(pk)[:, None, None, None] * pb + np.arange(batch)[None, :, None, None] // bb) * pm
-                + np.arange(m)[None, None, :, None] // mb) * pn + np.arange(n)[None, None, None, :] // nb)
-    partials = b.tensor(f"{name_of(op)}/partials", (pk, batch, m, n), acc,
+                + np.arange(rows)[None, None, :, None] // mb) * pn + np.arange(cols)[None, None, None, :] // nb)
+    partials = b.tensor(f"{name_of(op)}/partials", (pk, batch, rows, cols), acc,
                         TileMapping.from_element_tiles(tile_of))
     vertices = []
-    codelet = f"MatMulPartial<{lhs_t.dtype.name},{acc.name}>"
+    codelet = f"MatMulPartial<{lhs.dtype.name},{acc.name}>"
     lhs_regions: dict = {}    # (k-chunk, batch block, row block) -> intervals read
     rhs_regions: dict = {}    # (k-chunk, batch block, column block) -> intervals read
     for kk in range(pk):
         ks = np.arange(kk * kc, (kk + 1) * kc)
         for b0 in range(0, batch, bb):
             bs = np.arange(b0, min(b0 + bb, batch))
-            for m0 in range(0, m, mb):
-                ms = np.arange(m0, min(m0 + mb, m))
+            for m0 in range(0, rows, mb):
+                ms = np.arange(m0, min(m0 + mb, rows))
                 lhs_key = (kk, b0, m0)
-                lhs_regions[lhs_key] = _rows(((bs[:, None] * m + ms) * k + kk * kc).ravel(), kc)
-                out_rows = (((kk * batch + bs[:, None]) * m + ms) * n).ravel()
-                for n0 in range(0, n, nb):
-                    width = min(n0 + nb, n) - n0
+                lhs_regions[lhs_key] = _rows(((bs[:, None] * m + r0 + ms) * kp + kk * kc).ravel(), kc)
+                out_rows = (((kk * batch + bs[:, None]) * rows + ms) * cols).ravel()
+                for n0 in range(0, cols, nb):
+                    width = min(n0 + nb, cols) - n0
                     if (kk, b0, n0) not in rhs_regions:
-                        rhs_regions[kk, b0, n0] = _rows(((bs[:, None] * k + ks) * n + n0).ravel(), width)
+                        rhs_regions[kk, b0, n0] = _rows(((bs[:, None] * kp + ks) * n + c0 + n0).ravel(), width)
                     macs = len(bs) * len(ms) * width * kc
                     vertices.append(Vertex(codelet, int(tile_of[kk, b0, m0, n0]),
                                            (Region(lhs.tensor, lhs_regions[lhs_key]),
                                             Region(rhs.tensor, rhs_regions[kk, b0, n0])),
                                            (Region(partials, _rows(out_rows + n0, width)),),
-                                           int(cost.matmul_cycles(b.target, macs, lhs_t.dtype))))
+                                           int(cost.matmul_cycles(b.target, macs, lhs.dtype))))
     b.execute(f"matmul {name_of(op)} {pb}x{pm}x{pn}x{pk} tiles", codelets.MatMulPartials(lhs, rhs, partials),
               vertices)
-    b.flops += flops
     if pk == 1 and acc == out_dtype:
-        b.values[op.results[0]] = View(partials).then("reshape", out_t.shape)
-        return
-    out = b.tensor(name_of(op), (batch * m * n,), out_dtype)
-    _reduce_partials(b, op, View(partials).then("reshape", (pk, batch * m * n)), out)
-    b.values[op.results[0]] = View(out).then("reshape", out_t.shape)
+        return View(partials).then("reshape", (batch, rows, cols))
+    out = b.tensor(name_of(op), (batch * rows * cols,), out_dtype)
+    _reduce_partials(b, op, View(partials).then("reshape", (pk, batch * rows * cols)), out)
+    return View(out).then("reshape", (batch, rows, cols))
 
 
 def _zero_padded(b: Builder, op: ir.Op, x: View, axis: int, pad: int) -> View:

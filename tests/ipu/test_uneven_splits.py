@@ -126,3 +126,57 @@ def test_gradient_through_a_padded_product():
     exact = 2 * (a.astype(np.float64) @ b) @ b.T
     # Against float64 (XLA:CPU's own float32 result is 5e-3 off on values of ~4e3).
     np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-5 * np.abs(exact).max())
+
+
+# Products too big for one plan on the tiles at once: rows or columns in
+# blocks computed one after the other (PopLibs' serial splits).
+from jax_ipu.compiler import matmul as compiler_matmul      # noqa: E402
+from test_compiler import SMALL, run_cpu, run_ipu           # noqa: E402
+
+
+@pytest.mark.parametrize("m,k,n", [(512, 768, 50257), (4096, 1024, 4096), (8192, 768, 3072), (3072, 3072, 3072)])
+def test_serial_steps_cover_the_product_and_each_fits(m, k, n):
+    f32 = np.dtype(np.float32)
+    assert plan_matmul(IPU2, 1, m, n, k, f32, f32, 0.6).temporary_bytes > 0.6 * IPU2.bytes_per_tile
+    steps = compiler_matmul._serial_steps(IPU2, 1, m, n, k, f32, f32, 0.6)
+    assert steps is not None and 2 <= len(steps) <= 64
+    covered = np.zeros((m, n), np.int8)
+    for r0, r1, c0, c1, plan in steps:
+        covered[r0:r1, c0:c1] += 1
+        assert plan.temporary_bytes <= 0.6 * IPU2.bytes_per_tile
+    assert (covered == 1).all()
+
+
+def test_a_product_too_big_for_one_plan_runs_in_serial_steps():
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((512, 512)).astype(np.float32)
+    w = rng.standard_normal((512, 520)).astype(np.float32)
+    program = compile_fn(lambda a, w: a @ w, a, w)
+    products = [s for s in leaves(program.body) if isinstance(s, Execute)
+                and isinstance(s.compute_set.kernel, codelets.MatMulPartials)]
+    assert len(products) >= 2
+    got, want = run_ipu(lambda a, w: a @ w, a, w), run_cpu(lambda a, w: a @ w, a, w)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-3)
+
+
+def test_gradients_through_serial_products():
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((512, 512)).astype(np.float32) * 0.1
+    w = rng.standard_normal((512, 520)).astype(np.float32) * 0.1
+
+    def loss(w, x):
+        return jnp.mean(jax.nn.log_softmax(x @ w) ** 2)
+    grad = jax.grad(loss)
+    got, want = run_ipu(grad, w, x), run_cpu(grad, w, x)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-3, atol=1e-6)
+
+
+def test_an_lm_head_too_big_for_one_plan_fits_the_ipu():
+    """GPT-2's vocabulary: [512, 768] x [768, 50257] (154 MB of weights)."""
+    f32 = np.zeros((), np.float32)
+    x = jax.ShapeDtypeStruct((512, 768), f32.dtype)
+    w = jax.ShapeDtypeStruct((768, 50257), f32.dtype)
+    program = compile_fn(lambda x, w: x @ w, x, w, target=IPU2)
+    products = [s for s in leaves(program.body) if isinstance(s, Execute)
+                and isinstance(s.compute_set.kernel, codelets.MatMulPartials)]
+    assert len(products) >= 2
