@@ -22,6 +22,16 @@ def copy_to_new(b: Builder, op: ir.Op, src: View | Concat) -> View:
     return View(t)
 
 
+def copy_padded(b: Builder, op: ir.Op, x: View, axis: int, pad: int, fill) -> View:
+    """x copied with `pad` elements of `fill` (a numpy scalar, or a view of
+    one element) after its elements along `axis`."""
+    if not isinstance(fill, View):
+        fill = b.constant(f"{name_of(op)}/fill", np.asarray(fill, x.dtype))
+    shape = list(x.shape)
+    shape[axis] = pad
+    return copy_to_new(b, op, Concat((x, fill.then("reshape", ()).then("broadcast", tuple(shape), ())), axis))
+
+
 def _reshaped(lowered, shape):
     """A Splat or ScalarBroadcast at another shape."""
     if isinstance(lowered, Splat):

@@ -10,8 +10,8 @@ import numpy as np
 from jax_ipu import ir
 from jax_ipu.compiler import cost
 from jax_ipu.compiler.builder import Builder, Splat
-from jax_ipu.compiler.layout import copy_to_new, name_of
-from jax_ipu.compiler.plan_matmul import plan_matmul
+from jax_ipu.compiler.layout import copy_padded, copy_to_new, name_of
+from jax_ipu.compiler.plan_matmul import fits, plan_matmul
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
 from jax_ipu.graph.compute import Region, Vertex
@@ -58,12 +58,13 @@ def dot_general(b: Builder, op: ir.Op) -> None:
     proportion = b.options.available_memory_proportion
     plan = plan_matmul(b.target, batch, m, n, k, lhs_t.dtype, acc, proportion)
     steps = [(0, m, 0, n, plan)]
-    if plan.temporary_bytes > proportion * b.target.bytes_per_tile:
+    if not fits(plan, b.target, proportion):
         steps = _serial_steps(b.target, batch, m, n, k, lhs_t.dtype, acc, proportion) or steps
     b.flops += 2.0 * batch * m * n * k
     padded = max(p.blocks[3] * p.splits[3] for *_, p in steps)
     if padded != k:         # K padded with zeros to whole chunks (see plan_matmul)
-        lhs, rhs = _zero_padded(b, op, lhs, 2, padded - k), _zero_padded(b, op, rhs, 1, padded - k)
+        zero = np.zeros((), lhs.dtype)
+        lhs, rhs = copy_padded(b, op, lhs, 2, padded - k, zero), copy_padded(b, op, rhs, 1, padded - k, zero)
     results = [_product(b, op, lhs, rhs, window, acc, out_dtype) for window in steps]
     if len(results) == 1:
         b.values[op.results[0]] = results[0].then("reshape", out_t.shape)
@@ -82,21 +83,20 @@ def _serial_steps(target, batch: int, m: int, n: int, k: int, in_dtype, acc, pro
     each planned on all tiles, as PopLibs splits a product serially: the
     fewest blocks (a power of two) whose plan fits. [(r0, r1, c0, c1,
     plan)], or None if even MAX_SERIAL_STEPS blocks do not fit."""
-    budget = proportion * target.bytes_per_tile
     by_columns = n >= m
     extent = n if by_columns else m
     count = 2
     while count <= min(extent, MAX_SERIAL_STEPS):
         size = -(-extent // count)
+        windows = [(lo, min(lo + size, extent)) for lo in range(0, extent, size)]
         plans = {}
-        for lo in range(0, extent, size):
-            width = min(size, extent - lo)
-            if width not in plans:
-                plans[width] = plan_matmul(target, batch, m if by_columns else width, width if by_columns else n, k,
-                                           in_dtype, acc, proportion)
-        if all(p.temporary_bytes <= budget for p in plans.values()):
-            return [(0, m, lo, min(lo + size, n), plans[min(size, n - lo)]) if by_columns else
-                    (lo, min(lo + size, m), 0, n, plans[min(size, m - lo)]) for lo in range(0, extent, size)]
+        for lo, hi in windows:
+            if hi - lo not in plans:
+                plans[hi - lo] = plan_matmul(target, batch, m if by_columns else hi - lo, hi - lo if by_columns else n,
+                                             k, in_dtype, acc, proportion)
+        if all(fits(p, target, proportion) for p in plans.values()):
+            return [(0, m, lo, hi, plans[hi - lo]) if by_columns else (lo, hi, 0, n, plans[hi - lo])
+                    for lo, hi in windows]
         count *= 2
     return None
 
@@ -151,14 +151,6 @@ def _product(b: Builder, op: ir.Op, lhs: View, rhs: View, window: tuple, acc, ou
     out = b.tensor(name_of(op), (batch * rows * cols,), out_dtype)
     _reduce_partials(b, op, View(partials).then("reshape", (pk, batch * rows * cols)), out)
     return View(out).then("reshape", (batch, rows, cols))
-
-
-def _zero_padded(b: Builder, op: ir.Op, x: View, axis: int, pad: int) -> View:
-    """x with `pad` zeros after its elements along `axis` (a Copy)."""
-    shape = list(x.shape)
-    shape[axis] = pad
-    zeros = b.constant(f"{name_of(op)}/zero", np.zeros((), x.dtype)).then("broadcast", tuple(shape), ())
-    return copy_to_new(b, op, Concat((x, zeros), axis))
 
 
 def _reduce_partials(b: Builder, op: ir.Op, partials: View, out: Tensor) -> None:

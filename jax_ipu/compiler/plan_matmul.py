@@ -45,6 +45,12 @@ def _divisors(extent: int, limit: int) -> np.ndarray:
     return np.array([d for d in every if d <= limit])
 
 
+def fits(plan: MatMulPlan, target: Target, proportion: float) -> bool:
+    """Whether a plan's operands and partials fit the share of a tile's
+    memory that available_memory_proportion gives them."""
+    return plan.temporary_bytes <= proportion * target.bytes_per_tile
+
+
 def plan_matmul(target: Target, batch: int, m: int, n: int, k: int, in_dtype: np.dtype,
                 acc_dtype: np.dtype, proportion: float) -> MatMulPlan:
     """K is split in chunks of equal length that divide it; when no such
@@ -52,7 +58,7 @@ def plan_matmul(target: Target, batch: int, m: int, n: int, k: int, in_dtype: np
     prime), in chunks of ceil(K / chunks) over K padded with zeros (the
     lowering's Copy; zeros add nothing to a product)."""
     plan = _best(target, batch, m, n, k, in_dtype, acc_dtype, proportion, pad_k=False)
-    if plan.temporary_bytes > proportion * target.bytes_per_tile:
+    if not fits(plan, target, proportion):
         padded = _best(target, batch, m, n, k, in_dtype, acc_dtype, proportion, pad_k=True)
         if padded.temporary_bytes < plan.temporary_bytes:
             return padded
@@ -81,9 +87,8 @@ def _best(target: Target, batch: int, m: int, n: int, k: int, in_dtype: np.dtype
                          + per_tile_out * pk / target.workers_per_tile, 0.0)
     total = compute + exchange + reduction
     temporary = operand_bytes + bb * mb * nb * acc
-    budget = proportion * target.bytes_per_tile
-    fits = temporary <= budget
-    best = int(np.argmin(np.where(fits, total, np.inf))) if fits.any() else int(np.argmin(temporary))
+    in_budget = temporary <= proportion * target.bytes_per_tile
+    best = int(np.argmin(np.where(in_budget, total, np.inf))) if in_budget.any() else int(np.argmin(temporary))
     splits = (int(pb[best]), int(pm[best]), int(pn[best]), int(pk[best]))
     blocks = (int(bb[best]), int(mb[best]), int(nb[best]), int(kc[best]))
     return MatMulPlan(splits, blocks, float(total[best]), int(temporary[best]))

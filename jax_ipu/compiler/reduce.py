@@ -16,12 +16,12 @@ from jax_ipu import ir
 from jax_ipu.compiler import cost
 from jax_ipu.compiler.builder import Builder, ScalarBroadcast, Splat
 from jax_ipu.compiler.elementwise import SEMANTIC_ATTRS
-from jax_ipu.compiler.layout import copy_to_new, name_of
+from jax_ipu.compiler.layout import copy_padded, copy_to_new, name_of
 from jax_ipu.compiler.mapping import MIN_BYTES_PER_TILE, spread
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
 from jax_ipu.graph.compute import Region, Vertex
-from jax_ipu.graph.views import Concat, View
+from jax_ipu.graph.views import View
 from jax_ipu.model.elementwise import ELEMENTWISE_OPS
 
 # A reduction with one partial per output (and no wider accumulator) is
@@ -78,15 +78,6 @@ def _body_program(op: ir.Op, body: ir.Block, outer: dict | None = None) -> tuple
     return tuple(program), tuple(registers[v] for v in body.results)
 
 
-def _chunks(reduced: int, kept: int, tiles: int, min_chunk: int) -> int:
-    """How many partials per output: spread the work over idle tiles, in
-    equal chunks of at least min_chunk elements."""
-    if kept >= tiles or reduced <= min_chunk:
-        return 1
-    limit = max(1, min(tiles // max(kept, 1), reduced // min_chunk))
-    return max(d for d in range(1, limit + 1) if reduced % d == 0)
-
-
 # When the equal chunks of a reduced length (a prime, say) would use fewer
 # than 1/UNEVEN of the tiles the work deserves, the operand is padded with
 # the init value up to a length that splits well (StableHLO lets the init
@@ -96,27 +87,18 @@ UNEVEN = 4
 
 
 def _chunking(reduced: int, kept: int, tiles: int, min_chunk: int) -> tuple[int, int, int]:
-    """(chunks, elements per chunk, init-valued elements padded after the
-    reduced ones)."""
-    chunks = _chunks(reduced, kept, tiles, min_chunk)
-    limit = max(1, min(tiles // max(kept, 1), reduced // min_chunk)) if kept < tiles else 1
+    """(partials per output, elements per chunk, init-valued elements padded
+    after the reduced ones): spread the work over idle tiles in equal chunks
+    of at least min_chunk elements, padded when no divisor spreads it."""
+    if kept >= tiles or reduced <= min_chunk:
+        return 1, reduced, 0
+    limit = max(1, min(tiles // max(kept, 1), reduced // min_chunk))
+    chunks = max(d for d in range(1, limit + 1) if reduced % d == 0)
     if chunks * UNEVEN >= limit:
         return chunks, reduced // chunks, 0
     size = -(-reduced // limit)
     chunks = -(-reduced // size)
     return chunks, size, chunks * size - reduced
-
-
-def _padded(b: Builder, op: ir.Op, x: View, init, axis: int, pad: int) -> View:
-    """x, [kept, reduced] (axis 1) or [reduced, kept] (axis 0), copied with
-    `pad` elements of the init value after each run of reduced elements."""
-    src = _init_source(init)
-    if not isinstance(src, View):
-        src = b.constant(f"{name_of(op)}/init", np.asarray(src, x.dtype))
-    shape = list(x.shape)
-    shape[axis] = pad
-    fill = src.then("reshape", ()).then("broadcast", tuple(shape), ())
-    return copy_to_new(b, op, Concat((x, fill), axis))
 
 
 # Outputs a row must hold for a reduction over leading dims to combine
@@ -193,7 +175,7 @@ def reduce(b: Builder, op: ir.Op) -> None:
         x = b.view(value, name_of(op))
         if outer:
             if pad:
-                x = _padded(b, op, x.then("reshape", (reduced, kept)), init, 0, pad)
+                x = copy_padded(b, op, x.then("reshape", (reduced, kept)), 0, pad, _init_source(init))
             xs.append(x.then("reshape", (chunks, size, kept)))
             continue
         if kept_dims + dims != sorted(kept_dims + dims):
@@ -201,7 +183,7 @@ def reduce(b: Builder, op: ir.Op) -> None:
             if not pad:
                 x = copy_to_new(b, op, x)
         if pad:
-            x = _padded(b, op, x.then("reshape", (kept, reduced)), init, 1, pad)
+            x = copy_padded(b, op, x.then("reshape", (kept, reduced)), 1, pad, _init_source(init))
         xs.append(x.then("reshape", (kept, chunks, size)))
     accs = [np.dtype(np.float32) if d == np.float16 and single in ("add", "multiply") else d for d in dtypes]
     what = single or "+".join(dict.fromkeys(i.op for i in program if i.op != "constant"))
