@@ -72,6 +72,8 @@ def compile_module(module: ir.Module, target: Target, options: CompileOptions = 
     aliases = _aliases(main, flat.results)
     memory = plan_memory(target, b.tensors, b.steps, inputs, outputs, received, first, last,
                          sum(inputs[i].nbytes for i in aliases.values()))
+    for t in b.tensors:
+        t.mapping.forget()     # compile-time caches, as large as the tensors
     program = Program(
         name=module.name, target_name=target.name, num_tiles=target.num_tiles, tensors=b.tensors, body=body, inputs=inputs,
         outputs=outputs, input_types=input_types, output_types=output_types,

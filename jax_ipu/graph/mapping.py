@@ -5,6 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 
+def _compact(tiles: np.ndarray) -> type:
+    """The smallest integer type of a per-element tile array."""
+    return np.uint16 if tiles.size == 0 or int(tiles.max()) <= np.iinfo(np.uint16).max else np.int64
+
+
 class TileMapping:
     """Intervals [starts[i], stops[i]) of a tensor's flattened elements held
     by tiles[i]; sorted, touching, covering every element exactly once for a
@@ -37,7 +42,7 @@ class TileMapping:
     @classmethod
     def from_element_tiles(cls, element_tiles: np.ndarray) -> "TileMapping":
         """Run-length encodes a tile number per element."""
-        element_tiles = np.asarray(element_tiles, dtype=np.int64).ravel()
+        element_tiles = np.asarray(element_tiles).ravel()
         size = len(element_tiles)
         if size == 0:
             return cls(0, [], [], [])
@@ -45,14 +50,22 @@ class TileMapping:
         starts = np.concatenate(([0], breaks))
         stops = np.concatenate((breaks, [size]))
         mapping = cls(size, element_tiles[starts], starts, stops)
-        mapping._element_tiles = element_tiles
+        mapping._element_tiles = element_tiles.astype(_compact(mapping.tiles), copy=False)
         return mapping
 
     def element_tiles(self) -> np.ndarray:
-        """The tile of every element (cached: mappings never change)."""
+        """The tile of every element, in the smallest integer type that holds
+        the tile numbers (cached while compiling: mappings never change; a
+        ResNet-18 step's caches took 5.7 GB as int64)."""
         if self._element_tiles is None:
-            self._element_tiles = np.repeat(self.tiles, self.stops - self.starts)
+            self._element_tiles = np.repeat(self.tiles.astype(_compact(self.tiles)), self.stops - self.starts)
         return self._element_tiles
+
+    def forget(self) -> None:
+        """Drops what element_tiles() and intervals_on() cached: the compiler
+        calls this when the program is built (they are rebuilt on demand)."""
+        self._element_tiles = None
+        self._by_tile = None
 
     def elements_per_tile(self, num_tiles: int) -> np.ndarray:
         return np.bincount(self.tiles, weights=self.stops - self.starts, minlength=num_tiles).astype(np.int64)

@@ -1,0 +1,91 @@
+"""What a compiled program keeps in host memory: the compiler's per-element
+caches are dropped once the program is built, and a gather view (im2col
+patches, windows, pads) keeps one index array, padding included, instead
+of an array, a padding-free copy and a mask (a ResNet-18 CIFAR step at
+batch 32 held 8.7 GB after compiling; benchmarks/compile_footprint.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from jax import lax
+
+from jax_ipu.graph.mapping import TileMapping
+from jax_ipu.graph.programs import Copy
+from jax_ipu.graph.tensors import Tensor
+from jax_ipu.graph.views import View, source_elements
+
+from test_compiler import SMALL, assert_matches_cpu, compile_fn
+
+RNG = np.random.default_rng(7)
+
+
+def conv(x, w):
+    return lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def _gather_ops(program):
+    for step in program.body.steps:
+        if isinstance(step, Copy) and isinstance(step.src, View):
+            for op in step.src.ops:
+                if op[0] == "gather":
+                    yield step.src, op
+
+
+def test_compiled_program_keeps_no_per_element_tile_caches():
+    x = RNG.standard_normal((2, 9, 9, 3)).astype(np.float32)
+    w = RNG.standard_normal((3, 3, 3, 4)).astype(np.float32)
+    program = compile_fn(conv, x, w)
+    assert all(t.mapping._element_tiles is None and t.mapping._by_tile is None for t in program.tensors)
+    # Rebuilt on demand, in the smallest type that holds the tile numbers.
+    tiles = program.tensors[0].mapping.element_tiles()
+    assert tiles.dtype == np.uint16 and len(tiles) == program.tensors[0].size
+
+
+def test_element_tiles_take_a_wider_type_past_65535_tiles():
+    mapping = TileMapping(4, [3, 70000], [0, 2], [2, 4])
+    assert mapping.element_tiles().tolist() == [3, 3, 70000, 70000]
+    assert TileMapping.from_element_tiles(np.array([1, 1, 2])).element_tiles().dtype == np.uint16
+
+
+def test_padded_patches_keep_one_index_array_with_padding_past_the_end():
+    x = RNG.standard_normal((2, 9, 9, 3)).astype(np.float32)
+    w = RNG.standard_normal((3, 3, 3, 4)).astype(np.float32)
+    program = compile_fn(conv, x, w)
+    padded = [(view, op) for view, op in _gather_ops(program) if op[2] is not None]
+    assert padded, "SAME padding makes a gather with a fill"
+    for view, (_, indices, fill) in padded:
+        source_size = int(np.prod(view.tensor.shape))
+        assert indices.dtype == np.intp and indices.flags.c_contiguous
+        assert indices.min() >= 0 and indices.max() == source_size     # padding reads the appended fill
+    assert_matches_cpu(conv, x, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fill", [np.float32(-2.5), None])
+def test_gather_view_values_and_costed_sources(fill):
+    t = Tensor(0, "t", (2, 3), np.dtype(np.float32), TileMapping.linear(6, 2))
+    indices = np.array([[5, -1, 0], [2, 2, -1]]) if fill is not None else np.array([[5, 1, 0], [2, 2, 4]])
+    view = View(t).then("gather", indices, fill)
+    _, stored, kept_fill = view.ops[0]
+    assert stored.dtype == np.intp and (kept_fill is None) == (fill is None)
+    data = np.arange(6, dtype=np.float32).reshape(2, 3) * 10
+    want = np.where(indices < 0, fill if fill is not None else 0, data.reshape(-1)[np.maximum(indices, 0)])
+    np.testing.assert_array_equal(view.apply(lambda _: data), want)
+    # The exchange cost reads padding as the tensor's last element.
+    _, flat = source_elements(view)
+    np.testing.assert_array_equal(flat, np.where(indices < 0, -1, indices).ravel())
+
+
+def test_gather_with_padding_and_no_fill_is_refused():
+    t = Tensor(0, "t", (4,), np.dtype(np.float32), TileMapping.linear(4, 1))
+    with pytest.raises(ValueError, match="fill"):
+        View(t).then("gather", np.array([0, -1]), None)
+
+
+def test_strided_dilated_padded_conv_matches_cpu_after_the_change():
+    x = RNG.standard_normal((3, 11, 10, 5)).astype(np.float32)
+    w = RNG.standard_normal((3, 2, 5, 6)).astype(np.float32)
+
+    def f(x, w):
+        return lax.conv_general_dilated(x, w, (2, 1), ((2, 1), (0, 3)), lhs_dilation=(1, 2), rhs_dilation=(2, 1),
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    assert_matches_cpu(f, x, w, target=SMALL, rtol=1e-5, atol=1e-5)
