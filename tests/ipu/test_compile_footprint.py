@@ -89,3 +89,17 @@ def test_strided_dilated_padded_conv_matches_cpu_after_the_change():
         return lax.conv_general_dilated(x, w, (2, 1), ((2, 1), (0, 3)), lhs_dilation=(1, 2), rhs_dilation=(2, 1),
                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
     assert_matches_cpu(f, x, w, target=SMALL, rtol=1e-5, atol=1e-5)
+
+
+def test_outer_reduction_reads_are_int32_and_values_match():
+    # Batch norm's statistics: a sum over all but the channels.
+    x = RNG.standard_normal((4, 9, 9, 32)).astype(np.float32)
+
+    def stats(x):
+        return x.sum((0, 1, 2)), (x * x).mean((0, 1, 2))
+    program = compile_fn(stats, x)
+    from jax_ipu.graph.programs import Execute
+    reads = [r.intervals for s in program.body.steps if isinstance(s, Execute)
+             for v in s.compute_set.vertices if v.codelet.startswith("Reduce") for r in v.reads]
+    assert reads and all(r.dtype == np.int32 for r in reads)
+    assert_matches_cpu(stats, x, rtol=1e-5, atol=1e-4)
