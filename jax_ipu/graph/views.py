@@ -98,11 +98,11 @@ def _broadcast(array: np.ndarray, shape, dims) -> np.ndarray:
 
 def _gather_op(size: int, indices, fill) -> tuple:
     """A gather op as views keep it: flat indices into the `size` elements
-    read so far, as intp (what np.take takes without a converting copy),
-    padding (indices < 0) as `size`, the position of the `fill` element
-    _gather appends; fill is None when nothing is padding. One array per
-    view: a separate mask and padding-free copy doubled a ResNet-18 step's
-    im2col indices (2 GB more) and cost a masked pass per run."""
+    read so far, as int32 where they fit (intp otherwise), padding
+    (indices < 0) as `size`, the position of the `fill` element _gather
+    appends; fill is None when nothing is padding. One compact array per
+    view: an int64 array, a padding-free copy and a mask held a ResNet-18
+    step's im2col indices three times over (4 GB)."""
     indices = np.asarray(indices)
     padding = indices < 0
     if padding.any():
@@ -111,7 +111,15 @@ def _gather_op(size: int, indices, fill) -> tuple:
         indices = np.where(padding, size, indices)
     else:
         fill = None
-    return ("gather", np.asarray(indices, dtype=np.intp, order="C"), fill)
+    dtype = np.int32 if size < np.iinfo(np.int32).max else np.intp
+    return ("gather", np.asarray(indices, dtype=dtype, order="C"), fill)
+
+
+# Indices taken per np.take call: each chunk is widened to intp in a buffer
+# that stays in cache, and its values are written while the output chunk is
+# in cache too (9.2 ms for 9.4M im2col indices, 11.2 ms taking all at once
+# from an intp array).
+GATHER_CHUNK = 1 << 18
 
 
 def _gather(array: np.ndarray, indices: np.ndarray, fill) -> np.ndarray:
@@ -121,7 +129,17 @@ def _gather(array: np.ndarray, indices: np.ndarray, fill) -> np.ndarray:
         extended[:-1] = flat
         extended[-1] = fill
         flat = extended
-    return np.take(flat, indices)
+    out = np.empty(indices.shape, dtype=flat.dtype)
+    where, wanted = out.reshape(-1), indices.reshape(-1)
+    wide = None if wanted.dtype == np.intp else np.empty(min(GATHER_CHUNK, wanted.size), np.intp)
+    for start in range(0, wanted.size, GATHER_CHUNK):
+        stop = min(start + GATHER_CHUNK, wanted.size)
+        part = wanted[start:stop]
+        if wide is not None:
+            part = wide[:stop - start]
+            part[...] = wanted[start:stop]
+        np.take(flat, part, out=where[start:stop], mode="clip")    # every index is in range
+    return out
 
 
 _APPLY = {

@@ -1,6 +1,6 @@
 """What a compiled program keeps in host memory: the compiler's per-element
 caches are dropped once the program is built, and a gather view (im2col
-patches, windows, pads) keeps one index array, padding included, instead
+patches, windows, pads) keeps one int32 index array, padding included, instead
 of an array, a padding-free copy and a mask (a ResNet-18 CIFAR step at
 batch 32 held 8.7 GB after compiling; benchmarks/compile_footprint.py)."""
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_padded_patches_keep_one_index_array_with_padding_past_the_end():
     assert padded, "SAME padding makes a gather with a fill"
     for view, (_, indices, fill) in padded:
         source_size = int(np.prod(view.tensor.shape))
-        assert indices.dtype == np.intp and indices.flags.c_contiguous
+        assert indices.dtype == np.int32 and indices.flags.c_contiguous
         assert indices.min() >= 0 and indices.max() == source_size     # padding reads the appended fill
     assert_matches_cpu(conv, x, w, rtol=1e-5, atol=1e-5)
 
@@ -66,7 +66,7 @@ def test_gather_view_values_and_costed_sources(fill):
     indices = np.array([[5, -1, 0], [2, 2, -1]]) if fill is not None else np.array([[5, 1, 0], [2, 2, 4]])
     view = View(t).then("gather", indices, fill)
     _, stored, kept_fill = view.ops[0]
-    assert stored.dtype == np.intp and (kept_fill is None) == (fill is None)
+    assert stored.dtype == np.int32 and (kept_fill is None) == (fill is None)
     data = np.arange(6, dtype=np.float32).reshape(2, 3) * 10
     want = np.where(indices < 0, fill if fill is not None else 0, data.reshape(-1)[np.maximum(indices, 0)])
     np.testing.assert_array_equal(view.apply(lambda _: data), want)
@@ -103,3 +103,18 @@ def test_outer_reduction_reads_are_int32_and_values_match():
              for v in s.compute_set.vertices if v.codelet.startswith("Reduce") for r in v.reads]
     assert reads and all(r.dtype == np.int32 for r in reads)
     assert_matches_cpu(stats, x, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 5, 1 << 18])
+def test_gather_in_chunks_matches_numpy(monkeypatch, chunk):
+    from jax_ipu.graph import views
+    monkeypatch.setattr(views, "GATHER_CHUNK", chunk)
+    t = Tensor(0, "t", (3, 7), np.dtype(np.int16), TileMapping.linear(21, 3))
+    indices = RNG.integers(-1, 21, (4, 6))
+    view = View(t).then("transpose", (1, 0)).then("gather", indices, np.int16(-9))
+    data = RNG.integers(-1000, 1000, (3, 7)).astype(np.int16)
+    flat = data.T.reshape(-1)
+    want = np.where(indices < 0, -9, flat[np.maximum(indices, 0)]).astype(np.int16)
+    got = view.apply(lambda _: data)
+    assert got.dtype == np.int16
+    np.testing.assert_array_equal(got, want)
