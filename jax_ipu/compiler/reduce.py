@@ -107,6 +107,7 @@ def _chunking(reduced: int, kept: int, tiles: int, min_chunk: int) -> tuple[int,
 # gradient (sum of [32, 28, 28, 16] over all but the channels) took 0.56 ms
 # transposed, 0.1 ms by rows of 16.
 OUTER_MIN_KEPT = 16
+INT32_MAX = 2**31 - 1
 
 
 def _outer_reads(intervals: np.ndarray, chunks: int, size: int, kept: int) -> np.ndarray:
@@ -139,7 +140,7 @@ def _outer_reads(intervals: np.ndarray, chunks: int, size: int, kept: int) -> np
         lo, hi = lo[order], hi[order]
     # int32 where it holds them: a row per chunk and output run, so these
     # were most of a batch-normed ResNet's compiled regions (0.8 GB as int64).
-    out = np.empty((len(lo), 2), np.int32 if hi.max(initial=0) <= np.iinfo(np.int32).max else np.int64)
+    out = np.empty((len(lo), 2), np.int32 if hi.max(initial=0) <= INT32_MAX else np.int64)
     out[:, 0], out[:, 1] = lo, hi
     return out
 
@@ -200,11 +201,12 @@ def reduce(b: Builder, op: ir.Op) -> None:
     mapping = spread(b.target, kept * chunks) if chunks > 1 else b.linear_mapping(kept * chunks, accs[0])
     partials = [b.tensor(f"{name_of(op)}/partials", (kept, chunks), acc, mapping) for acc in accs]
     vertices = []
+    codelet = f"ReducePartial<{what},{dtypes[0].name}>"    # (dtype.name costs 16 us)
     for tile in mapping.tiles_used():
         intervals = mapping.intervals_on(tile)
         count = int((intervals[:, 1] - intervals[:, 0]).sum())
         reads = _outer_reads(intervals, chunks, size, kept) if outer else intervals * size
-        vertices.append(Vertex(f"ReducePartial<{what},{dtypes[0].name}>", int(tile),
+        vertices.append(Vertex(codelet, int(tile),
                                tuple(Region(x.tensor, reads) for x in xs),
                                tuple(Region(p, intervals) for p in partials),
                                cost.reduce_cycles(b.target, count * size * per_element, dtypes[0])))
@@ -215,12 +217,13 @@ def reduce(b: Builder, op: ir.Op) -> None:
     outs = [b.tensor(name_of(op), (kept,), d) for d in dtypes]
     init_sources = [_init_source(i) for i in inits]
     vertices = []
+    codelet = f"ReduceCombine<{what},{accs[0].name},{dtypes[0].name}>"
     for tile in outs[0].mapping.tiles_used():
         intervals = outs[0].mapping.intervals_on(tile)
         count = int((intervals[:, 1] - intervals[:, 0]).sum())
         reads = [Region(p, intervals * chunks) for p in partials]
         reads += [Region(i.tensor, np.array([[0, 1]])) for i in init_sources if isinstance(i, View)]
-        vertices.append(Vertex(f"ReduceCombine<{what},{accs[0].name},{dtypes[0].name}>", int(tile),
+        vertices.append(Vertex(codelet, int(tile),
                                tuple(reads), tuple(Region(o, intervals) for o in outs),
                                cost.reduce_cycles(b.target, count * chunks * per_element, accs[0])))
     kernel = (codelets.ReduceCombine(View(partials[0]), 1, single, init_sources[0], outs[0]) if single else
@@ -242,13 +245,14 @@ def _single_stage(b: Builder, op: ir.Op, x: View, single: str, init, dtype: np.d
     that partial). x: [kept, 1, size], or [1, size, kept] if outer."""
     out = b.tensor(name_of(op), (kept,), dtype)
     vertices = []
+    codelet = f"Reduce<{single},{dtype.name}>"
     for tile in out.mapping.tiles_used():
         intervals = out.mapping.intervals_on(tile)
         count = int((intervals[:, 1] - intervals[:, 0]).sum())
         reads = [Region(x.tensor, _outer_reads(intervals, 1, size, kept) if outer else intervals * size)]
         if isinstance(init, View):
             reads.append(Region(init.tensor, np.array([[0, 1]])))
-        vertices.append(Vertex(f"Reduce<{single},{dtype.name}>", int(tile), tuple(reads),
+        vertices.append(Vertex(codelet, int(tile), tuple(reads),
                                (Region(out, intervals),), cost.reduce_cycles(b.target, count * size, dtype)))
     b.execute(f"reduce {single} {name_of(op)}", codelets.ReducePartials(x, single, out, outer, init), vertices)
     b.flops += kept * size
