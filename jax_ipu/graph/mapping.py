@@ -53,6 +53,18 @@ class TileMapping:
         mapping._element_tiles = element_tiles.astype(_compact(mapping.tiles), copy=False)
         return mapping
 
+    @classmethod
+    def from_runs(cls, size: int, tiles: np.ndarray, starts: np.ndarray) -> "TileMapping":
+        """Runs beginning at ascending `starts` (the first at 0), each up to
+        the next, on `tiles`; touching runs on the same tile joined."""
+        tiles, starts = np.asarray(tiles).ravel(), np.asarray(starts).ravel()
+        if size == 0:
+            return cls(0, [], [], [])
+        keep = np.ones(len(tiles), bool)
+        keep[1:] = tiles[1:] != tiles[:-1]
+        starts = starts[keep]
+        return cls(size, tiles[keep], starts, np.append(starts[1:], size))
+
     def element_tiles(self) -> np.ndarray:
         """The tile of every element, in the smallest integer type that holds
         the tile numbers (cached while compiling: mappings never change; a

@@ -32,6 +32,18 @@ def test_mapping_from_element_tiles_round_trips():
     np.testing.assert_array_equal(m.intervals_on(0), [[0, 2], [6, 8]])
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_mapping_from_runs_equals_the_per_element_mapping(seed):
+    rng = np.random.default_rng(seed)
+    starts = np.concatenate(([0], np.sort(rng.choice(np.arange(1, 60), rng.integers(0, 20), replace=False))))
+    tiles = rng.integers(0, 3, len(starts))
+    element_tiles = np.repeat(tiles, np.diff(np.append(starts, 60)))
+    want, got = TileMapping.from_element_tiles(element_tiles), TileMapping.from_runs(60, tiles, starts)
+    for field in ("tiles", "starts", "stops"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(want, field))
+    assert TileMapping.from_runs(0, [], []).size == 0
+
+
 def _tensor(size=10, tiles=(0, 1), starts=(0, 5), stops=(5, 10)):
     return Tensor(0, "t", (size,), np.dtype(np.float32), TileMapping(size, tiles, starts, stops))
 
