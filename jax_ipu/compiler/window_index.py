@@ -48,17 +48,36 @@ def axis_windows(size: int, window: int, stride: int, pad: tuple[int, int], base
 
 def combine(per_axis: list[np.ndarray], strides: list[int]) -> np.ndarray:
     """Flat indices from broadcastable per-axis indices (-1 anywhere makes
-    the element padding)."""
-    flat = np.zeros(np.broadcast_shapes(*(np.shape(i) for i in per_axis)), dtype=np.int64)
+    the element padding). The scaled parts are summed smallest broadcast
+    first, so that the full-size array is written once or twice (an im2col
+    of [32, 32, 32, 32, 3, 3] indices: batch with features, rows with
+    columns, then the two). Padding adds -PADDED, which no sum of in-range
+    parts outweighs, and one clip makes it -1. (A pass per axis and a mask
+    per padded axis took 3.7 s of a ResNet-18 step's compile.)"""
+    parts, padded = [], False
     for index, stride in zip(per_axis, strides):
-        flat += np.maximum(index, 0).astype(np.int64) * stride      # the small operand scaled, added in place
-    padded = [index for index in per_axis if (np.asarray(index) < 0).any()]
+        index = np.asarray(index)
+        part = index.astype(np.int64) * stride
+        if (index < 0).any():
+            part[index < 0] = -PADDED
+            padded = True
+        parts.append(part)
+    if not parts:
+        return np.zeros((), np.int64)
+    while len(parts) > 1:
+        sizes = {(i, j): int(np.prod(np.broadcast_shapes(parts[i].shape, parts[j].shape), dtype=np.int64))
+                 for i in range(len(parts)) for j in range(i + 1, len(parts))}
+        i, j = min(sizes, key=sizes.get)
+        total = parts[i] + parts[j]
+        parts = [p for n, p in enumerate(parts) if n not in (i, j)] + [total]
+    flat = parts[0]                  # a new array: clipped in place
     if padded:
-        bad = np.zeros(flat.shape, dtype=bool)
-        for index in padded:
-            bad |= np.asarray(index) < 0
-        flat[bad] = -1
+        np.maximum(flat, -1, out=flat)
     return flat
+
+
+# Beyond any flat index (2**62 / 2**40 axes before int64 overflows).
+PADDED = 1 << 40
 
 
 def row_major_strides(shape) -> list[int]:

@@ -103,16 +103,16 @@ def _gather_op(size: int, indices, fill) -> tuple:
     appends; fill is None when nothing is padding. One compact array per
     view: an int64 array, a padding-free copy and a mask held a ResNet-18
     step's im2col indices three times over (4 GB)."""
-    indices = np.asarray(indices)
+    dtype = np.int32 if size < np.iinfo(np.int32).max else np.intp
+    indices = np.array(indices, dtype=dtype, order="C")      # a copy: written below
     padding = indices < 0
     if padding.any():
         if fill is None:
             raise ValueError("a gather with padding (indices < 0) needs a fill value")
-        indices = np.where(padding, size, indices)
+        np.copyto(indices, size, where=padding)
     else:
         fill = None
-    dtype = np.int32 if size < np.iinfo(np.int32).max else np.intp
-    return ("gather", np.asarray(indices, dtype=dtype, order="C"), fill)
+    return ("gather", indices, fill)
 
 
 # Indices taken per np.take call: each chunk is widened to intp in a buffer
