@@ -180,6 +180,12 @@ def test_ctrl_c_during_a_quick_run_on_the_users_thread_interrupts_the_user(ipu, 
     # it could otherwise take the run first, and the interrupt be its own.
     from jax_ipu.pjrt import device
     monkeypatch.setattr(device.DeviceWorker, "GRACE_SECONDS", 60.0)
+    # Nor may the worker be busy with another job (one left by an earlier
+    # test) when the copy wants the run: the worker would then take it too.
+    worker, deadline = device_object(ipu).worker, time.monotonic() + 60
+    while worker._jobs or worker._run_lock.locked():
+        assert time.monotonic() < deadline, "the device's worker stays busy"
+        time.sleep(0.001)
     y = f(x)
     with pytest.raises(KeyboardInterrupt):
         try:
