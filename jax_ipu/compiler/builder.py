@@ -150,12 +150,16 @@ class Builder:
         vertices = []
         whole = [v.size == m.size for v in inputs]
         one = np.array([[0, 1]])
-        for tile in m.tiles_used():
-            intervals = m.intervals_on(tile)
-            n = int((intervals[:, 1] - intervals[:, 0]).sum())
+        counts = m.elements_per_tile(self.target.num_tiles)
+        cycles_of: dict[int, int] = {}      # most tiles hold the same count
+        for tile, intervals in m.intervals_by_tile().items():      # ascending tiles
+            n = int(counts[tile])
+            c = cycles_of.get(n)
+            if c is None:
+                c = cycles_of[n] = int(cycles(n))
             reads = tuple(Region(v.tensor, intervals if w else one) for v, w in zip(inputs, whole))
             writes = tuple(Region(out, intervals) for out in outs)
-            vertices.append(Vertex(codelet, int(tile), reads, writes, int(cycles(n))))
+            vertices.append(Vertex(codelet, tile, reads, writes, c))
         return vertices
 
 

@@ -83,14 +83,19 @@ class TileMapping:
         return np.bincount(self.tiles, weights=self.stops - self.starts, minlength=num_tiles).astype(np.int64)
 
     def tiles_used(self) -> np.ndarray:
-        return np.array(sorted(self._intervals_by_tile()), dtype=np.int64)
+        return np.array(list(self._intervals_by_tile()), dtype=np.int64)
+
+    def intervals_by_tile(self) -> dict[int, np.ndarray]:
+        """tile -> its [k, 2] intervals, in ascending tile order."""
+        return self._intervals_by_tile()
 
     def intervals_on(self, tile: int) -> np.ndarray:
         """[k, 2] array of this tile's intervals."""
         return self._intervals_by_tile().get(int(tile), np.zeros((0, 2), dtype=np.int64))
 
     def _intervals_by_tile(self) -> dict[int, np.ndarray]:
-        """tile -> its intervals, built once (mappings never change)."""
+        """tile -> its intervals, ascending tiles, built once (mappings
+        never change)."""
         if self._by_tile is None:
             order = np.argsort(self.tiles, kind="stable")
             tiles = self.tiles[order]
