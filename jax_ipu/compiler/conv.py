@@ -98,7 +98,7 @@ def convolution(b: Builder, op: ir.Op) -> None:
         per_axis.append(_expand(idx, [o_axes[d], w_axes[d]], rank))
         axis_strides.append(lhs_strides[dn.input_spatial_dimensions[d]])
     full = (groups, nb, *outs, cg, *window)
-    patches_index = np.broadcast_to(combine(per_axis, axis_strides), full).reshape(groups, m, k)
+    patches_index = np.broadcast_to(combine(per_axis, axis_strides, narrow=True), full).reshape(groups, m, k)
     patches = _gathered(b, op, lhs, patches_index, np.zeros((), lhs_t.dtype))
 
     # Kernel [groups, cg, *window, og] -> [groups, k, og].

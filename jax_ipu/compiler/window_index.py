@@ -46,38 +46,42 @@ def axis_windows(size: int, window: int, stride: int, pad: tuple[int, int], base
     return np.where(inside, q // base_dilation, -1)
 
 
-def combine(per_axis: list[np.ndarray], strides: list[int]) -> np.ndarray:
+def combine(per_axis: list[np.ndarray], strides: list[int], narrow: bool = False) -> np.ndarray:
     """Flat indices from broadcastable per-axis indices (-1 anywhere makes
-    the element padding). The scaled parts are summed smallest broadcast
-    first, so that the full-size array is written once or twice (an im2col
-    of [32, 32, 32, 32, 3, 3] indices: batch with features, rows with
-    columns, then the two). Padding adds -PADDED, which no sum of in-range
-    parts outweighs, and one clip makes it -1. (A pass per axis and a mask
-    per padded axis took 3.7 s of a ResNet-18 step's compile.)"""
+    the element padding); int64, or with `narrow` int32 where they fit.
+    The scaled parts are summed smallest broadcast first, so that the
+    full-size array is written once and clipped once (an im2col of
+    [32, 32, 32, 32, 3, 3] indices: batch with features, rows with columns,
+    then the two). Padding's part is -big, big beyond any in-range sum;
+    sums of parts are clipped to -big, and the result to -1. (A pass per
+    axis and a mask per padded axis took 3.7 s of a ResNet-18 step's
+    compile.)"""
+    per_axis = [np.asarray(index) for index in per_axis]
+    if not per_axis:
+        return np.zeros((), np.int32 if narrow else np.int64)
+    top = sum(max(int(index.max(initial=0)), 0) * int(stride) for index, stride in zip(per_axis, strides))
+    narrow = narrow and top < 1 << 30         # then -big (2**30) twice still fits an int32
+    if top >= 1 << 60:
+        raise ValueError(f"window indices up to {top} do not fit an int64")
+    big = 1 << 30 if narrow else 1 << 61
     parts, padded = [], False
     for index, stride in zip(per_axis, strides):
-        index = np.asarray(index)
-        part = index.astype(np.int64) * stride
+        part = index.astype(np.int64) * int(stride)
         if (index < 0).any():
-            part[index < 0] = -PADDED
+            part[index < 0] = -big
             padded = True
         parts.append(part)
-    if not parts:
-        return np.zeros((), np.int64)
-    while len(parts) > 1:
+    while len(parts) > 2:
         sizes = {(i, j): int(np.prod(np.broadcast_shapes(parts[i].shape, parts[j].shape), dtype=np.int64))
                  for i in range(len(parts)) for j in range(i + 1, len(parts))}
         i, j = min(sizes, key=sizes.get)
-        total = parts[i] + parts[j]
+        total = np.maximum(parts[i] + parts[j], -big)
         parts = [p for n, p in enumerate(parts) if n not in (i, j)] + [total]
-    flat = parts[0]                  # a new array: clipped in place
+    dtype = np.int32 if narrow else np.int64
+    flat = parts[0].astype(dtype) if len(parts) == 1 else np.add(parts[0].astype(dtype), parts[1].astype(dtype))
     if padded:
         np.maximum(flat, -1, out=flat)
     return flat
-
-
-# Beyond any flat index (2**62 / 2**40 axes before int64 overflows).
-PADDED = 1 << 40
 
 
 def row_major_strides(shape) -> list[int]:

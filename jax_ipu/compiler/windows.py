@@ -99,7 +99,7 @@ def _pad_indices(op: ir.Op) -> np.ndarray:
         shape = [1] * rank
         shape[d] = out_t.shape[d]
         per_axis.append(idx.reshape(shape))
-    return np.broadcast_to(combine(per_axis, row_major_strides(x_t.shape)), out_t.shape)
+    return np.broadcast_to(combine(per_axis, row_major_strides(x_t.shape), narrow=True), out_t.shape)
 
 
 def _pad_with_run_time_value(b: Builder, op: ir.Op) -> None:
@@ -128,7 +128,7 @@ def reverse(b: Builder, op: ir.Op) -> None:
         expand = [1] * len(shape)
         expand[d] = size
         per_axis.append(idx.reshape(expand))
-    indices = np.broadcast_to(combine(per_axis, row_major_strides(shape)), shape)
+    indices = np.broadcast_to(combine(per_axis, row_major_strides(shape), narrow=True), shape)
     b.values[op.results[0]] = b.values[_gathered(b, op, op.operands[0], indices, None)]
 
 

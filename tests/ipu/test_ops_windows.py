@@ -203,3 +203,24 @@ def test_pooling_many_windows_element_by_element(dtype, window):
     got = np.asarray(jax.jit(sums)(jax.device_put(x, jax.devices("ipu")[0]))).astype(np.float32)
     want = lax.reduce_window(x.astype(np.float32), np.float32(0), lax.add, dims, (1, 1, 1, 1), "VALID")
     np.testing.assert_allclose(got, np.asarray(want), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("narrow", [False, True])
+def test_window_index_combine_matches_per_axis_sums(narrow):
+    # Flat indices summed smallest broadcast first, padding (-1 on any
+    # axis) kept -1, int32 with `narrow` where they fit.
+    from jax_ipu.compiler.window_index import combine
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        full = rng.integers(1, 5, rng.integers(1, 5))
+        per_axis = [rng.integers(-1, 6, [n if rng.random() < 0.5 else 1 for n in full])
+                    for _ in range(rng.integers(1, 5))]
+        strides = list(rng.integers(1, 50, len(per_axis)))
+        want = sum(np.maximum(a, 0) * s for a, s in zip(per_axis, strides)) + np.zeros(full, np.int64)
+        want[np.logical_or.reduce([np.broadcast_to(a < 0, want.shape) for a in per_axis])] = -1
+        got = combine(per_axis, strides, narrow)
+        assert got.dtype == (np.int32 if narrow else np.int64)
+        np.testing.assert_array_equal(np.broadcast_to(got, want.shape), want)
+    wide = combine([np.array([-1, 3])[:, None], np.array([0, 1])], [1 << 29, 1 << 30], narrow=True)
+    assert wide.dtype == np.int64
+    np.testing.assert_array_equal(wide, [[-1, -1], [3 << 29, (3 << 29) + (1 << 30)]])
