@@ -7,7 +7,7 @@ import numpy as np
 
 from jax_ipu.graph import programs as p
 from jax_ipu.graph.programs import CONTROL, Copy, Execute, HostCall, leaves
-from jax_ipu.graph.views import source_elements
+from jax_ipu.graph.views import source_tiles
 from jax_ipu.model.targets import Target
 
 # Issue cycles per vector (per element for integers) of each element-wise
@@ -112,15 +112,7 @@ def cost_execute(target: Target, step: Execute) -> np.ndarray:
 
 
 def cost_copy(target: Target, step: Copy) -> np.ndarray:
-    which, flat = source_elements(step.src)
-    tensors = step.src.tensors
-    if len(tensors) == 1:
-        owners = tensors[0].mapping.element_tiles()[flat]
-    else:
-        owners = np.zeros(len(flat), dtype=np.int64)
-        for i, t in enumerate(tensors):
-            pick = which == i
-            owners[pick] = t.mapping.element_tiles()[flat[pick]]
+    owners = source_tiles(step.src)
     readers = step.dst.mapping.element_tiles()
     itemsize = step.dst.dtype.itemsize
     # What each tile holds less what stays on it is sent; what it reads
