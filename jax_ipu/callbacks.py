@@ -54,6 +54,25 @@ def call(callback_id: int, args: list[np.ndarray], result_specs) -> list[np.ndar
     return out
 
 
+def _once_on(axis_context, sharding) -> int | None:
+    """The partition that calls the host for all, in a program over several
+    partitions with bulk-array semantics (jit of sharded arrays): JAX gives
+    such a callback a maximal sharding on one device (the first, unless
+    pure_callback's `sharding` names another), so that it runs once on
+    the whole value. None: every IPU calls it (one device, pmap, or
+    shard_map's per-shard semantics)."""
+    from jax._src import sharding_impls
+
+    if not isinstance(axis_context, sharding_impls.ShardingContext) or axis_context.num_devices <= 1:
+        return None
+    for entry in getattr(sharding, "shardings", None) or ():       # Shardy: SdyArrayList
+        ids = getattr(entry, "logical_device_ids", None)
+        if ids:
+            return int(ids[0])
+    devices = getattr(sharding, "tile_assignment_devices", None)  # GSPMD: a maximal OpSharding
+    return int(devices[0]) if devices else 0
+
+
 def _emit(original):
     """Wraps jax's emit_python_callback: `ipu` gets the host-callback custom
     call; every other platform keeps JAX's own lowering."""
@@ -73,13 +92,17 @@ def _emit(original):
             def callback(token_value, *args):
                 return (token_value, *inner(*args))
         callback_id = register(callback)
+        config = str(callback_id)
+        once = _once_on(ctx.module_context.axis_context, sharding)
+        if once is not None:
+            config += f"@{once}"
         result_types = [mlir.aval_to_ir_type(ctx.module_context, a) for a in result_avals]
         all_operands = list(operands)
         if token is not None:
             all_operands = [token, *all_operands]
             result_types = [hlo.TokenType.get(), *result_types]
         op = mlir.custom_call(TARGET, result_types=result_types, operands=all_operands,
-                              backend_config=str(callback_id), has_side_effect=has_side_effect)
+                              backend_config=config, has_side_effect=has_side_effect)
         results = list(op.results)
         if token is not None:
             token, *results = results

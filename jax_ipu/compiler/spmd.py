@@ -205,6 +205,10 @@ class _Partitioner:
         for i, (value, text) in enumerate(zip(main.body.results, result_shardings)):
             local = self.env[value]
             have = self.sharding_of(local)
+            if not isinstance(value.type, ir.TensorType):   # a token (ordered effects): nothing to split
+                results.append(local)
+                wants.append(have)
+                continue
             want = self._annotation(text, value.type, f"result {i} of {where}") if text else have
             results.append(self.slice_to(local, have, want, value.type.shape, f"result {i} of {where}"))
             wants.append(want)
@@ -236,13 +240,29 @@ class _Partitioner:
             return self.manual(op)
         rule = GLOBAL_RULES.get(op.name)
         operands = [self.env[v] for v in op.operands]
-        if all(self.sharding_of(v).replicated for v in operands) and not _reads_outer(op):
-            # Every IPU computes the same: the op as it is.
+        if all(self.sharding_of(v).replicated for v in operands):
+            # Every IPU computes the same: the op as it is (its regions
+            # reading every IPU's whole copy of what they read outside).
             results = [ir.Value(r.type) for r in op.results]
-            self.ops.append(ir.Op(op.name, operands, results, op.attrs, op.regions, op.loc))
+            self.ops.append(ir.Op(op.name, operands, results, op.attrs, self.regions_of(op), op.loc))
             self.env.update(zip(op.results, results))
             return
         (rule or _gathered)(self, op, operands)
+
+    def regions_of(self, op: ir.Op) -> list[ir.Block]:
+        """op's regions, renamed to read this program's whole (replicated)
+        copy of each value they read from outside (a loop's bounds and
+        constants, which JAX hoists out of its body)."""
+        outer = _outer_reads(op)
+        if not outer:
+            return op.regions
+        renamed = {}
+        for v in outer:
+            local = self.env[v]
+            renamed[v] = self.slice_to(local, self.sharding_of(local),
+                                       _replicated(self.mesh, len(getattr(v.type, "shape", ()))), None,
+                                       f"a value {op.name} at {op.loc} reads inside")
+        return [_renamed(region, renamed) for region in op.regions]
 
     def manual(self, op: ir.Op) -> None:
         where = f"shard_map at {op.loc}"
@@ -257,6 +277,9 @@ class _Partitioner:
         operands = []
         for i, (value, arg) in enumerate(zip(op.operands, body.args)):
             local = self.env[value]
+            if not isinstance(value.type, ir.TensorType):    # a token: nothing to split
+                operands.append(local)
+                continue
             want = Sharding(self.mesh, ins[i].dims) if i < len(ins) else _replicated(self.mesh, len(arg.type.shape))
             local = self.slice_to(local, self.sharding_of(local), want, value.type.shape, f"operand {i} of {where}")
             if local.type != arg.type:
@@ -269,13 +292,12 @@ class _Partitioner:
         self.ops.append(ir.Op("call", operands, results, {"callee": name}, [], op.loc))
         for i, (old, new) in enumerate(zip(op.results, results)):
             self.env[old] = new
-            if i < len(outs):
+            if i < len(outs) and isinstance(new.type, ir.TensorType):
                 self.sharding[new] = Sharding(self.mesh, outs[i].dims)
 
 
-def _reads_outer(op: ir.Op) -> bool:
-    """Whether a region of the op reads values from outside it (which the
-    partitioner would have to rename)."""
+def _outer_reads(op: ir.Op) -> list[ir.Value]:
+    """The values the op's regions read from outside it, once each."""
     from jax_ipu.compiler.fuse import reads_of
 
     def defined(block: ir.Block):
@@ -285,7 +307,14 @@ def _reads_outer(op: ir.Op) -> bool:
             for region in inner.regions:
                 yield from defined(region)
     inside = {v for region in op.regions for v in defined(region)}
-    return any(v not in inside for v in reads_of(op, regions_only=True))
+    return list(dict.fromkeys(v for v in reads_of(op, regions_only=True) if v not in inside))
+
+
+def _renamed(block: ir.Block, renamed: dict) -> ir.Block:
+    """A copy of the block reading renamed[v] for each outer value v."""
+    ops = [dataclasses.replace(inner, operands=[renamed.get(v, v) for v in inner.operands],
+                               regions=[_renamed(r, renamed) for r in inner.regions]) for inner in block.ops]
+    return ir.Block(block.args, ops, [renamed.get(v, v) for v in block.results])
 
 
 # -- global ops over sharded operands: rule(partitioner, op, local operands) --
@@ -305,13 +334,11 @@ def _emit_like(p: _Partitioner, op: ir.Op, operands: list, shardings: list[Shard
 def _gathered(p: _Partitioner, op: ir.Op, operands: list) -> None:
     """Any other op: its operands gathered whole on every IPU, the op run
     replicated (correct for every op, at the price of the gathers)."""
-    if _reads_outer(op):
-        raise IpuUnimplementedError.for_op(op, f"partitioning this op over {p.module.num_partitions} IPUs is not "
-                                               "supported (its region reads values from outside)",
-                                           "Replicate its operands, or use jax.shard_map")
-    whole = [p.slice_to(v, p.sharding_of(v), _replicated(p.mesh, len(v.type.shape)), None,
+    whole = [p.slice_to(v, p.sharding_of(v), _replicated(p.mesh, len(getattr(v.type, "shape", ()))), None,
                         f"operand {i} of {op.name} at {op.loc}") for i, v in enumerate(operands)]
-    _emit_like(p, op, whole, [_replicated(p.mesh, len(r.type.shape)) for r in op.results])
+    results = [ir.Value(r.type) for r in op.results]
+    p.ops.append(ir.Op(op.name, whole, results, op.attrs, p.regions_of(op), op.loc))
+    p.env.update(zip(op.results, results))
 
 
 def _elementwise(p: _Partitioner, op: ir.Op, operands: list) -> None:

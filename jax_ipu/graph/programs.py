@@ -92,12 +92,16 @@ class DeviceToHost:
 class HostCall:
     """Streams `inputs` to the host, runs host function `callback_id` on
     them and streams its results into `outputs` (Poplar: a device-to-host
-    stream, a host callback, a host-to-device stream)."""
+    stream, a host callback, a host-to-device stream). `partition`: in a
+    program over several partitions (jit of sharded arrays), the one
+    whose IPU calls the host, once for all, its results sent to the others
+    (JAX's maximal sharding of a callback); None: every IPU calls it."""
     callback_id: int
     inputs: list[View]
     outputs: list[Tensor]
     cycles: int = 0
     host_bytes: int = 0
+    partition: int | None = None
 
 
 CONTROL = (Sequence, Repeat, RepeatWhileTrue, If, Switch, Call)

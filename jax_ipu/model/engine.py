@@ -21,7 +21,7 @@ from jax_ipu.graph import programs as p
 from jax_ipu.graph.program import Program
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import Concat, View
-from jax_ipu.model import helper, kernels, lanes
+from jax_ipu.model import helper, kernels, lanes, links
 from jax_ipu.model.targets import Target
 
 
@@ -510,10 +510,30 @@ def _host_call(step: p.HostCall):
     specs = [(t.shape, t.dtype) for t in step.outputs]
     ids = [t.id for t in step.outputs]
 
+    def call(state):
+        # The host gets copies: a callback may keep what it is given.
+        return callbacks.call(step.callback_id, [np.array(r(state)) for r in readers], specs)
+
     def host_call(state):
         helper.end_session()     # the host may keep us waiting: the helper stops spinning
-        # The host gets copies: a callback may keep what it is given.
-        results = callbacks.call(step.callback_id, [np.array(r(state)) for r in readers], specs)
+        replica = links.current()
+        if step.partition is None or replica.launch is None:
+            results = call(state)
+        else:                    # one partition calls the host; the others get its results
+            caller = replica.rank - replica.partition + step.partition
+            posted = None
+            if replica.rank == caller:
+                try:
+                    posted = (True, call(state))
+                except BaseException as exc:   # the other partitions fail with it
+                    posted = (False, exc)
+            ok, outcome = replica.launch.exchange(replica.rank, posted, lambda slots: slots[caller])
+            if not ok:
+                if replica.rank == caller:
+                    raise outcome
+                raise IpuRuntimeError(f"the host callback failed on partition {step.partition}: "
+                                      f"{type(outcome).__name__}: {outcome}")
+            results = outcome if replica.rank == caller else [np.array(v) for v in outcome]
         for tid, value in zip(ids, results):
             state[tid] = value
     return host_call

@@ -44,5 +44,7 @@ def executable_shardings(layout, num_params: int, num_outputs: int):
         return None, None
     mesh, args, results = layout
     params = [op_sharding(mesh, d) for d in args] if len(args) == num_params else None
-    outputs = [op_sharding(mesh, d) for d in results] if len(results) == num_outputs else None
+    # (None, not [], for a program with no outputs: JAX reads an empty list
+    # as shardings that do not match its empty result tuple.)
+    outputs = [op_sharding(mesh, d) for d in results] if len(results) == num_outputs and num_outputs else None
     return params, outputs

@@ -91,6 +91,75 @@ def cases():
     yield "jit_sharded_layouts", lambda: [str(o.sharding.spec) for o in jax.tree.leaves(
         jax.jit(lambda p, a, b: (jnp.tanh(a @ p["w1"]), mlp_loss(p, a, b)))(ps, xs, ys))]
 
+    # Control flow in jit of sharded arrays: the loops' bounds and constants
+    # (hoisted out of their bodies by JAX) read on every IPU.
+    yield "jit_sharded_fori_loop", lambda: jax.jit(
+        lambda a: jax.lax.fori_loop(0, 3, lambda i, c: c * 0.5 + i, a))(xs)
+    yield "jit_replicated_fori_loop", lambda: jax.jit(
+        lambda p: jax.lax.fori_loop(0, 3, lambda i, c: jax.tree.map(lambda w: w * 0.9 + 0.1, c), p))(ps)
+    yield "jit_sharded_scan", lambda: jax.jit(lambda p, a: jax.lax.scan(
+        lambda c, row: (c + jnp.tanh(row @ p["w1"]), c.sum()), jnp.zeros(16), a))(ps, xs)
+    yield "jit_sharded_while", lambda: jax.jit(lambda a: jax.lax.while_loop(
+        lambda c: c[1] < 4, lambda c: (c[0] * 1.5 + a.mean(), c[1] + 1), (a, 0)))(xs)
+    yield "jit_sharded_cond", lambda: jax.jit(lambda a: jax.lax.cond(
+        a.sum() > 0, lambda: a * 2.0, lambda: a - 3.0))(xs)
+    # Host callbacks in jit of sharded arrays run once, on the whole value.
+    calls = []
+
+    def count(v):
+        calls.append(float(v))
+        return np.float32(len(calls))
+    from jax.experimental import io_callback
+
+    def once():
+        out = jax.jit(lambda a: a * io_callback(count, jax.ShapeDtypeStruct((), np.float32), a.sum()))(xs)
+        return np.asarray(out), np.array(len(calls), np.int32)      # (the count once the run is done)
+    yield "jit_sharded_io_callback", once
+    ordered = []
+
+    def log(v):
+        ordered.append(float(v))
+        return np.float32(len(ordered))
+
+    def in_order():
+        out = jax.jit(lambda a: jax.lax.fori_loop(0, 3, lambda i, c: c + io_callback(
+            log, jax.ShapeDtypeStruct((), np.float32), c.sum(), ordered=True), a))(xs)
+        return np.asarray(out), np.array(ordered, np.float32)
+    yield "jit_sharded_ordered_io_callback", in_order
+    seen = []
+
+    def only_effect():
+        jax.jit(lambda a: jax.debug.callback(lambda v: seen.append(float(v)), a.sum()))(xs)
+        jax.effects_barrier()
+        return np.array(seen, np.float32)
+    yield "jit_sharded_debug_callback_only", only_effect
+    # jax_ipu's feeds (portable: io_callback on cpu) on every IPU or once.
+    import jax_ipu
+    import functools
+
+    def pmap_infeed():
+        q = jax_ipu.InfeedQueue(jax.ShapeDtypeStruct((), np.float32), timeout=30)
+        for k in range(N):
+            q.put(np.float32(k))
+        return np.sort(np.asarray(jax.pmap(lambda v: v + jax_ipu.infeed(q), devices=devices)(np.zeros(N, np.float32))))
+    yield "pmap_infeed", pmap_infeed
+
+    def shard_map_infeed():
+        q = jax_ipu.InfeedQueue(jax.ShapeDtypeStruct((1,), np.float32), timeout=30)
+        for k in range(N):
+            q.put(np.float32([k]))
+        g = jax.jit(functools.partial(jax.shard_map, mesh=mesh, in_specs=P("i"), out_specs=P("i"))(
+            lambda v: v + jax_ipu.infeed(q)))
+        return np.sort(np.asarray(g(jax.device_put(np.zeros(N, np.float32), BATCH))))
+    yield "shard_map_infeed", shard_map_infeed
+
+    def jit_sharded_infeed_loop():
+        q = jax_ipu.InfeedQueue(jax.ShapeDtypeStruct((6,), np.float32), timeout=30)
+        for k in range(3):
+            q.put(np.full(6, k + 1, np.float32))
+        return jax.jit(lambda a: jax.lax.fori_loop(0, 3, lambda i, c: c + jax_ipu.infeed(q), a))(xs)
+    yield "jit_sharded_infeed_loop", jit_sharded_infeed_loop
+
 
 results = {}
 for name, run in cases():

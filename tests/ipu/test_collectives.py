@@ -18,6 +18,9 @@ NAMES = [
     "jit_sharded_sort", "jit_sharded_cumsum", "jit_sharded_concatenate",
     "pmap_psum_int", "pmap_pmax_int",
     "full_batch_step", "jit_sharded_forward", "jit_sharded_loss", "jit_sharded_grad", "jit_sharded_train_step",
+    "jit_sharded_fori_loop", "jit_replicated_fori_loop", "jit_sharded_scan", "jit_sharded_while", "jit_sharded_cond",
+    "jit_sharded_io_callback", "jit_sharded_ordered_io_callback", "jit_sharded_debug_callback_only",
+    "pmap_infeed", "shard_map_infeed", "jit_sharded_infeed_loop",
 ]
 
 

@@ -114,3 +114,23 @@ for axis in ("a", "b"):
 print("OK")
 """, JAX_IPU_DEVICE_COUNT="4", JAX_PLATFORMS="ipu")
     assert "OK" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
+def test_a_failing_host_callback_in_a_sharded_jit_fails_every_ipu_clearly(ipus):
+    # The callback runs once (on the first IPU); its error reaches the
+    # caller, the other IPU does not wait for results that never come,
+    # and the devices run the next program.
+    from jax.experimental import io_callback
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    mesh = Mesh(np.array(ipus), ("i",))
+    x = jax.device_put(np.arange(8, dtype=np.float32), NamedSharding(mesh, P("i")))
+    calls = []
+
+    def fail(v):
+        calls.append(float(v))
+        raise ValueError("no such batch")
+    f = jax.jit(lambda a: a * io_callback(fail, jax.ShapeDtypeStruct((), np.float32), a.sum()))
+    with pytest.raises(jax.errors.JaxRuntimeError, match="no such batch"):
+        np.asarray(f(x))
+    assert calls == [28.0]
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda a: a + 1)(x)), np.arange(8) + 1)
