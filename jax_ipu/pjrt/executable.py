@@ -91,6 +91,12 @@ class Executable:
             program.shardings, self.num_params, len(self.output_specs))
         self.keepalive: list = []  # what the C structs point at
         self.quick = is_quick(program, len(self.device_ids))
+        # A run's completion event is its last output's, except for programs
+        # that call the host: JAX keeps their completion events as runtime
+        # tokens and waits on them at every effects_barrier (and at exit),
+        # so a failed run's error goes to its outputs only, as on XLA:CPU,
+        # not to an event that would re-raise it ever after.
+        self.own_completion = bool(self.output_specs) and _calls_host(program.body)
 
     # -- execution --
     def execute(self, args: list[list[DeviceBuffer]], device_id: int | None,
@@ -121,7 +127,7 @@ class Executable:
             self._check_arguments(row, device)
             outs = [DeviceBuffer(device, spec) for spec in self.output_specs]
             # Complete when the last output is: runs fulfil outputs in order.
-            done = outs[-1].ready if outs else Event()
+            done = outs[-1].ready if outs and not self.own_completion else Event()
             run = _Run(self, device, row, donated_set, outs, done)
             if self.quick and not run.waits_elsewhere:
                 # Deferred: nothing runs before the caller has wrapped the outputs.
@@ -134,7 +140,7 @@ class Executable:
             device = self.client.device(device_id)
             self._check_arguments(row, device)
             outs = [DeviceBuffer(device, spec) for spec in self.output_specs]
-            done = outs[-1].ready if outs else Event()
+            done = outs[-1].ready if outs and not self.own_completion else Event()
             replica = links.Replica(launch, rank, *divmod(rank, self.num_partitions)) if launch else None
             runs.append(_Run(self, device, row, donated_set, outs, done, replica))
             outputs.append(outs)
@@ -200,6 +206,10 @@ def _check_donations(row: list[DeviceBuffer], donated: frozenset) -> None:
 # Programs up to this many elements in all their tensors (and no loops) run
 # in microseconds on the Model (see is_quick).
 QUICK_ELEMENTS = 1 << 17
+
+
+def _calls_host(step) -> bool:
+    return isinstance(step, p.HostCall) or any(_calls_host(child) for child in p.children(step))
 
 
 def is_quick(program, num_devices: int) -> bool:
@@ -286,6 +296,8 @@ class _Run:
                     out.fail(exc)
             if not self.outputs:
                 self.done.set(exc)
+            elif self.executable.own_completion:   # the error is the outputs' (unless all are tokens)
+                self.done.set(None if keep_tokens else exc)
             if isinstance(exc, KeyboardInterrupt) and not self.device.worker.on_worker_thread():
                 raise    # Ctrl-C during a quick run on the user's thread interrupts the user
             return
@@ -296,6 +308,8 @@ class _Run:
         if outputs:         # the last output's event is the run's completion
             for out, result in zip(outputs, results):
                 out.fulfil(result)
+            if self.executable.own_completion:
+                self.done.set()
         else:
             self.done.set()
 

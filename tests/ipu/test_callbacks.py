@@ -119,3 +119,34 @@ def test_host_exchange_is_charged_at_the_host_link_rate(ipu):
     assert len(calls) == 1 and calls[0].host_bytes == 2 * 4 * (1 << 16)
     link_cycles = calls[0].host_bytes / target.host_link_bytes_per_second * target.clock_hz
     assert calls[0].cycles >= link_cycles
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_a_failed_callback_is_reported_once_not_at_every_barrier(ordered):
+    # The failing run's error reaches its outputs; JAX's runtime tokens (the
+    # runs' completion events) stay clean, so effects_barrier and exit do
+    # not raise it again (as on XLA:CPU), and later programs run.
+    code = f"""
+import jax, numpy as np
+from jax.experimental import io_callback
+ipu = jax.devices("ipu")[0]
+x = jax.device_put(np.ones(2, np.float32), ipu)
+def bad(v):
+    raise ValueError("callback failed")
+f = jax.jit(lambda a: a + io_callback(bad, jax.ShapeDtypeStruct((), np.float32), a.sum(), ordered={ordered}))
+try:
+    np.asarray(f(x))
+    raise SystemExit("no error")
+except jax.errors.JaxRuntimeError as error:
+    assert "callback failed" in str(error), error
+for _ in range(3):
+    jax.effects_barrier()
+g = jax.jit(lambda a: a + io_callback(lambda v: np.float32(1), jax.ShapeDtypeStruct((), np.float32), a.sum(),
+                                      ordered={ordered}))
+print(np.asarray(g(x)).tolist())
+"""
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[2.0, 2.0]"
+    # (JAX itself logs the callback's exception once, as on XLA:CPU.)
+    assert "Exception ignored" not in proc.stderr and "JaxRuntimeError" not in proc.stderr, proc.stderr[-2000:]
