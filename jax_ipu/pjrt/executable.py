@@ -8,7 +8,7 @@ import numpy as np
 
 from jax_ipu import profile
 from jax_ipu.graph import programs as p
-from jax_ipu.errors import IpuInvalidArgument
+from jax_ipu.errors import IpuInvalidArgument, IpuRuntimeError
 from jax_ipu.model import links
 from jax_ipu.pjrt._capi import Event
 from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer
@@ -129,6 +129,17 @@ class Executable:
             # Complete when the last output is: runs fulfil outputs in order.
             done = outs[-1].ready if outs and not self.own_completion else Event()
             run = _Run(self, device, row, donated_set, outs, done)
+            if worker.on_worker_thread():
+                # A host callback of a program running on this IPU runs
+                # this one: now, in place (queued, it would wait behind
+                # the run that waits for it), as XLA:CPU allows.
+                if not run.all_held:
+                    raise IpuRuntimeError(
+                        f"{self.name} is called from a host callback of a program running on {device.to_string} "
+                        "with an argument that is still being computed there: it cannot run before that "
+                        "program ends. Pass host values (numpy arrays) to programs run inside callbacks")
+                run()
+                return [outs], [done], donated, None
             if self.quick and not run.waits_elsewhere:
                 # Deferred: nothing runs before the caller has wrapped the outputs.
                 worker.submit(run, True)
@@ -138,6 +149,11 @@ class Executable:
         launch = links.Launch(len(ids)) if len(ids) > 1 else None   # the replicas' IPU-Links
         for rank, (device_id, row) in enumerate(zip(ids, args)):
             device = self.client.device(device_id)
+            if device.worker.on_worker_thread():
+                raise IpuRuntimeError(
+                    f"{self.name} runs on {len(ids)} IPUs and is called from a host callback of a program "
+                    f"running on {device.to_string}: it would wait for that program forever. Run it on other "
+                    "devices, or after that program")
             self._check_arguments(row, device)
             outs = [DeviceBuffer(device, spec) for spec in self.output_specs]
             done = outs[-1].ready if outs and not self.own_completion else Event()

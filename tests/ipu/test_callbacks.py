@@ -1,6 +1,7 @@
 """Host callbacks inside ipu programs, on-device loops included, with
 ordered effects kept in order."""
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
@@ -150,3 +151,37 @@ print(np.asarray(g(x)).tolist())
     assert proc.stdout.strip().splitlines()[-1] == "[2.0, 2.0]"
     # (JAX itself logs the callback's exception once, as on XLA:CPU.)
     assert "Exception ignored" not in proc.stderr and "JaxRuntimeError" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_callback_may_run_programs_on_the_ipu_that_runs_it(ipu, cpu):
+    # The inner program runs in place (queued, it would wait behind the run
+    # that waits for it), as on XLA:CPU.
+    inner = jax.jit(lambda v: jnp.cos(v) + 1)
+
+    def cb(v):
+        return np.asarray(inner(jax.device_put(np.asarray(v), ipu)))
+    f = jax.jit(lambda x: lax.fori_loop(0, 2, lambda i, c: jax.pure_callback(
+        cb, jax.ShapeDtypeStruct(c.shape, c.dtype), c) * 2, x))
+    x = np.linspace(-1, 1, 5).astype(np.float32)
+    want = np.asarray(f(jax.device_put(x, cpu)))
+    np.testing.assert_allclose(np.asarray(f(jax.device_put(x, ipu))), want, rtol=1e-6)
+
+
+def test_a_callback_given_a_value_its_ipu_computes_later_fails_clearly(ipu):
+    # y is queued behind the run whose callback wants it: a clear error
+    # instead of waiting forever.
+    import threading
+    dispatched, box = threading.Event(), {}
+    inner = jax.jit(lambda v: v + 1)
+
+    def cb(v):
+        dispatched.wait(30)
+        return np.asarray(inner(box["y"]))
+    f = jax.jit(lambda x: jax.pure_callback(cb, jax.ShapeDtypeStruct(x.shape, x.dtype), x))
+    x = jax.device_put(np.ones(4, np.float32), ipu)
+    out = f(x)
+    box["y"] = jax.jit(lambda v: v * 3)(x)
+    dispatched.set()
+    with pytest.raises(jax.errors.JaxRuntimeError, match="still being computed"):
+        np.asarray(out)
+    np.testing.assert_array_equal(np.asarray(box["y"]), 3.0)
