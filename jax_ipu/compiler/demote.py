@@ -50,11 +50,20 @@ def _retype(values, seen: set) -> bool:
 def _block(block: ir.Block, seen: set) -> None:
     _retype(block.args, seen)
     largest: dict[ir.Value, int] = {}      # integer constants (and their broadcasts): the largest element
+    splat: dict[ir.Value, int] = {}        # ... whose elements are all one value (before narrowing)
+    producer: dict[ir.Value, ir.Op] = {}
+    ops: list[ir.Op] = []
     for op in block.ops:
+        signed = [isinstance(v.type, ir.TensorType) and v.type.dtype.kind == "i" for v in op.operands]
         wide = _retype(op.operands, seen) | _retype(op.results, seen)
-        shift = op.name in _SHIFTS and largest.get(op.operands[1], 0) >= 32
+        rewritten = _rewrite(op, splat, producer, signed) if wide else None
+        if rewritten is not None:
+            ops.extend(rewritten)
+            continue
+        shift = op.name in _SHIFTS and largest.get(op.operands[1], 0) >= 32 and op.operands[1] not in splat
         if wide and (op.name in _BIT_LEVEL or shift):
-            what = "it shifts a 64-bit integer by 32 bits or more" if shift else "it works on the bits of a 64-bit value"
+            what = ("it shifts a 64-bit integer by 32 bits or more" if shift else
+                    "it works on the bits of a 64-bit value")
             raise IpuUnimplementedError.for_op(
                 op, f"{what}, which JAX_IPU_F64_AS_F32 runs as a 32-bit one",
                 "Use 32-bit types for this computation (e.g. dtype=jnp.float32 or jnp.int32 for jax.random "
@@ -63,16 +72,85 @@ def _block(block: ir.Block, seen: set) -> None:
             value = np.asarray(op.attrs["value"])
             if value.dtype.kind in "iu" and value.size:
                 largest[op.results[0]] = int(value.max())
+                if value.min() == value.max():
+                    splat[op.results[0]] = int(value.max())
             if wide:
                 op.attrs = {**op.attrs, "value": _narrow(value, op.results[0].type.dtype)}
         elif op.name in _SAME_VALUES and op.operands[0] in largest:
             largest[op.results[0]] = largest[op.operands[0]]
+            if op.operands[0] in splat:
+                splat[op.results[0]] = splat[op.operands[0]]
         for region in op.regions:
             _block(region, seen)
+        for r in op.results:
+            producer[r] = op
+        ops.append(op)
+    block.ops[:] = ops
+
+
+# float64(1.0)'s bits: jax.random builds float64 uniforms in [1, 2) as
+# bitcast(bits >> 12 | ONE_F64) (52 mantissa bits of 64 random ones).
+_ONE_F64 = int(np.array(1.0, np.float64).view(np.uint64))
+_ONE_F32 = int(np.array(1.0, np.float32).view(np.uint32))
+
+
+def _rewrite(op: ir.Op, splat: dict, producer: dict, signed: list[bool]) -> list[ir.Op] | None:
+    """The 32-bit ops that keep a 64-bit op's meaning for values that fit 32
+    bits (as JAX_IPU_F64_AS_F32 keeps integers), or None to keep the op.
+
+    - x >> k (logical, k >= 32) of a signed 64-bit x: the sign's ones
+      shifted, (x >> 31 arithmetic) >> (k - 32) logical; an unsigned one,
+      0 (the op as it is). Left shifts by 32 or more give 0 and arithmetic
+      ones the sign, as their 32-bit siblings (jax.random.key(seed) splits
+      an int64 seed so; its 64-bit samplers join two words with << 32).
+    - jax.random's float64 uniform, bitcast(bits >> 12 | ONE_F64): the
+      float32 one from the low 32 random bits, bitcast(bits >> 9 | ONE_F32)."""
+    loc = op.loc
+
+    def emit(name, operands, t, **attrs) -> ir.Value:
+        value = ir.Value(t)
+        out.append(ir.Op(name, list(operands), [value], attrs, [], loc))
+        return value
+
+    def full(value: int, like: ir.Value) -> ir.Value:
+        t = like.type
+        scalar = emit("constant", [], ir.TensorType((), t.dtype), value=np.array(value, t.dtype))
+        return emit("broadcast_in_dim", [scalar], t, broadcast_dimensions=())
+
+    out: list[ir.Op] = []
+    result = op.results[0] if len(op.results) == 1 else None
+    if op.name == "shift_right_logical" and signed[0] and splat.get(op.operands[1], 0) >= 32:
+        x, k = op.operands[0], splat[op.operands[1]]
+        sign = emit("shift_right_arithmetic", [x, full(31, x)], x.type)
+        out.append(ir.Op("shift_right_logical", [sign, full(min(k - 32, 32), x)], [result], {}, [], loc))
+        return out
+    if op.name == "bitcast_convert" and result.type.dtype == np.float32:
+        bits = producer.get(op.operands[0])
+        if bits is None or bits.name != "or" or bits.operands[0].type.dtype != np.uint32:
+            return None
+        a, b = bits.operands
+        if splat.get(a) == _ONE_F64:
+            a, b = b, a
+        shifted = producer.get(a)
+        if (splat.get(b) != _ONE_F64 or shifted is None or shifted.name != "shift_right_logical"
+                or splat.get(shifted.operands[1]) != 12):
+            return None
+        x = shifted.operands[0]
+        mantissa = emit("shift_right_logical", [x, full(9, x)], x.type)
+        ones = emit("or", [mantissa, full(_ONE_F32, x)], x.type)
+        out.append(ir.Op("bitcast_convert", [ones], [result], op.attrs, [], loc))
+        return out
+    return None
 
 
 def _narrow(value: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A 64-bit constant as its 32-bit sibling: a 32-bit pattern wraps (a
+    mask such as 0xFFFFFFFF is -1 in an int32, as the arithmetic wraps);
+    beyond 32 bits it clamps (int64's limits, JAX's sentinels, become
+    int32's)."""
     if dtype.kind in "iu" and value.dtype.kind in "iu":
         info = np.iinfo(dtype)
-        return np.clip(value, info.min, info.max).astype(dtype)
+        low, high = (info.min, (1 << 32) - 1) if dtype.kind == "i" else (0, info.max)
+        pattern = (value >= low) & (value <= high)
+        return np.where(pattern, value.astype(dtype), np.clip(value, info.min, info.max).astype(dtype))
     return value.astype(dtype)

@@ -103,27 +103,43 @@ def test_host_callbacks_may_return_64_bit_values():
     """, JAX_IPU_F64_AS_F32="1")
 
 
-def test_bit_level_ops_of_64_bit_values_are_refused_32_bit_randoms_run():
+def test_bit_level_ops_of_64_bit_values_are_refused_64_bit_randoms_run_as_32_bit():
     _run("""
     key = jax.device_put(jax.random.key(0), ipu)
-    try:
-        jax.jit(lambda k: jax.random.uniform(k, (4,)))(key)   # float64 from 64 random bits
-        raise SystemExit("a float64 bitcast ran")
-    except Exception as exc:
-        assert "64-bit" in str(exc) and "JAX_IPU_F64_AS_F32" in str(exc), exc
-        assert "stablehlo.bitcast_convert" in str(exc) or "stablehlo.shift_left" in str(exc), exc
     try:
         jax.jit(lambda x: jax.lax.bitcast_convert_type(x, jnp.int64))(jax.device_put(np.ones(2), ipu))
         raise SystemExit("a float64 bitcast ran")
     except Exception as exc:
         assert "stablehlo.bitcast_convert" in str(exc) and "bits of a 64-bit value" in str(exc), exc
-    try:
-        jax.jit(lambda k: jax.random.randint(k, (4,), 0, 10))(key)   # int64 from two 32-bit words
-        raise SystemExit("an int64 shift by 32 ran")
+    x = jax.device_put(np.arange(2), ipu)
+    try:     # per-element amounts of 32 or more: refused
+        jax.jit(lambda x: x << jnp.array([1, 40]))(x)
+        raise SystemExit("an int64 shift by 40 ran")
     except Exception as exc:
         assert "shift" in str(exc) and "32 bits or more" in str(exc), exc
-    x = jax.device_put(np.arange(4), ipu)
-    np.testing.assert_array_equal(np.asarray(jax.jit(lambda x: x << 3)(x)), np.arange(4) << 3)
+    x = jax.device_put(np.array([-5, 0, 7, 1 << 20]), ipu)
+    want = [np.asarray(x) << 3, np.asarray(x) >> 33, (np.asarray(x).astype(np.uint64) >> np.uint64(40)).astype(np.int64)]
+    got = jax.jit(lambda x: (x << 3, x >> 33, jax.lax.shift_right_logical(x, jnp.int64(40))))(x)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), w)
+    # float64 samplers draw float32 values (uniforms from 32 random bits),
+    # int64 ones 32-bit words; a key from an int64 seed matches the CPU's.
+    draws = jax.jit(lambda k: [f(s, (20000,)) for f, s in zip(
+        (jax.random.uniform, jax.random.normal, lambda s, n: jax.random.bernoulli(s, 0.3, n),
+         lambda s, n: jax.random.randint(s, n, 0, 10)), jax.random.split(k, 4))])
+    u, n, b, r = (np.asarray(a) for a in draws(key))
+    assert u.dtype == n.dtype == np.float64 and r.dtype == np.int64
+    assert 0 <= u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.01
+    assert abs(n.mean()) < 0.03 and abs(n.std() - 1) < 0.03
+    assert abs(b.mean() - 0.3) < 0.015 and set(np.unique(r)) == set(range(10))
+    seeds = jax.jit(lambda: [jax.random.key_data(jax.random.key(s)) for s in (-5, 7, 2**31 - 1)])   # (seeds beyond 32 bits clamp)
+    with jax.default_device(cpu):
+        want = seeds()
+    with jax.default_device(ipu):
+        got = seeds()
+    assert got[0].devices() == {ipu}
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
     f = jax.jit(lambda k: jax.random.randint(k, (64,), 0, 10, dtype=jnp.int32))
     np.testing.assert_array_equal(np.asarray(f(key)), np.asarray(f(jax.device_put(jax.random.key(0), cpu))))
     f = jax.jit(lambda k: jax.random.normal(k, (64,), dtype=jnp.float32))
