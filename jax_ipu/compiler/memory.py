@@ -69,4 +69,5 @@ def check_fits(report: MemoryReport, tensors: list[Tensor], target: Target, prog
         f"has {report.bytes_per_tile} ({report.always_live[tile]} always-live, "
         f"{report.not_always_live_peak[tile]} peak not-always-live). Largest tensors there: {largest}. "
         f"Use smaller arrays or batches, more tiles (JAX_IPU_MODEL_NUM_TILES) or IPUs, or a lower "
-        f"available_memory_proportion", report, program)
+        f"available_memory_proportion for matmuls' plans (jax.jit(f).lower(...).compile(compiler_options="
+        f"{{'available_memory_proportion': 0.3}}); default 0.6)", report, program)

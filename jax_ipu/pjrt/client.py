@@ -42,11 +42,13 @@ class Client:
         if fmt != "mlir":
             raise IpuInvalidArgument(f"jax-ipu compiles StableHLO ('mlir') programs, not {fmt!r}")
         parsed = CompileOptions.ParseFromString(options)
+        compile_options = _compile_options(
+            dict(parsed.env_option_overrides),
+            IpuCompileOptions(allow_out_of_memory=self.config.allow_out_of_memory,
+                              f64_policy="as_f32" if self.f64_as_f32 else "error"))
         module = import_module(code)
         try:
-            program = compile_module(module, self.target,
-                                     IpuCompileOptions(allow_out_of_memory=self.config.allow_out_of_memory,
-                                                       f64_policy="as_f32" if self.f64_as_f32 else "error"))
+            program = compile_module(module, self.target, compile_options)
         except IpuOutOfMemoryError as exc:
             from jax_ipu import profile
             profile.out_of_memory(exc, self.target)   # with profiling on, a report of what does not fit
@@ -102,3 +104,37 @@ def create_client(options: dict) -> Client:
         from jax_ipu import profile
         profile.start(CURRENT.config.profile_directory, write_at_exit=True)
     return CURRENT
+
+
+def _compile_options(overrides: dict, options):
+    """jax's compiler_options (`jit(f).lower(x).compile(compiler_options=
+    {...})`) over the defaults: the planner's available_memory_proportion
+    (0 < p <= 1, PopLibs' availableMemoryProportion) and
+    allow_out_of_memory. Others are refused, naming the known ones (XLA:CPU
+    refuses unknown options too)."""
+    import dataclasses
+
+    known = {"available_memory_proportion": (float, "a number"), "allow_out_of_memory": (_as_bool, "true or false")}
+    changes = {}
+    for name, value in overrides.items():
+        if name not in known:
+            raise IpuInvalidArgument(f"unknown compiler option {name!r} for jax-ipu; it takes: {', '.join(known)}")
+        try:
+            changes[name] = known[name][0](value)
+        except ValueError:
+            raise IpuInvalidArgument(f"compiler option {name}={value!r}: expected {known[name][1]}") from None
+    proportion = changes.get("available_memory_proportion", options.available_memory_proportion)
+    if not 0 < proportion <= 1:
+        raise IpuInvalidArgument(f"compiler option available_memory_proportion={proportion}: expected 0 < p <= 1")
+    return dataclasses.replace(options, **changes)
+
+
+def _as_bool(value) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes"):
+        return True
+    if text in ("0", "false", "no"):
+        return False
+    raise ValueError(value)

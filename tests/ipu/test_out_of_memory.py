@@ -66,3 +66,34 @@ print('RSS_MB', next(int(l.split()[1]) for l in open('/proc/self/status') if l.s
     assert "float32[1073741824] takes 4,294,967,296 bytes, more than all of IPU Model ipu2" in result.stdout, \
         result.stdout
     assert int(result.stdout.split("RSS_MB")[1]) < 2000, result.stdout
+
+
+def test_compiler_options_set_the_matmul_planners_memory_share():
+    # compile(compiler_options=...) reaches the planner: a lower
+    # available_memory_proportion plans the product in serial steps with a
+    # lower peak (the out-of-memory advice); unknown options and bad values
+    # are refused, as XLA:CPU refuses them.
+    proc = run_python("""
+import jax, numpy as np
+from jax_ipu.pjrt import client
+ipu = jax.devices("ipu")[0]
+x = np.random.default_rng(0).standard_normal((384, 384)).astype(np.float32)
+a = jax.device_put(x, ipu)
+f = jax.jit(lambda a: a @ a)
+peaks = {}
+for p in (0.1, 0.6):
+    out = f.lower(a).compile(compiler_options={"available_memory_proportion": p})(a)
+    np.testing.assert_allclose(np.asarray(out), x @ x, rtol=1e-4, atol=1e-3)
+    peaks[p] = client.CURRENT.device(0).last_program.memory.max_bytes
+assert peaks[0.1] < 0.6 * peaks[0.6], peaks
+for options, message in [({"bogus": 1}, "unknown compiler option 'bogus'"),
+                         ({"available_memory_proportion": 2}, "expected 0 < p <= 1"),
+                         ({"allow_out_of_memory": "maybe"}, "expected true or false")]:
+    try:
+        f.lower(a).compile(compiler_options=options)
+        raise SystemExit(f"{options} compiled")
+    except jax.errors.JaxRuntimeError as error:
+        assert message in str(error), error
+print("ok")
+""", JAX_IPU_MODEL_NUM_TILES="16")
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
