@@ -142,13 +142,10 @@ class _Partitioner:
         for d, (h, w) in enumerate(zip(have.dims, want.dims)):
             if h == w:
                 continue
-            if h and not w:
+            if h:       # gathered whole (then split anew: moving between mesh axes)
                 value = self.gather(value, d, h)
-            elif w and not h:
+            if w:
                 value = self.slice_dim(value, d, w)
-            else:
-                raise IpuUnimplementedError(f"{where}: resharding dimension {d} from {{{', '.join(h)}}} to "
-                                            f"{{{', '.join(w)}}} is not supported")
         return value
 
     def gather(self, value: ir.Value, dim: int, axes: tuple[str, ...]) -> ir.Value:

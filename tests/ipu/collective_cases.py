@@ -160,6 +160,14 @@ def cases():
         return jax.jit(lambda a: jax.lax.fori_loop(0, 3, lambda i, c: c + jax_ipu.infeed(q), a))(xs)
     yield "jit_sharded_infeed_loop", jit_sharded_infeed_loop
 
+    # A dimension moved from one mesh axis to another (gathered, split anew).
+    grid = Mesh(np.array(devices).reshape(N // 2, 2), ("a", "b"))
+    xa = jax.device_put(x, NamedSharding(grid, P("a")))
+    yb = jax.device_put(np.swapaxes(x, 1, 2).copy(), NamedSharding(grid, P("b")))
+    yield "jit_resharded_between_axes", lambda: jax.jit(lambda p, q: jnp.einsum("bij,bjk->bik", p, q))(xa, yb)
+    yield "jit_out_sharding_other_axis", lambda: jax.jit(
+        lambda p: p * 2.0, out_shardings=NamedSharding(grid, P("b")))(xa)
+
 
 results = {}
 for name, run in cases():

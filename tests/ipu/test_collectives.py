@@ -21,6 +21,7 @@ NAMES = [
     "jit_sharded_fori_loop", "jit_replicated_fori_loop", "jit_sharded_scan", "jit_sharded_while", "jit_sharded_cond",
     "jit_sharded_io_callback", "jit_sharded_ordered_io_callback", "jit_sharded_debug_callback_only",
     "pmap_infeed", "shard_map_infeed", "jit_sharded_infeed_loop",
+    "jit_resharded_between_axes", "jit_out_sharding_other_axis",
 ]
 
 
