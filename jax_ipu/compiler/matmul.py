@@ -59,7 +59,9 @@ def dot_general(b: Builder, op: ir.Op) -> None:
     plan = plan_matmul(b.target, batch, m, n, k, lhs_t.dtype, acc, proportion)
     steps = [(0, m, 0, n, plan)]
     if not fits(plan, b.target, proportion):
-        steps = _serial_steps(b.target, batch, m, n, k, lhs_t.dtype, acc, proportion) or steps
+        serial = _serial_steps(b.target, batch, m, n, k, lhs_t.dtype, acc, proportion)
+        if serial is not None and max(p.temporary_bytes for *_, p in serial) < plan.temporary_bytes:
+            steps = serial
     b.flops += 2.0 * batch * m * n * k
     padded = max(p.blocks[3] * p.splits[3] for *_, p in steps)
     if padded != k:         # K padded with zeros to whole chunks (see plan_matmul)
@@ -82,10 +84,14 @@ def _serial_steps(target, batch: int, m: int, n: int, k: int, in_dtype, acc, pro
     columns, whichever are more) in blocks computed one after the other,
     each planned on all tiles, as PopLibs splits a product serially: the
     fewest blocks (a power of two) whose plan fits. [(r0, r1, c0, c1,
-    plan)], or None if even MAX_SERIAL_STEPS blocks do not fit."""
+    plan)]; when no count up to MAX_SERIAL_STEPS fits, the blocks with the
+    lowest peak (the best chance to fit the tiles at all: a tiny
+    available_memory_proportion asks for it); None for a single row or
+    column."""
     by_columns = n >= m
     extent = n if by_columns else m
     count = 2
+    lowest = None     # (peak temporary bytes, steps) of the counts tried
     while count <= min(extent, MAX_SERIAL_STEPS):
         size = -(-extent // count)
         windows = [(lo, min(lo + size, extent)) for lo in range(0, extent, size)]
@@ -94,11 +100,15 @@ def _serial_steps(target, batch: int, m: int, n: int, k: int, in_dtype, acc, pro
             if hi - lo not in plans:
                 plans[hi - lo] = plan_matmul(target, batch, m if by_columns else hi - lo, hi - lo if by_columns else n,
                                              k, in_dtype, acc, proportion)
+        steps = [(0, m, lo, hi, plans[hi - lo]) if by_columns else (lo, hi, 0, n, plans[hi - lo])
+                 for lo, hi in windows]
         if all(fits(p, target, proportion) for p in plans.values()):
-            return [(0, m, lo, hi, plans[hi - lo]) if by_columns else (lo, hi, 0, n, plans[hi - lo])
-                    for lo, hi in windows]
+            return steps
+        peak = max(p.temporary_bytes for p in plans.values())
+        if lowest is None or peak < lowest[0]:
+            lowest = (peak, steps)
         count *= 2
-    return None
+    return lowest[1] if lowest else None
 
 
 def _product(b: Builder, op: ir.Op, lhs: View, rhs: View, window: tuple, acc, out_dtype) -> View:

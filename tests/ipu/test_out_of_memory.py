@@ -97,3 +97,24 @@ for options, message in [({"bogus": 1}, "unknown compiler option 'bogus'"),
 print("ok")
 """, JAX_IPU_MODEL_NUM_TILES="16")
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+def test_a_product_no_split_fits_takes_its_lowest_peak_serial_plan():
+    # At a proportion no serial split meets, the product is computed in the
+    # serial blocks with the lowest peak (it fits the tiles), not as the
+    # whole product (which did not: out of memory).
+    proc = run_python("""
+import jax, numpy as np
+from jax_ipu.pjrt import client
+ipu = jax.devices("ipu")[0]
+x = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
+a = jax.device_put(x, ipu)
+f = jax.jit(lambda a: a @ a)
+out = f.lower(a).compile(compiler_options={"available_memory_proportion": 0.1})(a)
+np.testing.assert_allclose(np.asarray(out), x @ x, rtol=1e-4, atol=1e-3)
+program = client.CURRENT.device(0).last_program
+assert program.memory.fits and sum("matmul" in s.compute_set.name for s in program.body.steps
+                                   if hasattr(s, "compute_set")) >= 4
+print("ok")
+""", JAX_IPU_MODEL_NUM_TILES="16")
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
