@@ -19,8 +19,7 @@ UFUNCS: dict[str, np.ufunc] = {
     "xor": np.bitwise_xor,
 }
 # Float-only ufuncs; the same names on integers are in OPS below.
-FLOAT_UFUNCS: dict[str, np.ufunc] = {"divide": np.divide, "remainder": np.fmod, "power": np.power,
-                                      "sign": np.sign}
+FLOAT_UFUNCS: dict[str, np.ufunc] = {"divide": np.divide, "remainder": np.fmod, "power": np.power}
 
 
 def _unsigned(dtype: np.dtype) -> np.dtype:
@@ -69,6 +68,9 @@ def _int_power(base, exponent, dtype, attrs):
 
 
 def _sign(a, dtype, attrs):
+    if dtype.kind == "f":
+        # np.sign(-0.0) is +0.0; XLA keeps the zero's sign (and NaN).
+        return np.copysign(np.sign(a), a).astype(dtype, copy=False)
     return np.sign(a).astype(dtype)
 
 
@@ -191,9 +193,11 @@ def _convert(a, dtype, attrs):
 
 
 def _bitcast_convert(a, dtype, attrs):
-    # ascontiguousarray makes a 0-d array 1-d: keep the operand's shape.
+    # A copy, not a view: a chain reuses its registers as `out` buffers, and
+    # writing into a view would overwrite the operand (the caller's input).
+    # np.array(order="C") keeps a 0-d operand 0-d.
     a = np.asarray(a)
-    return np.ascontiguousarray(a).view(dtype).reshape(a.shape)
+    return np.array(a, order="C", copy=True).view(dtype).reshape(a.shape)
 
 
 def _reduce_precision(a, dtype, attrs):

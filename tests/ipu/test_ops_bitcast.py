@@ -5,6 +5,7 @@ compared bit for bit."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
@@ -59,3 +60,37 @@ def test_same_width_keeps_the_shape(src, dst, shape):
     check(lambda a: lax.bitcast_convert_type(a, dst), bits(shape, src))
     x = bits(shape, src)
     check(lambda a: lax.bitcast_convert_type(a, dst) == lax.bitcast_convert_type(a[None][0], dst), x)
+
+
+@pytest.mark.parametrize("n", [7, 300_000], ids=lambda n: f"n{n}")
+@pytest.mark.parametrize("dtype, as_bits", [(np.float32, np.int32), (np.float32, np.uint32),
+                                            (np.float16, np.int16), (np.int32, np.float32)],
+                         ids=lambda d: np.dtype(d).name)
+def test_arithmetic_on_a_same_width_bitcast_leaves_its_operand_alone(dtype, as_bits, n):
+    """The bitcast's result is read by an op that may write in place; the
+    operand (here the caller's array, not donated) and its other readers
+    keep their values."""
+    ipu = jax.devices("ipu")[0]
+    x = (np.random.default_rng(0).standard_normal(n) * 100).astype(dtype)
+    f = lambda a: (lax.bitcast_convert_type(a, as_bits) + as_bits(1), a * dtype(2), jnp.abs(a))
+    xd = jax.device_put(x, ipu)
+    got = [np.asarray(v) for v in jax.jit(f)(xd)]
+    want = [np.asarray(v) for v in jax.jit(f)(jax.device_put(x, jax.devices("cpu")[0]))]
+    for g, w in zip(got, want):
+        assert g.tobytes() == w.tobytes()
+    assert np.asarray(xd).tobytes() == x.tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: np.dtype(d).name)
+def test_bit_tricks_next_to_other_uses(dtype):
+    """jnp.spacing and nextafter are bitcasts plus integer arithmetic."""
+    x = np.array([1, 2, -3.5, 100, 0, -0.0, 1e-3, 6e4 if dtype == np.float16 else 3e38], dtype)
+    check(lambda a: jnp.spacing(a), x)
+    for f in (lambda a: (jnp.nextafter(a, a[::-1]), a - a[::-1]),
+              lambda a: (lax.bitcast_convert_type(lax.bitcast_convert_type(a, np.uint32 if dtype == np.float32
+                                                                           else np.uint16) | 1, dtype), a)):
+        ipu, cpu = jax.devices("ipu")[0], jax.devices("cpu")[0]
+        got = jax.jit(f)(jax.device_put(x, ipu))
+        want = jax.jit(f)(jax.device_put(x, cpu))
+        for g, w in zip(got, want):
+            assert np.asarray(g).tobytes() == np.asarray(w).tobytes()
