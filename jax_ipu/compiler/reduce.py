@@ -61,6 +61,11 @@ def _body_program(op: ir.Op, body: ir.Block, outer: dict | None = None) -> tuple
 
     for inner in body.ops:
         dtype = inner.results[0].type.dtype
+        if (inner.name in ("broadcast_in_dim", "reshape") and inner.results[0].type.shape == ()
+                and read(inner.operands[0])):
+            # A scalar to a scalar (jnp's operators emit them): the same register.
+            registers[inner.results[0]] = registers[inner.operands[0]]
+            continue
         if inner.name == "constant":
             value = np.asarray(inner.attrs["value"]).astype(dtype).reshape(())
             program.append(codelets.Instruction("constant", (), dtype, (("value", value),)))

@@ -563,10 +563,13 @@ def _build_tree_reduce(k: codelets.TreeReduce):
 
     def run(state):
         xs = [np.moveaxis(get(state), k.axis, 0) for get in readers]
-        while xs[0].shape[0] > 1:     # pair element i with element i + half
+        # Pairs neighbours (2i, 2i + 1), the earlier element first, so that
+        # a body that is not commutative (argmax between two NaNs keeps its
+        # first operand) sees its operands in order, as XLA:CPU's does.
+        while xs[0].shape[0] > 1:
             count = xs[0].shape[0]
             half = count // 2
-            combined = body([x[:half] for x in xs] + [x[half:2 * half] for x in xs])
+            combined = body([x[0:2 * half:2] for x in xs] + [x[1:2 * half:2] for x in xs])
             combined = [np.broadcast_to(c, x[:half].shape).astype(x.dtype, copy=False)
                         for c, x in zip(combined, xs)]
             xs = [np.concatenate([c, x[2 * half:]]) if count % 2 else c for c, x in zip(combined, xs)]

@@ -60,3 +60,42 @@ def test_body_of_several_ops():
     check(lambda a: lax.reduce(a, np.float32(0), lambda u, v: jnp.maximum(jnp.abs(u), jnp.abs(v)), (1,)), x)
     y = values((9, 20), np.int32)
     check(lambda a: lax.reduce(a, np.int32(0), lambda u, v: jnp.maximum(u, v) + jnp.minimum(u, v), (0,)), y)
+
+
+@pytest.mark.parametrize("n", [4, 5, 33, 1000, 100_003])
+def test_argmax_with_several_nans_takes_the_first(n):
+    """JAX's argmax body keeps its first operand when both are NaN: the
+    reduction must pair elements in index order (numpy and XLA:CPU give
+    the first NaN's index)."""
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((6, n)).astype(np.float32)
+    for row in x[1:]:
+        row[rng.choice(n, min(n - 1, 3 + n // 1000), replace=False)] = np.nan
+    x[0, [1, 2]] = np.nan
+    f = lambda a: (jnp.argmax(a, axis=1), jnp.argmin(a, axis=1), jnp.argmax(a.T, axis=0))
+    check(f, x)
+    got = jax.jit(f)(jax.device_put(x, jax.devices("ipu")[0]))
+    np.testing.assert_array_equal(np.asarray(got[0]), np.argmax(x, axis=1))
+    np.testing.assert_array_equal(np.asarray(got[1]), np.argmin(x, axis=1))
+
+
+def test_bodies_that_are_not_commutative_see_operands_in_order():
+    """'First non-zero' and 'last non-zero' reducers (associative, not
+    commutative) as XLA:CPU's sequential reduction gives them."""
+    x = np.array([[0, 0, 3, 0, 5, 7, 0, 2], [0, 4, 0, 0, 0, 0, 9, 0]] * 20, np.float32)
+    x[5:, 3] = np.arange(35)
+    check(lambda a: (lax.reduce(a, np.float32(0), lambda p, q: jnp.where(p != 0, p, q), (1,)),
+                     lax.reduce(a, np.float32(0), lambda p, q: jnp.where(q != 0, q, p), (1,)),
+                     lax.reduce(a, np.float32(0), lambda p, q: jnp.where(p != 0, p, q), (0,))), x)
+
+
+def test_bodies_written_with_jnp_operators():
+    """jnp's operators put scalar broadcast_in_dim ops (no-ops) in the body:
+    a NaN-propagating max, in reduce and reduce_window."""
+    def nanmax(p, q):
+        return jnp.where((p > q) | (p != p), p, q)
+    x = np.array([[1, np.nan, 3, 0, 2], [4, 1, 0, -2, 5]], np.float32)
+    # (with a weakly typed init, as users write it; np.float32 inits give no broadcasts)
+    check(lambda a: (lax.reduce(a, -jnp.inf, nanmax, (1,)),
+                     lax.reduce_window(a, -jnp.inf, nanmax, (1, 2), (1, 1), "VALID")), x)
+    assert "broadcast_in_dim" in jax.jit(lambda a: lax.reduce(a, -jnp.inf, nanmax, (1,))).lower(x).as_text()
