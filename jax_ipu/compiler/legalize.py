@@ -25,6 +25,12 @@ _ADVICE_BY_OP = {
             "(jax.device_put(x, jax.devices('cpu')[0])), or write the DFT as real matmuls with cos and sin "
             "matrices"),
 }
+# Ops refused whatever their types: (problem, what to do).
+_UNSUPPORTED_OPS = {
+    "rng": ("stablehlo.rng (lax.rng_uniform, a stateful generator without a key) is not "
+            "supported", "Use jax.random with a key (e.g. jax.random.uniform(key, shape)): its bits are "
+                         "the CPU backend's"),
+}
 # Ops that run a function of the module, inlined: func.call, and composites
 # (e.g. chlo.erf) by their decomposition.
 _CALLEES = {"call": "callee", "composite": "decomposition"}
@@ -80,6 +86,8 @@ def _inline(module, block: ir.Block, env: dict, out: list, depth: int, site: str
         elif op.name in _IDENTITIES or (op.name == "custom_call"
                                         and op.attrs.get("call_target_name") in _IDENTITY_CUSTOM_CALLS):
             env.update(zip(op.results, operands))
+        elif op.name in _UNSUPPORTED_OPS:
+            raise IpuUnimplementedError.for_op(op, *_UNSUPPORTED_OPS[op.name])
         else:
             # A constant's type is checked at its readers: JAX gives hoisted
             # constants the location of the jit call, the reader the user's line.

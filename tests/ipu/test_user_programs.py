@@ -519,6 +519,21 @@ def test_numpy_api_assortment():
     check(lambda x: jax.lax.map(lambda r: jnp.sort(r) * r.sum(), x, batch_size=3), normal(10, 5))
 
 
+@pytest.mark.parametrize("n", [9, 200_000], ids=lambda n: f"n{n}")
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: np.dtype(d).name)
+def test_signed_zeros_keep_their_sign(dtype, n):
+    """sign(-0.0) is -0.0 (XLA), so are arcsinh(-0.0) and i1e(-0.0), whose
+    decompositions multiply by sign(x): seen through 1/x. Compared bit for
+    bit with the CPU's (sign), and as 1/x (the others)."""
+    x = np.resize(np.array([-0.0, 0.0, -1e-3, 2.5, -np.inf, np.nan, -7, 1e-4, -0.0], dtype), n)
+    got, want = run(lambda a: (jnp.sign(a), 1 / jnp.sign(a), 1 / jnp.arcsinh(a),
+                               1 / jax.scipy.special.i1e(a)), x)
+    assert np.asarray(got[0]).tobytes() == np.asarray(want[0]).tobytes()
+    for g, w in zip(got[1:], want[1:]):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-3, equal_nan=True)
+    assert np.isneginf(np.asarray(got[2])[0]) and np.isneginf(np.asarray(got[3])[0])
+
+
 # --- what the IPU does not have: clear errors at the user's line --------------------------------
 
 def _error_of(f, *args) -> str:
@@ -527,9 +542,9 @@ def _error_of(f, *args) -> str:
     return str(info.value)
 
 
-def _line_of(text: str) -> int:
+def _line_of(text: str, test=None) -> int:
     import inspect
-    lines, first = inspect.getsourcelines(test_fft_and_complex_are_refused_at_the_users_line)
+    lines, first = inspect.getsourcelines(test or test_fft_and_complex_are_refused_at_the_users_line)
     return first + next(i for i, line in enumerate(lines) if text in line)
 
 
@@ -546,6 +561,16 @@ def test_fft_and_complex_are_refused_at_the_users_line():
     # The complex constant is hoisted with the jit call's location; its reader names this line.
     assert re.search(rf"test_user_programs.py:{_line_of('# complex constant here')}:", message), message
     assert "complex<f32>" in message and "Use float32" in message
+
+
+def test_keyless_rng_and_narrow_types_are_refused_with_what_to_do():
+    message = _error_of(lambda x: jax.lax.rng_uniform(0.0, 1.0, (4,)) + x, normal(4))    # rng here
+    assert "stablehlo.rng" in message and "jax.random" in message and "i64" not in message, message
+    line = _line_of('# rng here', test_keyless_rng_and_narrow_types_are_refused_with_what_to_do)
+    assert f"test_user_programs.py:{line}:" in message, message
+    for narrow in (jnp.float8_e4m3fn, jnp.int4):
+        message = _error_of(lambda x: x.astype(narrow).astype(jnp.float32), normal(4))
+        assert "is not supported" in message and "Use float32" in message and "f16" in message, message
 
 
 def test_float64_is_refused_unless_opted_in():
