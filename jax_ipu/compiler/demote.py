@@ -4,9 +4,10 @@
 float64 becomes float32, int64 int32 and uint64 uint32, everywhere in the
 program: arguments, results, every op's values. JAX still sees 64-bit
 arrays; the buffers convert on the way to and from the device. Constants
-are rounded (floats, IEEE) or clamped (integers: int64's limits, which JAX
-uses as sentinels, become int32's). Integer arithmetic then wraps at 32
-bits. Ops whose meaning depends on the bit width cannot be kept that way
+are rounded (floats, IEEE); integer ones keep their low 32 bits when they
+fit a 32-bit pattern, int64's limits (JAX's sentinels) become int32's, and
+others beyond 32 bits are refused, naming the op. Integer arithmetic then
+wraps at 32 bits. Ops whose meaning depends on the bit width cannot be kept that way
 and are refused, naming the op: bitcast_convert of a 64-bit type (e.g.
 jax.random's float64 sampling builds floats from 64 random bits),
 count_leading_zeros and popcnt of 64-bit integers, and shifts of 64-bit
@@ -47,13 +48,19 @@ def _retype(values, seen: set) -> bool:
     return wide
 
 
-def _block(block: ir.Block, seen: set) -> None:
+def _block(block: ir.Block, seen: set, refused: dict | None = None) -> None:
     _retype(block.args, seen)
     largest: dict[ir.Value, int] = {}      # integer constants (and their broadcasts): the largest element
     splat: dict[ir.Value, int] = {}        # ... whose elements are all one value (before narrowing)
     producer: dict[ir.Value, ir.Op] = {}
     ops: list[ir.Op] = []
+    # Constants beyond 32 bits: refused at their first reader, in any region.
+    refused = {} if refused is None else refused        # value -> (problem, advice)
     for op in block.ops:
+        reads_refused = next((refused[v] for v in op.operands if v in refused), None)
+        if reads_refused is not None:
+            # (JAX gives hoisted constants the jit call's line, their readers the user's.)
+            raise IpuUnimplementedError.for_op(op, *reads_refused)
         signed = [isinstance(v.type, ir.TensorType) and v.type.dtype.kind == "i" for v in op.operands]
         wide = _retype(op.operands, seen) | _retype(op.results, seen)
         rewritten = _rewrite(op, splat, producer, signed) if wide else None
@@ -75,16 +82,23 @@ def _block(block: ir.Block, seen: set) -> None:
                 if value.min() == value.max():
                     splat[op.results[0]] = int(value.max())
             if wide:
-                op.attrs = {**op.attrs, "value": _narrow(value, op.results[0].type.dtype)}
+                narrowed = _narrow(value, op.results[0].type.dtype)
+                if isinstance(narrowed, tuple):
+                    refused[op.results[0]] = narrowed
+                else:
+                    op.attrs = {**op.attrs, "value": narrowed}
         elif op.name in _SAME_VALUES and op.operands[0] in largest:
             largest[op.results[0]] = largest[op.operands[0]]
             if op.operands[0] in splat:
                 splat[op.results[0]] = splat[op.operands[0]]
         for region in op.regions:
-            _block(region, seen)
+            _block(region, seen, refused)
         for r in op.results:
             producer[r] = op
         ops.append(op)
+    for v in block.results:
+        if v in refused:
+            raise IpuUnimplementedError("a result of the program: {}. {}".format(*refused[v]))
     block.ops[:] = ops
 
 
@@ -143,14 +157,29 @@ def _rewrite(op: ir.Op, splat: dict, producer: dict, signed: list[bool]) -> list
     return None
 
 
-def _narrow(value: np.ndarray, dtype: np.dtype) -> np.ndarray:
+# 64-bit constants beyond the 32-bit range that are clamped, not refused:
+# int64's and uint64's limits (JAX's sentinels, e.g. argmin's), 2**32
+# (jax.random.randint's 64-bit word base, as uint64) and float64(1.0)'s
+# bits (jax.random's float64 uniform, which _rewrite replaces).
+_CLAMPED = frozenset({-2**63, 2**63 - 1, 2**64 - 1, 2**32, _ONE_F64})
+
+
+def _narrow(value: np.ndarray, dtype: np.dtype) -> np.ndarray | tuple[str, str]:
     """A 64-bit constant as its 32-bit sibling: a 32-bit pattern wraps (a
     mask such as 0xFFFFFFFF is -1 in an int32, as the arithmetic wraps);
-    beyond 32 bits it clamps (int64's limits, JAX's sentinels, become
-    int32's)."""
+    the values of _CLAMPED clamp; any other value beyond 32 bits is refused
+    (a + 2**33 would silently become a + INT32_MAX): (problem, advice)."""
     if dtype.kind in "iu" and value.dtype.kind in "iu":
         info = np.iinfo(dtype)
         low, high = (info.min, (1 << 32) - 1) if dtype.kind == "i" else (0, info.max)
         pattern = (value >= low) & (value <= high)
+        if not pattern.all():
+            beyond = {int(v) for v in np.unique(value[~pattern])}
+            if not beyond <= _CLAMPED:
+                shown = ", ".join(str(v) for v in sorted(beyond - _CLAMPED)[:3])
+                return (f"the {value.dtype} constant {shown} does not fit 32 bits (JAX_IPU_F64_AS_F32 runs "
+                        f"{value.dtype} as {dtype})",
+                        "Keep integer constants within the int32/uint32 range (e.g. jax.random.randint bounds, "
+                        "seeds), or turn JAX_IPU_F64_AS_F32 off")
         return np.where(pattern, value.astype(dtype), np.clip(value, info.min, info.max).astype(dtype))
     return value.astype(dtype)

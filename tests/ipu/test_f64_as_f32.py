@@ -132,7 +132,7 @@ def test_bit_level_ops_of_64_bit_values_are_refused_64_bit_randoms_run_as_32_bit
     assert 0 <= u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.01
     assert abs(n.mean()) < 0.03 and abs(n.std() - 1) < 0.03
     assert abs(b.mean() - 0.3) < 0.015 and set(np.unique(r)) == set(range(10))
-    seeds = jax.jit(lambda: [jax.random.key_data(jax.random.key(s)) for s in (-5, 7, 2**31 - 1)])   # (seeds beyond 32 bits clamp)
+    seeds = jax.jit(lambda: [jax.random.key_data(jax.random.key(s)) for s in (-5, 7, 2**31 - 1)])
     with jax.default_device(cpu):
         want = seeds()
     with jax.default_device(ipu):
@@ -190,3 +190,36 @@ def test_setting(text, expected):
 def test_setting_rejects_nonsense():
     with pytest.raises(Exception, match="JAX_IPU_F64_AS_F32"):
         config.from_environment({"JAX_IPU_F64_AS_F32": "maybe"})
+
+
+def test_integer_constants_beyond_32_bits_are_refused_at_their_line_sentinels_run():
+    _run("""
+    x = jax.device_put(np.arange(4), ipu)
+    for f, text in ((lambda a: a + 2**33, "8589934592"),                       # reader line A
+                    (lambda a: jax.lax.fori_loop(0, 2, lambda i, c: c * 3 + (1 << 40), a), "1099511627776")):
+        try:
+            jax.jit(f)(x)
+            raise SystemExit("a constant beyond 32 bits ran")
+        except SystemExit:
+            raise
+        except Exception as exc:
+            message = str(exc)
+            assert f"the int64 constant {text} does not fit 32 bits" in message, message
+            assert "test_f64_as_f32" not in message and "<string>:" in message, message   # the user's line
+    try:
+        jax.jit(lambda k: jax.random.randint(k, (8,), 0, 2**33))(jax.device_put(jax.random.key(0), ipu))
+        raise SystemExit("randint up to 2**33 ran")
+    except SystemExit:
+        raise
+    except Exception as exc:
+        assert "does not fit 32 bits" in str(exc) and "randint" in str(exc), exc
+    # int64's limits (argmin's, randint's clamps), 2**32 (randint's word base)
+    # and 32-bit patterns still run.
+    a = rng.standard_normal((5, 9))
+    f = jax.jit(lambda a, k: (jnp.argmin(a, 1), jnp.argmax(a), jax.random.randint(k, (4000,), -3, 5),
+                              (jnp.arange(4) + 0xFFFFFFF0) & 0xFFFFFFFF))
+    i, j, r, m = (np.asarray(v) for v in f(jax.device_put(a, ipu), jax.device_put(jax.random.key(1), ipu)))
+    np.testing.assert_array_equal(i, np.argmin(a, 1))
+    assert j == np.argmax(a) and set(np.unique(r)) == set(range(-3, 5))
+    np.testing.assert_array_equal(m, np.arange(4) - 16)   # int32 wrap of 0xFFFFFFF0 + i
+    """, JAX_IPU_F64_AS_F32="1")
