@@ -49,7 +49,7 @@ def main(argv=None):
     spec = (jax.ShapeDtypeStruct((args.batch, 64), jnp.float32), jax.ShapeDtypeStruct((args.batch,), jnp.int32))
     feed, losses = jax_ipu.InfeedQueue(spec), jax_ipu.OutfeedQueue()
     params = jax.device_put(classifier["init_params"](jax.random.key(0), [64, args.hidden, args.hidden, 10]), device)
-    epoch = make_epoch(feed, losses)
+    epoch = make_epoch(feed, losses).lower(params, steps).compile()  # compiled before the clock starts
 
     start, ipu_seconds = time.perf_counter(), 0.0
     for e in range(args.epochs):
@@ -57,7 +57,7 @@ def main(argv=None):
         for i in range(steps):  # the host only fills the queue
             idx = order[i * args.batch:(i + 1) * args.batch]
             feed.put((train_x[idx], train_y[idx]))
-        params = epoch(params, steps)
+        params = epoch(params)
         epoch_losses = [float(losses.get()) for _ in tqdm(range(steps), desc=f"epoch {e + 1}", leave=False)]
         if device.platform == "ipu":
             ipu_seconds += jax_ipu.last_profile(device)["estimated_seconds"]["total"]

@@ -112,13 +112,34 @@ def _emit(original):
     return emit_python_callback
 
 
+def _no_fast_path_with_ordered_effects(original):
+    """Wraps MeshExecutable.create_cpp_call, the fast path of an AOT-compiled
+    program (jit(f).lower(...).compile()) from its second call on. JAX
+    refuses it for programs with host callbacks or unordered effects but
+    not for ordered effects alone, which on its own platforms always come
+    with host callbacks. ipu callbacks are custom calls, not JAX host
+    callbacks, so the fast path would call the program without its runtime
+    token ('main takes 2 arguments, got 1'); such programs keep the Python
+    path, which passes the token, as jit's own fast path does."""
+    def create_cpp_call(self, params):
+        if getattr(getattr(self, "unsafe_call", None), "ordered_effects", None):
+            return None
+        return original(self, params)
+
+    create_cpp_call.__wrapped__ = original
+    return create_cpp_call
+
+
 def install() -> None:
     """Registers the ipu lowerings of JAX's callback primitives (idempotent)."""
     from jax._src import callback, debugging
-    from jax._src.interpreters import mlir
+    from jax._src.interpreters import mlir, pxla
 
     if not hasattr(callback.emit_python_callback, "__wrapped__"):
         callback.emit_python_callback = _emit(callback.emit_python_callback)
+    if not hasattr(pxla.MeshExecutable.create_cpp_call, "__wrapped__"):
+        pxla.MeshExecutable.create_cpp_call = _no_fast_path_with_ordered_effects(
+            pxla.MeshExecutable.create_cpp_call)
     # JAX registers these two only for the platforms it knows.
     mlir.register_lowering(debugging.debug_callback_p, debugging.debug_callback_lowering, platform="ipu")
     mlir.register_lowering(debugging.debug_print_p, debugging.debug_print_lowering_rule, platform="ipu",

@@ -58,6 +58,25 @@ def test_ordered_io_callbacks_keep_their_order(ipu):
     assert log == [(k, 1.5 * k) for k in range(4)]
 
 
+@pytest.mark.parametrize("donate", [False, True], ids=["kept", "donated"])
+def test_a_compiled_program_with_ordered_effects_runs_again(ipu, donate):
+    # jit(f).lower(x).compile() called several times: from the second call
+    # JAX's AOT fast path would drop the runtime token of ordered effects.
+    log = []
+
+    def f(x):
+        io_callback(lambda v: log.append(float(v)), None, x.sum(), ordered=True)
+        jax.debug.print("{s}", s=x.sum(), ordered=True)
+        return x * 2
+    x = jax.device_put(np.ones(3, np.float32), ipu)
+    compiled = jax.jit(f, donate_argnums=0 if donate else ()).lower(x).compile()
+    for _ in range(4):
+        x = compiled(x)
+    jax.effects_barrier()
+    np.testing.assert_array_equal(np.asarray(x), np.full(3, 16.0))
+    assert log == [3.0, 6.0, 12.0, 24.0]
+
+
 def test_callback_returning_the_wrong_shape_is_a_clear_error(ipu):
     def f(x):
         return jax.pure_callback(lambda a: np.zeros(3, np.float32), jax.ShapeDtypeStruct((4,), np.float32), x)
