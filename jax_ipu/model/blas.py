@@ -145,6 +145,12 @@ class _OneBlasThread:
                 _blas_saved = None
 
 
+def has_axpy() -> bool:
+    """Whether axpy can run: numpy's OpenBLAS with cblas_saxpy and a
+    per-thread thread count (OpenBLAS 0.3.27 or later)."""
+    return _saxpy is not None and set_local_threads is not None
+
+
 def axpy(alpha: float, x: np.ndarray, y: np.ndarray) -> bool:
     """y += alpha * x over flat, C-ordered float32 arrays of one size, in
     BLAS calls on this thread, each element rounded once: a fused
@@ -156,9 +162,16 @@ def axpy(alpha: float, x: np.ndarray, y: np.ndarray) -> bool:
 
     OpenBLAS's kernel takes whole blocks of AXPY_BLOCK elements and rounds
     the rest twice in a plain loop (measured: element 32 of 33 differed
-    from XLA's): the rest goes through the kernel as a zero-padded block."""
-    if _saxpy is None or set_local_threads is None:
+    from XLA's): the rest goes through the kernel as a zero-padded block.
+
+    BLAS returns at once when alpha is zero, which would drop x's NaNs and
+    infinities (0 * inf is NaN) and the sign of y's zeros: numpy does that
+    case (0 * x is exact, so it is still rounded once)."""
+    if not has_axpy():
         return False
+    if alpha == 0.0:
+        np.add(y, np.multiply(x, np.float32(alpha)), out=y)
+        return True
     def saxpy(count: int, xs: np.ndarray, ys: np.ndarray) -> None:
         _saxpy(ctypes.c_int64(count), ctypes.c_float(alpha), ctypes.c_void_p(xs.ctypes.data), ctypes.c_int64(1),
                ctypes.c_void_p(ys.ctypes.data), ctypes.c_int64(1))

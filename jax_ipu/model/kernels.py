@@ -259,7 +259,7 @@ def _axpy_parts(k: codelets.ElementwiseChain):
     or a one-element tensor such as a learning rate passed in; x and y
     float32 views of the chain's shape; the sum its one output), else
     None."""
-    if blas._saxpy is None or k.shape == () or len(k.outputs) != 1 or k.outputs[0][1].dtype != _F32:
+    if not blas.has_axpy() or k.shape == () or len(k.outputs) != 1 or k.outputs[0][1].dtype != _F32:
         return None
     n = len(k.inputs)
     scalars, views, ops = {}, {}, []
@@ -326,7 +326,8 @@ def _axpy_chain(k: codelets.ElementwiseChain):
             out = state[tid] = np.empty(shape, _F32)
         if not _same_flat(out, y):
             np.copyto(out.reshape(shape), y)
-        blas.axpy(alpha, np.ascontiguousarray(x).reshape(-1), out.reshape(-1))
+        if not blas.axpy(alpha, np.ascontiguousarray(x).reshape(-1), out.reshape(-1)):
+            raise AssertionError("axpy chain built without BLAS axpy")   # has_axpy() was checked
     return run
 
 

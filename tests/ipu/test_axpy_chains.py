@@ -153,3 +153,31 @@ def test_learning_rate_passed_in_or_computed(ipu, axpy_calls):
         w_dev = step(w_dev, jax.device_put(g, ipu), jax.device_put(lr, ipu))
         w = on_cpu(passed, w, g, lr)
     np.testing.assert_array_max_ulp(np.asarray(w_dev), w, maxulp=ULPS)
+
+
+@pytest.mark.parametrize("lr", [0.0, -0.0], ids=["+0", "-0"])
+@pytest.mark.parametrize("form", ["w - lr*g", "lr*g + w"])
+def test_a_zero_learning_rate_keeps_nans_infs_and_signed_zeros(ipu, lr, form):
+    """BLAS saxpy returns at once for alpha == 0; XLA computes 0 * g, so an
+    inf or NaN gradient still makes a NaN and -0.0 + 0.0 is +0.0."""
+    fn = {"w - lr*g": lambda w, g, lr: w - lr * g, "lr*g + w": lambda w, g, lr: lr * g + w}[form]
+    w = np.array([1.0, 2.0, 3.0, -0.0, 0.0, -0.0, 5.0] * 7, np.float32)
+    g = np.array([np.nan, np.inf, -np.inf, 1.0, -1.0, -1.0, 2.0] * 7, np.float32)
+    for scalar in (np.float32(lr), None):                 # passed in, and a literal
+        f = (lambda w, g, fn=fn: fn(w, g, np.float32(lr))) if scalar is None else fn
+        args = (w, g) if scalar is None else (w, g, scalar)
+        want, got = on_cpu(f, *args), run_on(ipu, f, *args)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+        np.testing.assert_array_equal(got[~np.isnan(got)], want[~np.isnan(want)])
+
+
+def test_without_per_thread_blas_threads_the_update_still_happens(ipu, monkeypatch, axpy_calls):
+    """numpy wheels with OpenBLAS older than 0.3.27 have no per-thread thread
+    count: blas.axpy cannot run, and the chain must not be built as one
+    (it returned w unchanged: the update was silently dropped)."""
+    monkeypatch.setattr(blas, "set_local_threads", None)
+    fn = lambda w, g: w - 0.1 * g                               # noqa: E731
+    w, g = operands((1000,), seed=8)
+    np.testing.assert_allclose(run_on(ipu, fn, w, g), on_cpu(fn, w, g), rtol=1e-6, atol=1e-5)
+    assert axpy_calls == []
