@@ -92,11 +92,14 @@ class InfeedQueue(_Queue):
         if tree != spec_tree:
             raise FeedError(f"{self.name}: expected the structure {spec_tree}, got {tree}")
         arrays = []
-        for i, (leaf, want) in enumerate(zip(leaves, spec_leaves)):
+        paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(self.spec)[0]]
+        for path, leaf, want in zip(paths, leaves, spec_leaves):
             array = np.asarray(leaf)
             if array.shape != want.shape or array.dtype != want.dtype:
-                raise FeedError(f"{self.name}: leaf {i} is {array.dtype.name}{list(array.shape)}, "
-                                f"the queue takes {np.dtype(want.dtype).name}{list(want.shape)}")
+                advice = (f" (cast it: .astype(np.{np.dtype(want.dtype).name}))"
+                          if array.shape == want.shape else "")
+                raise FeedError(f"{self.name}: item{path} is {array.dtype.name}{list(array.shape)}, "
+                                f"the queue takes {np.dtype(want.dtype).name}{list(want.shape)}{advice}")
             arrays.append(array)
         self._push(jax.tree.unflatten(tree, arrays))
 

@@ -81,6 +81,12 @@ def test_mismatched_batches_are_refused_at_put():
         feed.put((np.zeros((8, 4), np.float32), np.zeros(8, np.float32)))
     with pytest.raises(jax_ipu.FeedError, match="structure"):
         feed.put([np.zeros((8, 4), np.float32)])
+    named = jax_ipu.InfeedQueue({"image": jax.ShapeDtypeStruct((2, 3), np.float32),
+                                 "label": jax.ShapeDtypeStruct((2,), np.int32)})
+    with pytest.raises(jax_ipu.FeedError, match=r"item\['image'\] is float64\[2, 3\].*astype\(np.float32\)"):
+        named.put({"image": np.zeros((2, 3)), "label": np.zeros(2, np.int32)})   # numpy's float64 default
+    with pytest.raises(jax_ipu.FeedError, match=r"item\['label'\] is int32\[3\], the queue takes int32\[2\]$"):
+        named.put({"image": np.zeros((2, 3), np.float32), "label": np.zeros(3, np.int32)})
 
 
 # Failures of executions with ordered effects are tested in fresh
