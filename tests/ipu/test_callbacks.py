@@ -7,7 +7,7 @@ import pytest
 from jax import lax
 from jax.experimental import io_callback
 
-from conftest import run_python
+from conftest import on_cpu, run_python
 
 
 def test_debug_print(ipu, capfd):
@@ -41,7 +41,7 @@ def test_pure_callback_results_feed_the_program(ipu, dtype):
         return y + x
     x = np.arange(6).astype(dtype)
     got = jax.jit(f)(jax.device_put(x, ipu))
-    want = jax.jit(f, backend="cpu")(x)
+    want = on_cpu(f, x)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     assert got.devices() == {ipu}
 
