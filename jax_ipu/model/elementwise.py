@@ -19,7 +19,7 @@ UFUNCS: dict[str, np.ufunc] = {
     "xor": np.bitwise_xor,
 }
 # Float-only ufuncs; the same names on integers are in OPS below.
-FLOAT_UFUNCS: dict[str, np.ufunc] = {"divide": np.divide, "remainder": np.fmod, "power": np.power}
+FLOAT_UFUNCS: dict[str, np.ufunc] = {"divide": np.divide, "remainder": np.fmod}
 
 
 def _unsigned(dtype: np.dtype) -> np.dtype:
@@ -42,6 +42,25 @@ def _int_divide(a, b, dtype, attrs):
 def _int_remainder(a, b, dtype, attrs):
     zero = b == 0
     return np.where(zero, a, np.fmod(a, np.where(zero, 1, b).astype(dtype)))
+
+
+def _float_power(base, exponent, dtype):
+    """np.power, except where numpy's float32 loop takes a scalar (or
+    stride-0) exponent of 0.5 as a square root: sqrt(-inf) is NaN and
+    sqrt(-0.0) is -0.0, where pow (XLA, C99) gives +inf and +0."""
+    result = np.power(base, exponent)
+    exponent = np.asarray(exponent)
+    if dtype == np.float32 and (exponent.ndim == 0 or 0 in exponent.strides) and (exponent == 0.5).any():
+        fix = (exponent == 0.5) & ((base == -np.inf) | (base == 0))
+        if fix.any():
+            result = np.where(fix, np.where(base == 0, np.float32(0), np.float32(np.inf)), result).astype(dtype)
+    return result
+
+
+def _power(base, exponent, dtype, attrs):
+    if dtype.kind == "f":
+        return _float_power(base, exponent, dtype)
+    return _int_power(base, exponent, dtype, attrs)
 
 
 def _int_power(base, exponent, dtype, attrs):
@@ -230,7 +249,7 @@ def _reduce_precision(a, dtype, attrs):
 
 OPS = {
     "reduce_precision": _reduce_precision,
-    "divide": _int_divide, "remainder": _int_remainder, "power": _int_power, "sign": _sign,
+    "divide": _int_divide, "remainder": _int_remainder, "power": _power, "sign": _sign,
     "round_nearest_afz": _round_afz, "rsqrt": _rsqrt, "logistic": _logistic,
     "is_finite": _is_finite, "clamp": _clamp, "select": _select, "compare": _compare,
     "convert": _convert, "bitcast_convert": _bitcast_convert, "shift_left": _shift_left,

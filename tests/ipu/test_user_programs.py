@@ -534,6 +534,24 @@ def test_signed_zeros_keep_their_sign(dtype, n):
     assert np.isneginf(np.asarray(got[2])[0]) and np.isneginf(np.asarray(got[3])[0])
 
 
+@pytest.mark.parametrize("n", [9, 4096, 300_000], ids=lambda n: f"n{n}")
+def test_square_root_as_a_power_of_one_half(n):
+    """x ** 0.5 is pow, not sqrt: pow(-inf, 0.5) = +inf and pow(-0.0, 0.5) =
+    +0.0 (numpy's float32 loop turns a scalar 0.5 into sqrt: NaN, -0.0).
+    Equal to the CPU's, zeros' signs included, with the exponent a literal, a scalar
+    argument, a row broadcast along columns, and an array."""
+    x = np.resize(np.array([-np.inf, -0.0, 0.0, 4.0, np.inf, np.nan, -2.0, 1e-30, 3e38], np.float32), n)
+    half = np.float32(0.5)
+    got, want = run(lambda a, p, rows, full: (a ** 0.5, jax.lax.pow(a, p),
+                                              jax.lax.pow(a.reshape(-1, 1), jnp.broadcast_to(rows, (n, 1))),
+                                              jax.lax.pow(a, full)),
+                    x, half, np.full((1, 1), half), np.full(n, half))
+    for g, w in zip(got, want):
+        g, w = np.asarray(g).reshape(-1), np.asarray(w).reshape(-1)
+        np.testing.assert_array_equal(g, w)                        # NaNs where the CPU's are (any sign)
+        np.testing.assert_array_equal(np.signbit(g[~np.isnan(g)]), np.signbit(w[~np.isnan(w)]))
+
+
 # --- what the IPU does not have: clear errors at the user's line --------------------------------
 
 def _error_of(f, *args) -> str:
