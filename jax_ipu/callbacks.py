@@ -23,10 +23,13 @@ _ids = itertools.count()
 _lock = threading.Lock()
 
 
-def register(fn) -> int:
+def register(fn, where: str = "", hidden_results: int = 0) -> int:
+    """An id for `fn`. `where` (the user's source line) names it in errors;
+    its first `hidden_results` results (the ordering token) are not the
+    user's and are not counted when a result is named."""
     with _lock:
         callback_id = next(_ids)
-        _registry[callback_id] = fn
+        _registry[callback_id] = (fn, where, hidden_results)
     return callback_id
 
 
@@ -34,22 +37,23 @@ def call(callback_id: int, args: list[np.ndarray], result_specs) -> list[np.ndar
     """Runs a registered callback on host copies of `args` and checks what
     it returns against `result_specs` [(shape, dtype)]."""
     try:
-        fn = _registry[callback_id]
+        fn, where, hidden = _registry[callback_id]
     except KeyError:
         raise IpuRuntimeError(f"host callback {callback_id} is not registered in this process "
                               "(programs with callbacks cannot be serialized)") from None
+    name = f"the host callback at {where}" if where else "the host callback"
     results = fn(*args)
     if len(results) != len(result_specs):
-        raise IpuRuntimeError(f"the host callback returned {len(results)} values, "
-                              f"the program expects {len(result_specs)}")
+        raise IpuRuntimeError(f"{name} returned {len(results) - hidden} values, "
+                              f"the program expects {len(result_specs) - hidden}")
     out = []
     for i, (value, (shape, dtype)) in enumerate(zip(results, result_specs)):
         value = np.asarray(value)
         if AS_32.get(value.dtype) == dtype:   # a 64-bit result of a program run as 32-bit
             value = value.astype(dtype)
         if value.shape != tuple(shape) or value.dtype != dtype:
-            raise IpuRuntimeError(f"host callback result {i}: expected {np.dtype(dtype).name}{list(shape)}, "
-                                  f"got {value.dtype.name}{list(value.shape)}")
+            raise IpuRuntimeError(f"{name}: result {i - hidden} should be {np.dtype(dtype).name}{list(shape)} "
+                                  f"(its result_shape_dtypes), it returned {value.dtype.name}{list(value.shape)}")
         out.append(value)
     return out
 
@@ -91,7 +95,9 @@ def _emit(original):
 
             def callback(token_value, *args):
                 return (token_value, *inner(*args))
-        callback_id = register(callback)
+        from jax_ipu.stablehlo import locations
+        callback_id = register(callback, where=locations.describe(str(mlir.ir.Location.current)),
+                               hidden_results=0 if token is None else 1)
         config = str(callback_id)
         once = _once_on(ctx.module_context.axis_context, sharding)
         if once is not None:

@@ -59,8 +59,10 @@ class _Queue:
     def _pop(self, timeout: float | None):
         with self._ready:
             if not self._ready.wait_for(lambda: self._items or self._closed, timeout):
-                raise FeedTimeout(f"{self.name}: nothing arrived within {timeout} s "
-                                  f"(set the queue's timeout, or put more items)")
+                raise FeedTimeout(f"{self.name}: nothing arrived within {timeout} s (put more items, "
+                                  "before the loop needs them or from another thread, or raise the queue's "
+                                  "timeout; note that dispatching another program with feeds or callbacks "
+                                  "waits for this one to finish, so a thread that does so cannot feed it)")
             if not self._items:
                 raise FeedError(f"{self.name} was closed while a program waited on it")
             return self._items.popleft()
@@ -94,7 +96,9 @@ class InfeedQueue(_Queue):
         arrays = []
         paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(self.spec)[0]]
         for path, leaf, want in zip(paths, leaves, spec_leaves):
-            array = np.asarray(leaf)
+            # A copy: loaders refill one buffer between puts, and the queue
+            # must hold each batch as it was when put.
+            array = np.array(leaf, copy=True)
             if array.shape != want.shape or array.dtype != want.dtype:
                 advice = (f" (cast it: .astype(np.{np.dtype(want.dtype).name}))"
                           if array.shape == want.shape else "")

@@ -80,8 +80,29 @@ def test_a_compiled_program_with_ordered_effects_runs_again(ipu, donate):
 def test_callback_returning_the_wrong_shape_is_a_clear_error(ipu):
     def f(x):
         return jax.pure_callback(lambda a: np.zeros(3, np.float32), jax.ShapeDtypeStruct((4,), np.float32), x)
-    with pytest.raises(Exception, match=r"expected float32\[4\], got float32\[3\]"):
+    with pytest.raises(Exception, match=r"the host callback at \S+test_callbacks.py:\d+.*: result 0 should be "
+                                        r"float32\[4\] \(its result_shape_dtypes\), it returned float32\[3\]"):
         jax.jit(f)(jax.device_put(np.ones(4, np.float32), ipu)).block_until_ready()
+
+
+def test_an_ordered_callbacks_wrong_result_is_named_at_its_line():
+    """The ordering token an ordered io_callback also returns is not counted:
+    its only result is result 0, and the error names the user's line."""
+    code = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.experimental import io_callback
+def f(x):
+    extra = io_callback(lambda: np.ones(3, np.float32), jax.ShapeDtypeStruct((), jnp.float32), ordered=True)
+    return x + extra
+try:
+    jax.jit(f)(jax.device_put(np.float32(1), jax.devices('ipu')[0])).block_until_ready()
+except Exception as e:
+    print('ERROR', e)
+"""
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert "the host callback at <string>:5" in result.stdout, result.stdout
+    assert "result 0 should be float32[] (its result_shape_dtypes), it returned float32[3]" in result.stdout
 
 
 def test_callback_exception_reaches_the_user(ipu):

@@ -1,5 +1,6 @@
 """Infeeds and outfeeds for on-device training loops, on ipu and (the same
 code) on cpu."""
+import functools
 import threading
 
 import jax
@@ -71,6 +72,23 @@ def test_batches_can_arrive_while_the_loop_runs(ipu):
     w.block_until_ready()
     thread.join()
     assert len(list(losses)) == 5
+
+
+@pytest.mark.parametrize("platform", ["ipu", "cpu"])
+def test_put_keeps_the_batch_as_it_was_when_put(platform):
+    """A loader that refills one buffer between puts: each put is a copy."""
+    feed = jax_ipu.InfeedQueue(jax.ShapeDtypeStruct((4,), np.float32))
+
+    @functools.partial(jax.jit, static_argnums=1)
+    def total(acc, n):
+        return lax.fori_loop(0, n, lambda i, a: a + jax_ipu.infeed(feed), acc)
+    buffer = np.zeros(4, np.float32)
+    for i in range(3):
+        buffer[:] = i + 1
+        feed.put(buffer)
+    buffer[:] = 100
+    got = total(jax.device_put(np.zeros(4, np.float32), jax.devices(platform)[0]), 3)
+    np.testing.assert_array_equal(np.asarray(got), np.full(4, 6.0))
 
 
 def test_mismatched_batches_are_refused_at_put():
