@@ -108,7 +108,7 @@ def test_donated_state_through_many_quick_steps(ipu):
 def test_quick_run_feeds_another_ipu(ipus):
     assert len(ipus) >= 2               # conftest models two
     f = jax.jit(lambda x: x * 3)
-    g = jax.jit(lambda x: x + 1, device=ipus[1])
+    g = jax.jit(lambda x: x + 1)                 # runs where its input lives: ipu1
     x = jax.device_put(np.arange(5, dtype=np.float32), ipus[0])
     f(x).block_until_ready()
     for _ in range(20):
