@@ -33,7 +33,17 @@ def register(fn, where: str = "", hidden_results: int = 0) -> int:
     return callback_id
 
 
-def call(callback_id: int, args: list[np.ndarray], result_specs) -> list[np.ndarray]:
+_caller = threading.local()
+
+
+def caller():
+    """(launch, rank, count) while IPU `rank` of the `count` that each run
+    the callback in one launch (pmap, shard_map) calls the host; None for a
+    program on one IPU, or on a backend other than ipu."""
+    return getattr(_caller, "value", None)
+
+
+def call(callback_id: int, args: list[np.ndarray], result_specs, caller=None) -> list[np.ndarray]:
     """Runs a registered callback on host copies of `args` and checks what
     it returns against `result_specs` [(shape, dtype)]."""
     try:
@@ -42,7 +52,11 @@ def call(callback_id: int, args: list[np.ndarray], result_specs) -> list[np.ndar
         raise IpuRuntimeError(f"host callback {callback_id} is not registered in this process "
                               "(programs with callbacks cannot be serialized)") from None
     name = f"the host callback at {where}" if where else "the host callback"
-    results = fn(*args)
+    _caller.value = caller
+    try:
+        results = fn(*args)
+    finally:
+        _caller.value = None
     if len(results) != len(result_specs):
         raise IpuRuntimeError(f"{name} returned {len(results) - hidden} values, "
                               f"the program expects {len(result_specs) - hidden}")

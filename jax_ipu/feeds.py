@@ -21,13 +21,13 @@ io_callback), and on ipu as host exchanges charged at the host-link rate.
 """
 from __future__ import annotations
 
-import collections
 import threading
 
 import jax
 import numpy as np
 from jax.experimental import io_callback
 
+from jax_ipu import callbacks
 from jax_ipu.errors import IpuError
 
 DEFAULT_TIMEOUT = 60.0
@@ -42,30 +42,80 @@ class FeedTimeout(IpuError):
 
 
 class _Queue:
+    """Items in arrival order. When several IPUs each run the callback (pmap,
+    shard_map: callbacks.caller() says which of how many), they share the
+    queue deterministically, as Graphcore's replicated feeds: in its k-th
+    read, IPU d of N takes item k*N + d counted from where the launch began;
+    outfeed items of one step are queued in IPU order once all have come."""
+
     def __init__(self, name: str, timeout: float):
         self.name = name
         self.timeout = timeout
-        self._items: collections.deque = collections.deque()
+        self._items: dict[int, object] = {}    # arrival number -> item, in arrival order
+        self._arrived = 0
         self._ready = threading.Condition()
         self._closed = False
+        self._launch = None                    # (launch, first arrival number, reads per IPU)
+        self._writing = None                   # (launch, step -> {IPU: item} until all have come,
+                                               #  writes per IPU)
+
+    _empty_advice = ("put more items, before the loop needs them or from another thread, or raise the "
+                     "queue's timeout; note that dispatching another program with feeds or callbacks waits "
+                     "for this one to finish, so a thread that does so cannot feed it")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise FeedError(f"{self.name} is closed")
+
+    def _append(self, item) -> None:
+        self._items[self._arrived] = item
+        self._arrived += 1
 
     def _push(self, item) -> None:
+        caller = callbacks.caller()
         with self._ready:
-            if self._closed:
-                raise FeedError(f"{self.name} is closed")
-            self._items.append(item)
-            self._ready.notify()
+            self._check_open()
+            if caller is None:
+                self._append(item)
+            else:                              # one step's items, in IPU order
+                launch, rank, size = caller
+                if self._writing is None or self._writing[0] is not launch:
+                    self._writing = (launch, {}, {})
+                _, rounds, writes = self._writing
+                step = writes.get(rank, 0)
+                writes[rank] = step + 1
+                rounds.setdefault(step, {})[rank] = item
+                while rounds and len(rounds[min(rounds)]) == size:
+                    done = rounds.pop(min(rounds))
+                    for r in sorted(done):
+                        self._append(done[r])
+            self._ready.notify_all()
+
+    def _claim(self):
+        """The arrival number the caller reads next (None: the first there)."""
+        caller = callbacks.caller()
+        if caller is None:
+            return None
+        launch, rank, size = caller
+        if self._launch is None or self._launch[0] is not launch:
+            first = next(iter(self._items), self._arrived)
+            self._launch = (launch, first, {})
+        _, first, reads = self._launch
+        k = reads.get(rank, 0)
+        reads[rank] = k + 1
+        return first + k * size + rank
 
     def _pop(self, timeout: float | None):
         with self._ready:
-            if not self._ready.wait_for(lambda: self._items or self._closed, timeout):
-                raise FeedTimeout(f"{self.name}: nothing arrived within {timeout} s (put more items, "
-                                  "before the loop needs them or from another thread, or raise the queue's "
-                                  "timeout; note that dispatching another program with feeds or callbacks "
-                                  "waits for this one to finish, so a thread that does so cannot feed it)")
-            if not self._items:
+            key = self._claim()
+            there = (lambda: self._items or self._closed) if key is None else \
+                (lambda: key in self._items or self._closed)
+            if not self._ready.wait_for(there, timeout):
+                self._launch = None
+                raise FeedTimeout(f"{self.name}: nothing arrived within {timeout} s ({self._empty_advice})")
+            if self._closed:
                 raise FeedError(f"{self.name} was closed while a program waited on it")
-            return self._items.popleft()
+            return self._items.pop(next(iter(self._items)) if key is None else key)
 
     def close(self) -> None:
         """Wakes any waiting program with an error; later puts raise."""
@@ -111,6 +161,9 @@ class InfeedQueue(_Queue):
 class OutfeedQueue(_Queue):
     """Values programs write with jax_ipu.outfeed(queue, value)."""
 
+    _empty_advice = ("no program has written more yet: wait longer with get(timeout=...), or check that "
+                     "the program writing it runs and did not fail")
+
     def __init__(self, *, timeout: float = DEFAULT_TIMEOUT, name: str = "outfeed"):
         super().__init__(name, timeout)
 
@@ -119,8 +172,12 @@ class OutfeedQueue(_Queue):
 
     def __iter__(self):
         """Drains what is there now."""
-        while self._items:
-            yield self._items.popleft()
+        while True:
+            with self._ready:
+                if not self._items:
+                    return
+                item = self._items.pop(next(iter(self._items)))
+            yield item
 
 
 def infeed(queue: InfeedQueue):

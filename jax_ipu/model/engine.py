@@ -510,15 +510,17 @@ def _host_call(step: p.HostCall):
     specs = [(t.shape, t.dtype) for t in step.outputs]
     ids = [t.id for t in step.outputs]
 
-    def call(state):
+    def call(state, caller=None):
         # The host gets copies: a callback may keep what it is given.
-        return callbacks.call(step.callback_id, [np.array(r(state)) for r in readers], specs)
+        return callbacks.call(step.callback_id, [np.array(r(state)) for r in readers], specs, caller)
 
     def host_call(state):
         helper.end_session()     # the host may keep us waiting: the helper stops spinning
         replica = links.current()
-        if step.partition is None or replica.launch is None:
+        if replica.launch is None:
             results = call(state)
+        elif step.partition is None:   # every IPU of the launch calls the host (pmap, shard_map)
+            results = call(state, (replica.launch, replica.rank, replica.launch.size))
         else:                    # one partition calls the host; the others get its results
             caller = replica.rank - replica.partition + step.partition
             posted = None

@@ -164,3 +164,32 @@ def test_outfeed_get_waits_and_times_out():
     out = jax_ipu.OutfeedQueue(timeout=0.2)
     with pytest.raises(jax_ipu.FeedTimeout):
         out.get()
+
+
+def test_replicas_share_a_queue_deterministically(ipus):
+    """Under pmap each IPU reads the queue: in its k-th read IPU d of N gets
+    item k*N + d (from where the launch began), as Graphcore's replicated
+    infeed; each step's outfeed items are queued in IPU order. A second
+    launch goes on from where the first ended."""
+    n = len(ipus)
+    feed = jax_ipu.InfeedQueue(jax.ShapeDtypeStruct((2,), np.float32), timeout=30)
+    out = jax_ipu.OutfeedQueue()
+
+    def epoch(acc):
+        def body(i, acc):
+            batch = jax_ipu.infeed(feed)
+            jax_ipu.outfeed(out, {"first": batch[0], "who": lax.axis_index("d")})
+            return acc * 10 + batch
+        return lax.fori_loop(0, 3, body, acc)
+    run = jax.pmap(epoch, axis_name="d", devices=ipus)
+    for launch in range(2):
+        for k in range(3 * n):
+            feed.put(np.full(2, launch * 3 * n + k, np.float32))
+        got = np.asarray(run(np.zeros((n, 2), np.float32)))[:, 0]
+        first = launch * 3 * n
+        want = [sum((first + k * n + d) * 10 ** (2 - k) for k in range(3)) for d in range(n)]
+        np.testing.assert_array_equal(got, want)
+        items = [out.get(timeout=10) for _ in range(3 * n)]
+        assert [int(i["who"]) for i in items] == list(range(n)) * 3
+        assert [float(i["first"]) for i in items] == [first + k for k in range(3 * n)]
+    assert len(feed) == 0 and len(out) == 0
