@@ -43,20 +43,22 @@ def caller():
     return getattr(_caller, "value", None)
 
 
-def call(callback_id: int, args: list[np.ndarray], result_specs, caller=None) -> list[np.ndarray]:
+def call(callback_id: int, args: list[np.ndarray], result_specs,
+         caller_of_this_call=None) -> list[np.ndarray]:
     """Runs a registered callback on host copies of `args` and checks what
-    it returns against `result_specs` [(shape, dtype)]."""
+    it returns against `result_specs` [(shape, dtype)]. caller() returns
+    `caller_of_this_call` while it runs."""
     try:
         fn, where, hidden = _registry[callback_id]
     except KeyError:
         raise IpuRuntimeError(f"host callback {callback_id} is not registered in this process "
                               "(programs with callbacks cannot be serialized)") from None
     name = f"the host callback at {where}" if where else "the host callback"
-    _caller.value = caller
+    outer, _caller.value = caller(), caller_of_this_call     # a callback may run programs calling the host
     try:
         results = fn(*args)
     finally:
-        _caller.value = None
+        _caller.value = outer
     if len(results) != len(result_specs):
         raise IpuRuntimeError(f"{name} returned {len(results) - hidden} values, "
                               f"the program expects {len(result_specs) - hidden}")
