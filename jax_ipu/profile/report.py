@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import json
 import types
+import weakref
 
 import numpy as np
 
@@ -114,11 +115,31 @@ def _step(kind: str, name: str, cycles: int, nbytes: int, phases: dict) -> dict:
     return step
 
 
+# A program's parts of its report that no run changes (memory plan, compute
+# sets, step phases): built once, as they took 10 ms of an MLP step's
+# report, and last_profile is read after every step in training loops.
+_STATIC: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _static(program) -> tuple[dict, list, dict]:
+    parts = _STATIC.get(program)
+    if parts is None:
+        parts = _STATIC[program] = (memory(program), compute_sets(program), _phases(program))
+    return parts
+
+
+def _copy_memory(m: dict) -> dict:
+    """A copy the caller may change without changing the cached one."""
+    return {**m, "largest_tensors_on_max_tile": [{**t, "shape": list(t["shape"])}
+                                                 for t in m["largest_tensors_on_max_tile"]],
+            "per_tile": {k: list(v) for k, v in m["per_tile"].items()}}
+
+
 def build(program, run, device) -> dict:
     """The report of `program`'s run (a model.engine.RunRecord) on a pjrt
     Device (or anything with .id and .target)."""
     target = device.target
-    phases = _phases(program)
+    memory_part, compute_part, phases = _static(program)
     steps = [_step(kind, name, cycles, nbytes, phases) for kind, name, cycles, nbytes in run.steps[:MAX_STEPS]]
     host = host_transfers(program, target)
     cycles = int(run.cycles)
@@ -131,8 +152,8 @@ def build(program, run, device) -> dict:
         "target": {"name": target.name, "num_tiles": target.num_tiles, "bytes_per_tile": target.bytes_per_tile,
                    "clock_hz": target.clock_hz, "host_link_bytes_per_second": target.host_link_bytes_per_second,
                    "description": target.describe()},
-        "memory": memory(program),
-        "compute_sets": compute_sets(program),
+        "memory": _copy_memory(memory_part),
+        "compute_sets": [{**c, "codelets": dict(c["codelets"])} for c in compute_part],
         "steps": steps,
         "steps_not_listed": max(len(run.steps) - MAX_STEPS, 0),
         "exchange_bytes": int(run.exchange_bytes),

@@ -111,6 +111,25 @@ def test_last_profile_without_profiling(ipus):
     assert "runs" not in report
 
 
+def test_last_profile_after_every_step_is_a_fresh_copy(ipu, mlp_args):
+    """A program's memory plan and compute sets are built into its report
+    once (last_profile after every step took 8 ms an MLP step); each
+    report is still the caller's own to change, and equal to a fresh build."""
+    from jax_ipu.profile import report as report_module
+    f = jax.jit(mlp)
+    f(*mlp_args).block_until_ready()
+    first = jax_ipu.last_profile(ipu)
+    first["memory"]["per_tile"]["peak"][0] = -1
+    first["memory"]["largest_tensors_on_max_tile"][0]["shape"].append(99)
+    first["compute_sets"][0]["codelets"]["changed"] = 1
+    f(*mlp_args).block_until_ready()
+    second = jax_ipu.last_profile(ipu)
+    program = next(p for p in report_module._STATIC if p.name == second["program"])
+    assert second["memory"] == report_module.memory(program)
+    assert second["compute_sets"] == report_module.compute_sets(program)
+    assert second["memory"]["per_tile"]["peak"][0] >= 0 and "changed" not in second["compute_sets"][0]["codelets"]
+
+
 def test_report_command(tmp_path, ipu, mlp_args, capsys):
     with jax_ipu.profiling(str(tmp_path)):
         jax.jit(mlp)(*mlp_args).block_until_ready()
