@@ -111,10 +111,10 @@ def start(directory: str | None = None, write_at_exit: bool = False) -> Session:
 def stop() -> list[dict]:
     """Stops recording, writes the session's files, returns its reports."""
     global ACTIVE
-    session, ACTIVE = ACTIVE, None
-    if session is None:
+    if ACTIVE is None:
         return []
-    _wait_for_devices()
+    _wait_for_devices()      # runs dispatched before stop() are the session's, finished or not
+    session, ACTIVE = ACTIVE, None
     reports = session.reports()
     session.write(reports)
     return reports

@@ -130,6 +130,17 @@ def test_last_profile_after_every_step_is_a_fresh_copy(ipu, mlp_args):
     assert second["memory"]["per_tile"]["peak"][0] >= 0 and "changed" not in second["compute_sets"][0]["codelets"]
 
 
+def test_runs_still_going_when_the_session_ends_are_recorded(tmp_path, ipu, mlp_args):
+    """Dispatch is asynchronous: a step called inside `profiling` and not
+    waited for is still the session's (it was dropped: no results)."""
+    f = jax.jit(lambda w1, w2, x: mlp(w1, w2, x) * 3)
+    for warm in (False, True):
+        with jax_ipu.profiling(str(tmp_path / f"p{warm}")) as session:
+            f(*mlp_args)
+        assert len(session.results) == 1 and session.results[0]["runs"]["count"] == 1
+        assert sorted(os.listdir(tmp_path / f"p{warm}")) == ["jit__lambda-0.json", "jit__lambda-0.trace.json"]
+
+
 def test_report_command(tmp_path, ipu, mlp_args, capsys):
     with jax_ipu.profiling(str(tmp_path)):
         jax.jit(mlp)(*mlp_args).block_until_ready()
