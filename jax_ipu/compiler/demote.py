@@ -11,8 +11,8 @@ wraps at 32 bits. Ops whose meaning depends on the bit width cannot be kept that
 and are refused, naming the op: bitcast_convert of a 64-bit type (e.g.
 jax.random's float64 sampling builds floats from 64 random bits),
 count_leading_zeros and popcnt of 64-bit integers, and shifts of 64-bit
-integers by a constant of 32 or more (jax.random's int64 samplers join two
-32-bit words so). complex128 stays refused (the IPU has no complex type)."""
+integers by a constant array holding 32 or more (jax.random's int64
+samplers join two 32-bit words so) or by an amount computed at run time. complex128 stays refused (the IPU has no complex type)."""
 from __future__ import annotations
 
 import numpy as np
@@ -68,9 +68,12 @@ def _block(block: ir.Block, seen: set, refused: dict | None = None) -> None:
             ops.extend(rewritten)
             continue
         shift = op.name in _SHIFTS and largest.get(op.operands[1], 0) >= 32 and op.operands[1] not in splat
-        if wide and (op.name in _BIT_LEVEL or shift):
+        # An amount computed at run time may be 32 or more: a 32-bit shift gives another answer.
+        runtime_shift = op.name in _SHIFTS and op.operands[1] not in largest
+        if wide and (op.name in _BIT_LEVEL or shift or runtime_shift):
             what = ("it shifts a 64-bit integer by 32 bits or more" if shift else
-                    "it works on the bits of a 64-bit value")
+                    "it shifts a 64-bit integer by an amount known only at run time (32 or more would "
+                    "differ)" if runtime_shift else "it works on the bits of a 64-bit value")
             raise IpuUnimplementedError.for_op(
                 op, f"{what}, which JAX_IPU_F64_AS_F32 runs as a 32-bit one",
                 "Use 32-bit types for this computation (e.g. dtype=jnp.float32 or jnp.int32 for jax.random "

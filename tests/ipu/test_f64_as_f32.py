@@ -223,3 +223,23 @@ def test_integer_constants_beyond_32_bits_are_refused_at_their_line_sentinels_ru
     assert j == np.argmax(a) and set(np.unique(r)) == set(range(-3, 5))
     np.testing.assert_array_equal(m, np.arange(4) - 16)   # int32 wrap of 0xFFFFFFF0 + i
     """, JAX_IPU_F64_AS_F32="1")
+
+
+def test_64_bit_shifts_by_amounts_known_only_at_run_time_are_refused():
+    # srl(int64 -1, 40) is 2**24 - 1; run as 32 bits it would be 0, silently.
+    _run("""
+    x = jax.device_put(np.array([3, -1, 2]), ipu)
+    try:
+        jax.jit(lambda v, s: jax.lax.shift_right_logical(v, s))(x, jax.device_put(np.array([40, 40, 40]), ipu))
+        raise SystemExit("a 64-bit shift by a run-time amount ran")
+    except SystemExit:
+        raise
+    except Exception as exc:
+        message = str(exc)
+        assert "shift_right_logical at <string>:" in message and "known only at run time" in message, message
+    # constant amounts run, as the CPU computes them
+    for f in (lambda v: jax.lax.shift_right_logical(v, jnp.int64(40)), lambda v: v << 3, lambda v: v >> 2):
+        got = np.asarray(jax.jit(f)(x))
+        want = np.asarray(jax.jit(f)(jax.device_put(np.array([3, -1, 2]), jax.devices("cpu")[0])))
+        np.testing.assert_array_equal(got, want)
+    """, JAX_IPU_F64_AS_F32="1")
