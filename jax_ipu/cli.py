@@ -80,7 +80,7 @@ def _devices(args) -> int:
     import jax
     import jax_ipu
     for device in jax.devices("ipu"):
-        print(f"{device}: {jax_ipu.target(device).describe()}")
+        print(f"{device!r}: {jax_ipu.target(device).describe()}")
     return 0
 
 

@@ -62,7 +62,8 @@ class Client:
         if not program.memory.fits:
             import warnings
             warnings.warn(f"{program.name} does not fit in {self.target.describe()} ({program.memory.describe()}); "
-                          "compiled anyway (JAX_IPU_ALLOW_OUT_OF_MEMORY): see its profile", stacklevel=2)
+                          "compiled anyway, as allow_out_of_memory asks (JAX_IPU_ALLOW_OUT_OF_MEMORY, "
+                          "debug.allowOutOfMemory or the compiler option): see its profile", stacklevel=2)
         assignment_proto = parsed.executable_build_options.device_assignment
         if assignment_proto is not None:
             serialized = assignment_proto.serialize()

@@ -325,3 +325,12 @@ def test_out_of_memory_writes_a_report(tmp_path, how):
 def test_out_of_memory_without_profiling_writes_nothing(tmp_path):
     done = run_python(OOM_PROGRAM.format(open=""), JAX_IPU_MODEL_NUM_TILES="4")
     assert "ERROR JaxRuntimeError" in done.stdout and jax_ipu.profile.ACTIVE is None
+
+
+def test_devices_command_lists_each_ipu_once(ipus, capsys):
+    assert cli.main(["devices"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(ipus)
+    for device, line in zip(ipus, lines):
+        description = jax_ipu.target(device).describe()
+        assert line == f"{device!r}: {description}" and line.count(description) == 1
