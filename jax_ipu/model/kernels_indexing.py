@@ -16,31 +16,47 @@ from jax_ipu.model.elementwise import _total_order_key
 from jax_ipu.model.kernels import REDUCE_UFUNCS, _instruction, reader
 
 
-def _scalar(source) -> Callable:
-    if isinstance(source, View):
-        get = reader(source)
-        return lambda state: int(np.asarray(get(state)).reshape(()))
-    value = int(np.asarray(source).reshape(()))
-    return lambda state: value
+def _window(starts, shape, sizes) -> Callable:
+    """fn(state) -> the slices of a dynamic slice's window, each start
+    clamped so that the window fits (as XLA). Constant starts are clamped
+    once, here; a start read from a tensor (a loop counter) on each run."""
+    parts = []
+    for source, dim, size in zip(starts, shape, sizes):
+        if isinstance(source, View):
+            parts.append((reader(source), dim - size, size))
+        else:
+            start = min(max(int(np.asarray(source).reshape(())), 0), dim - size)
+            parts.append(slice(start, start + size))
+    if all(type(part) is slice for part in parts):
+        fixed = tuple(parts)
+        return lambda state: fixed
 
-
-def _clamped_starts(starts, state, shape, sizes) -> list[int]:
-    return [min(max(get(state), 0), dim - size) for get, dim, size in zip(starts, shape, sizes)]
+    def window(state):
+        out = []
+        for part in parts:
+            if type(part) is slice:
+                out.append(part)
+            else:
+                get, last, size = part
+                start = get(state).item()
+                start = 0 if start < 0 else last if start > last else start
+                out.append(slice(start, start + size))
+        return tuple(out)
+    return window
 
 
 def _build_dynamic_slice(k: ci.DynamicSlice):
-    get, starts, tid, sizes = reader(k.operand), [_scalar(s) for s in k.starts], k.out.id, k.out.shape
+    get, tid = reader(k.operand), k.out.id
+    window = _window(k.starts, k.operand.shape, k.out.shape)
 
     def run(state):
-        x = get(state)
-        at = _clamped_starts(starts, state, x.shape, sizes)
-        state[tid] = np.array(x[tuple(slice(a, a + s) for a, s in zip(at, sizes))])
+        state[tid] = np.array(get(state)[window(state)])
     return run
 
 
 def _build_dynamic_update_slice(k: ci.DynamicUpdateSlice):
-    get, update, starts, tid = reader(k.operand), reader(k.update), [_scalar(s) for s in k.starts], k.out.id
-    sizes = k.update.shape
+    get, update, tid = reader(k.operand), reader(k.update), k.out.id
+    window = _window(k.starts, k.operand.shape, k.update.shape)
 
     # The compiler writes the result into the operand's tensor when nothing
     # reads the operand afterwards.
@@ -52,8 +68,7 @@ def _build_dynamic_update_slice(k: ci.DynamicUpdateSlice):
             out = target.reshape(shape)     # the same memory, unless laid out otherwise
         else:
             out = np.array(get(state))
-        at = _clamped_starts(starts, state, out.shape, sizes)
-        out[tuple(slice(a, a + s) for a, s in zip(at, sizes))] = update(state)
+        out[window(state)] = update(state)
         state[tid] = out.reshape(out_shape)
     return run
 
