@@ -7,12 +7,13 @@ arrays; the buffers convert on the way to and from the device. Constants
 are rounded (floats, IEEE); integer ones keep their low 32 bits when they
 fit a 32-bit pattern, int64's limits (JAX's sentinels) become int32's, and
 others beyond 32 bits are refused, naming the op. Integer arithmetic then
-wraps at 32 bits. Ops whose meaning depends on the bit width cannot be kept that way
-and are refused, naming the op: bitcast_convert of a 64-bit type (e.g.
-jax.random's float64 sampling builds floats from 64 random bits),
+wraps at 32 bits. Ops whose meaning depends on the bit width cannot be kept
+that way and are refused, naming the op: bitcast_convert of a 64-bit type
+(e.g. jax.random's float64 sampling builds floats from 64 random bits),
 count_leading_zeros and popcnt of 64-bit integers, and shifts of 64-bit
 integers by a constant array holding 32 or more (jax.random's int64
-samplers join two 32-bit words so) or by an amount computed at run time. complex128 stays refused (the IPU has no complex type)."""
+samplers join two 32-bit words so) or by an amount computed at run time.
+complex128 stays refused (the IPU has no complex type)."""
 from __future__ import annotations
 
 import numpy as np

@@ -10,7 +10,7 @@ import numpy as np
 
 from jax_ipu import ir
 from jax_ipu.errors import IpuCompileError, IpuUnimplementedError
-from jax_ipu.model.targets import IPU_DTYPES
+from jax_ipu.model.targets import IPU_DTYPES, USE_IPU_TYPES
 
 # Ops whose results are their operands, unchanged.
 _IDENTITIES = {"optimization_barrier", "sdy.sharding_constraint", "sharding_constraint"}
@@ -151,7 +151,7 @@ def _check_type(t: ir.Type, op: ir.Op | None, where: str | None) -> None:
                   "False)) and cast to float32/int32; or opt into running 64-bit types as 32-bit ones "
                   "with JAX_IPU_F64_AS_F32=1 (or jax_ipu.set_f64_as_f32(True))")
     else:
-        advice = "Use float32 or float16 (the IPU holds f32, f16, i32, u32, i16, u16, i8, u8, bool)"
+        advice = USE_IPU_TYPES
     if op is None:
         raise IpuUnimplementedError(f"{where}: {problem}. {advice}")
     raise IpuUnimplementedError.for_op(op, problem, advice)

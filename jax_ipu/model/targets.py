@@ -11,6 +11,8 @@ from jax_ipu.errors import IpuInvalidArgument
 # The element types IPU tiles hold; no 64-bit, bfloat16 or complex types.
 IPU_DTYPES: frozenset[np.dtype] = frozenset(np.dtype(t) for t in (
     np.float32, np.float16, np.int32, np.uint32, np.int16, np.uint16, np.int8, np.uint8, np.bool_))
+# What a compile error for a type outside IPU_DTYPES advises.
+USE_IPU_TYPES = "Use float32 or float16 (the IPU holds f32, f16, i32, u32, i16, u16, i8, u8, bool)"
 # The 64-bit types the IPU runs as 32-bit ones when asked to (JAX_IPU_F64_AS_F32).
 AS_32: dict[np.dtype, np.dtype] = {np.dtype(np.float64): np.dtype(np.float32),
                                    np.dtype(np.int64): np.dtype(np.int32),

@@ -13,6 +13,7 @@ from jaxlib.mlir.dialects import stablehlo
 
 from jax_ipu import ir
 from jax_ipu.errors import IpuCompileError, IpuUnimplementedError
+from jax_ipu.model.targets import USE_IPU_TYPES
 from jax_ipu.stablehlo import attributes, constants, deserialize, locations
 
 # Terminators: their operands become the enclosing Block's results.
@@ -154,10 +155,8 @@ def _convert_type(mlir_type, where: str) -> ir.Type:
     element = str(mlir_type.element_type)
     dtype = ir.ELEMENT_TYPES.get(element)
     if dtype is None:
-        raise IpuUnimplementedError(
-            f"{where}: element type {element} is not supported. Use float32 or float16 (the IPU holds "
-            "f32, f16, i32, u32, i16, u16, i8, u8, bool; f64/i64 run as 32-bit types with "
-            "JAX_IPU_F64_AS_F32=1)")
+        raise IpuUnimplementedError(f"{where}: element type {element} is not supported. {USE_IPU_TYPES}; "
+                                    "f64/i64 run as 32-bit types with JAX_IPU_F64_AS_F32=1")
     return ir.TensorType(tuple(mlir_type.shape), dtype)
 
 
