@@ -1,0 +1,278 @@
+# ----------------------------------------------------------- executables --
+
+cdef PJRT_LoadedExecutable* build_executable(PJRT_Client* c, object py_exe) except NULL:
+    """Mirrors a jax_ipu.pjrt.executable.Executable; its `keepalive` owns
+    the arrays and strings the struct points at."""
+    import numpy as np
+    cdef list keep = py_exe.keepalive
+    cdef PJRT_LoadedExecutable* e = <PJRT_LoadedExecutable*>calloc(1, sizeof(PJRT_LoadedExecutable))
+    cdef const int[:] types
+    cdef const int64_t[:] dims
+    cdef const size_t[:] dim_sizes
+    cdef const size_t[:] kind_sizes
+    cdef const uintptr_t[:] kinds
+    cdef size_t i
+    Py_INCREF(py_exe)
+    e.refs = 1
+    e.py = <void*>py_exe
+    e.client = c
+    e.name = kept(keep, py_exe.name, &e.name_size)
+    e.fingerprint = kept(keep, py_exe.fingerprint, &e.fingerprint_size)
+    e.num_replicas = py_exe.num_replicas
+    e.num_partitions = py_exe.num_partitions
+    e.num_outputs = len(py_exe.output_types)
+    e.num_params = py_exe.num_params
+    types_arr = np.asarray(py_exe.output_types + [0], dtype=np.intc)
+    dims_arr = np.asarray([d for shape in py_exe.output_shapes for d in shape] + [0], dtype=np.int64)
+    sizes_arr = np.asarray([len(s) for s in py_exe.output_shapes] + [0], dtype=np.uintp)
+    kind = b"device"
+    n_kinds = max(e.num_outputs, e.num_params, 1)
+    kinds_arr = np.full(n_kinds, <uintptr_t>PyBytes_AS_STRING(kind), dtype=np.uintp)
+    kind_sizes_arr = np.full(n_kinds, len(kind), dtype=np.uintp)
+    keep.extend([types_arr, dims_arr, sizes_arr, kind, kinds_arr, kind_sizes_arr])
+    types = types_arr
+    dims = dims_arr
+    dim_sizes = sizes_arr
+    kinds = kinds_arr
+    kind_sizes = kind_sizes_arr
+    e.output_types = &types[0]
+    e.output_dims = &dims[0]
+    e.output_dim_sizes = &dim_sizes[0]
+    e.memory_kinds = <const char* const*>&kinds[0]
+    e.memory_kind_sizes = &kind_sizes[0]
+    e.num_devices = len(py_exe.device_ids)
+    e.devices = <PJRT_Device**>calloc(max(e.num_devices, 1), sizeof(void*))
+    e.logical_ids = <LogicalDeviceIds*>calloc(max(e.num_devices, 1), sizeof(LogicalDeviceIds))
+    for i in range(e.num_devices):
+        e.devices[i] = device_by_id(c, py_exe.device_ids[i])
+        e.logical_ids[i].replica, e.logical_ids[i].partition = py_exe.logical_ids[i]
+    cost = list(py_exe.cost_analysis.items())
+    e.cost = named_values(cost, keep)
+    e.num_cost = len(cost)
+    stats = py_exe.memory_stats
+    e.code_bytes = stats["code"]
+    e.argument_bytes = stats["arguments"]
+    e.output_bytes = stats["outputs"]
+    e.alias_bytes = stats["aliased"]
+    e.temp_bytes = stats["temporary"]
+    e.peak_bytes = stats["peak"]
+    return e
+
+cdef void executable_unref(PJRT_LoadedExecutable* e) noexcept nogil:
+    if e == NULL or ipu_atomic_add(&e.refs, -1) != 0:
+        return
+    free(e.devices)
+    free(e.logical_ids)
+    free(e.cost)
+    py_release(e.py)
+    free(e)
+
+cdef PJRT_Error* e_client_compile(PJRT_Client_Compile_Args* a) noexcept nogil:
+    with gil:
+        saved = py_enter()
+        try:
+            drain_released_now()
+            code = a.program.code[:a.program.code_size]
+            fmt = a.program.format[:a.program.format_size].decode()
+            options = a.compile_options[:a.compile_options_size]
+            py_exe = (<object>a.client.py).compile(code, fmt, options)
+            a.executable = build_executable(a.client, py_exe)
+            return NULL
+        except BaseException as exc:
+            return error_from_exception(exc)
+        finally:
+            py_leave(saved)
+
+cdef PJRT_Error* e_executable_destroy(PJRT_Executable_Args* a) noexcept nogil:
+    executable_unref(a.executable)
+    return NULL
+
+cdef PJRT_Error* e_loaded_executable_delete(PJRT_Executable_Args* a) noexcept nogil:
+    a.executable.deleted = 1
+    return NULL
+
+cdef PJRT_Error* e_loaded_executable_is_deleted(PJRT_LoadedExecutable_IsDeleted_Args* a) noexcept nogil:
+    a.is_deleted = a.executable.deleted != 0
+    return NULL
+
+cdef PJRT_Error* e_loaded_executable_get_executable(PJRT_LoadedExecutable_GetExecutable_Args* a) noexcept nogil:
+    ipu_atomic_add(&a.loaded_executable.refs, 1)
+    a.executable = a.loaded_executable
+    return NULL
+
+cdef PJRT_Error* e_executable_name(PJRT_Executable_String_Args* a) noexcept nogil:
+    a.str = a.executable.name
+    a.str_size = a.executable.name_size
+    return NULL
+
+cdef PJRT_Error* e_executable_fingerprint(PJRT_Executable_String_Args* a) noexcept nogil:
+    a.str = a.executable.fingerprint
+    a.str_size = a.executable.fingerprint_size
+    return NULL
+
+cdef PJRT_Error* e_executable_num_replicas(PJRT_Executable_Size_Args* a) noexcept nogil:
+    a.value = a.executable.num_replicas
+    return NULL
+
+cdef PJRT_Error* e_executable_num_partitions(PJRT_Executable_Size_Args* a) noexcept nogil:
+    a.value = a.executable.num_partitions
+    return NULL
+
+cdef PJRT_Error* e_executable_num_outputs(PJRT_Executable_Size_Args* a) noexcept nogil:
+    a.value = a.executable.num_outputs
+    return NULL
+
+cdef PJRT_Error* e_executable_code_size(PJRT_Executable_CodeSize_Args* a) noexcept nogil:
+    a.size_in_bytes = a.executable.code_bytes
+    return NULL
+
+cdef PJRT_Error* e_executable_cost_analysis(PJRT_Executable_GetCostAnalysis_Args* a) noexcept nogil:
+    a.properties = a.executable.cost
+    a.num_properties = a.executable.num_cost
+    return NULL
+
+cdef PJRT_Error* e_executable_output_memory_kinds(PJRT_Executable_MemoryKinds_Args* a) noexcept nogil:
+    a.num = a.executable.num_outputs
+    a.memory_kinds = a.executable.memory_kinds
+    a.memory_kind_sizes = a.executable.memory_kind_sizes
+    return NULL
+
+cdef PJRT_Error* e_executable_parameter_memory_kinds(PJRT_Executable_MemoryKinds_Args* a) noexcept nogil:
+    a.num = a.executable.num_params
+    a.memory_kinds = a.executable.memory_kinds
+    a.memory_kind_sizes = a.executable.memory_kind_sizes
+    return NULL
+
+cdef PJRT_Error* e_executable_output_element_types(PJRT_Executable_OutputElementTypes_Args* a) noexcept nogil:
+    a.output_types = a.executable.output_types
+    a.num_output_types = a.executable.num_outputs
+    return NULL
+
+cdef PJRT_Error* e_executable_output_dimensions(PJRT_Executable_OutputDimensions_Args* a) noexcept nogil:
+    a.num_outputs = a.executable.num_outputs
+    a.dims = a.executable.output_dims
+    a.dim_sizes = a.executable.output_dim_sizes
+    return NULL
+
+cdef PJRT_Error* e_executable_compiled_memory_stats(PJRT_Executable_GetCompiledMemoryStats_Args* a) noexcept nogil:
+    cdef PJRT_LoadedExecutable* e = a.executable
+    ipu_clear_compiled_memory_stats(a)
+    a.generated_code_size_in_bytes = e.code_bytes
+    a.argument_size_in_bytes = e.argument_bytes
+    a.output_size_in_bytes = e.output_bytes
+    a.alias_size_in_bytes = e.alias_bytes
+    a.temp_size_in_bytes = e.temp_bytes
+    a.host_generated_code_size_in_bytes = 0
+    a.host_argument_size_in_bytes = 0
+    a.host_output_size_in_bytes = 0
+    a.host_alias_size_in_bytes = 0
+    a.host_temp_size_in_bytes = 0
+    a.peak_memory_in_bytes = e.peak_bytes
+    return NULL
+
+cdef PJRT_Error* e_loaded_executable_addressable_devices(PJRT_LoadedExecutable_AddressableDevices_Args* a) noexcept nogil:
+    a.devices = a.executable.devices
+    a.num_devices = a.executable.num_devices
+    return NULL
+
+cdef PJRT_Error* e_loaded_executable_logical_ids(PJRT_LoadedExecutable_LogicalIds_Args* a) noexcept nogil:
+    a.ids = a.executable.logical_ids
+    a.num_ids = a.executable.num_devices
+    return NULL
+
+cdef void blob_delete(PJRT_Blob* blob) noexcept nogil:
+    py_release(blob.py)
+    free(blob)
+
+cdef PJRT_Error* e_loaded_executable_device_assignment(PJRT_Executable_Blob_Args* a) noexcept nogil:
+    # The framework aborts on an error here: the Python side computed the
+    # bytes at compile time, so this cannot fail but for lack of memory.
+    cdef PJRT_Blob* blob = <PJRT_Blob*>malloc(sizeof(PJRT_Blob))
+    with gil:
+        saved = py_enter()
+        data = (<object>a.executable.py).serialized_device_assignment
+        Py_INCREF(data)
+        blob.py = <void*>data
+        a.serialized_bytes = PyBytes_AS_STRING(data)
+        a.serialized_bytes_size = PyBytes_GET_SIZE(data)
+        py_leave(saved)
+    a.blob = blob
+    a.deleter = blob_delete
+    return NULL
+
+cdef PJRT_Error* shardings_of(PJRT_Shardings_Args* a, bint outputs) noexcept with gil:
+    """The executable's serialized OpShardings (null arrays when unknown):
+    JAX's view of how a program over several IPUs splits its values."""
+    cdef const uintptr_t[:] ptrs
+    cdef const size_t[:] sizes
+    a.num_shardings = 0
+    a.shardings = NULL
+    a.sharding_sizes = NULL
+    saved = py_enter()
+    try:
+        import numpy as np
+        py_exe = <object>a.executable.py
+        protos = py_exe.output_shardings if outputs else py_exe.parameter_shardings
+        if protos is None:
+            return NULL
+        blobs = [bytes(p) + b"\0" for p in protos]      # never an empty buffer
+        ptr_arr = np.asarray([<uintptr_t>PyBytes_AS_STRING(b) for b in blobs] + [0], dtype=np.uintp)
+        size_arr = np.asarray([len(p) for p in protos] + [0], dtype=np.uintp)
+        py_exe.keepalive.extend([blobs, ptr_arr, size_arr])
+        ptrs = ptr_arr
+        sizes = size_arr
+        a.num_shardings = len(protos)
+        a.shardings = <const char* const*>&ptrs[0]
+        a.sharding_sizes = &sizes[0]
+        return NULL
+    except BaseException as exc:
+        return error_from_exception(exc)
+    finally:
+        py_leave(saved)
+
+cdef PJRT_Error* e_parameter_shardings(PJRT_Shardings_Args* a) noexcept nogil:
+    return shardings_of(a, False)
+
+cdef PJRT_Error* e_output_shardings(PJRT_Shardings_Args* a) noexcept nogil:
+    return shardings_of(a, True)
+
+cdef PJRT_Error* e_loaded_executable_execute(PJRT_LoadedExecutable_Execute_Args* a) noexcept nogil:
+    cdef PJRT_LoadedExecutable* e = a.executable
+    cdef PJRT_Buffer* b
+    cdef size_t d, i
+    if e.deleted:
+        return make_error(CODE_FAILED_PRECONDITION, b"the IPU executable has been deleted", 35)
+    with gil:
+        saved = py_enter()
+        try:
+            drain_released_now()
+            args = []
+            for d in range(a.num_devices):
+                row = []
+                for i in range(a.num_args):
+                    b = a.argument_lists[d][i]
+                    if b.deleted:
+                        raise ValueError(f"argument {i} of the IPU program has been deleted or donated")
+                    row.append(<object>b.py)
+                args.append(row)
+            non_donatable = None
+            if a.options != NULL and a.options.num_non_donatable_input_indices:
+                non_donatable = {a.options.non_donatable_input_indices[i]
+                                 for i in range(a.options.num_non_donatable_input_indices)}
+            device_id = a.execute_device.id if a.execute_device != NULL else None
+            outputs, events, donated, runs = (<object>e.py).execute(args, device_id, non_donatable)
+            for d in range(a.num_devices):
+                for i in donated:
+                    buffer_drop_storage(a.argument_lists[d][i])
+                for i in range(e.num_outputs):
+                    a.output_lists[d][i] = wrap_buffer(e.client, outputs[d][i])
+                if a.device_complete_events != NULL:
+                    a.device_complete_events[d] = event_of(events[d])
+            if runs is not None:
+                (<object>e.py).launch(runs)
+            return NULL
+        except BaseException as exc:
+            return error_from_exception(exc)
+        finally:
+            py_leave(saved)
+
