@@ -22,7 +22,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jax_ipu  # noqa: E402
-from jax_ipu.compiler.collectives import collective_cycles  # noqa: E402
+from jax_ipu.compiler.lowering.collectives import collective_cycles  # noqa: E402
 
 
 def loss(params, x, y):

@@ -8,7 +8,7 @@ Install it and JAX finds the `ipu` platform by itself:
 
 This module holds the small public API; nothing heavy is imported here.
 """
-__version__ = "0.1.0"
+from jax_ipu.version import __version__  # noqa: F401
 
 from jax_ipu import profile  # noqa: F401  (light: start/stop/profiling)
 from jax_ipu.errors import (IpuCompileError, IpuError, IpuInvalidArgument,  # noqa: F401
@@ -26,7 +26,7 @@ def _client():
 
 def target(device=None):
     """The modelled IPU behind a jax device (the first IPU when None): its
-    figures (tiles, SRAM per tile, clock, ...) as a jax_ipu.model.targets.Target."""
+    figures (tiles, SRAM per tile, clock, ...) as a jax_ipu.targets.Target."""
     client = _client()
     return client.device(0 if device is None else device.id).target
 
@@ -63,7 +63,6 @@ def last_profile(device=None) -> dict | None:
     """The profile report (a dict, as written to JSON) of the last program
     run on an IPU device (the first when None), whether or not profiling is
     on; None before any run. Waits for the runs already queued."""
-    from jax_ipu import profile
     return profile.last(_client().device(0 if device is None else device.id))
 
 

@@ -15,9 +15,9 @@ import threading
 import numpy as np
 
 from jax_ipu.errors import IpuRuntimeError
-from jax_ipu.model.targets import AS_32
+from jax_ipu.ir import HOST_CALLBACK_TARGET
+from jax_ipu.targets import AS_32
 
-TARGET = "jax_ipu.host_callback"
 _registry: dict[int, object] = {}
 _ids = itertools.count()
 _lock = threading.Lock()
@@ -123,7 +123,7 @@ def _emit(original):
         if token is not None:
             all_operands = [token, *all_operands]
             result_types = [hlo.TokenType.get(), *result_types]
-        op = mlir.custom_call(TARGET, result_types=result_types, operands=all_operands,
+        op = mlir.custom_call(HOST_CALLBACK_TARGET, result_types=result_types, operands=all_operands,
                               backend_config=config, has_side_effect=has_side_effect)
         results = list(op.results)
         if token is not None:
@@ -153,9 +153,14 @@ def _no_fast_path_with_ordered_effects(original):
 
 
 def install() -> None:
-    """Registers the ipu lowerings of JAX's callback primitives (idempotent)."""
+    """Registers the ipu lowerings of JAX's callback primitives, and this
+    module as the host side of the Model's HostCall steps (idempotent)."""
     from jax._src import callback, debugging
     from jax._src.interpreters import mlir, pxla
+
+    from jax_ipu.model import engine
+
+    engine.host_caller = call
 
     if not hasattr(callback.emit_python_callback, "__wrapped__"):
         callback.emit_python_callback = _emit(callback.emit_python_callback)

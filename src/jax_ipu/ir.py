@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 
 # StableHLO element type name -> numpy dtype. The IPU holds only some of
-# these (see jax_ipu.model.targets.IPU_DTYPES); the rest exist so that the
+# these (see jax_ipu.targets.IPU_DTYPES); the rest exist so that the
 # compiler can name them in a clear error.
 ELEMENT_TYPES: dict[str, np.dtype] = {
     "i1": np.dtype(np.bool_),
@@ -31,6 +31,53 @@ ELEMENT_TYPES: dict[str, np.dtype] = {
     "complex<f64>": np.dtype(np.complex128),
 }
 TYPE_NAMES: dict[np.dtype, str] = {v: k for k, v in ELEMENT_TYPES.items()}
+
+# The custom_call target of host callbacks (jax_ipu.callbacks emits it, the
+# compiler lowers it to a HostCall).
+HOST_CALLBACK_TARGET = "jax_ipu.host_callback"
+
+# Dimension numbers of dot_general, gather, scatter and convolution, with
+# the StableHLO spec's field names.
+
+@dataclasses.dataclass(frozen=True)
+class DotDimensionNumbers:
+    lhs_batching_dimensions: tuple[int, ...]
+    rhs_batching_dimensions: tuple[int, ...]
+    lhs_contracting_dimensions: tuple[int, ...]
+    rhs_contracting_dimensions: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class GatherDimensionNumbers:
+    offset_dims: tuple[int, ...]
+    collapsed_slice_dims: tuple[int, ...]
+    operand_batching_dims: tuple[int, ...]
+    start_indices_batching_dims: tuple[int, ...]
+    start_index_map: tuple[int, ...]
+    index_vector_dim: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ScatterDimensionNumbers:
+    update_window_dims: tuple[int, ...]
+    inserted_window_dims: tuple[int, ...]
+    input_batching_dims: tuple[int, ...]
+    scatter_indices_batching_dims: tuple[int, ...]
+    scatter_dims_to_operand_dims: tuple[int, ...]
+    index_vector_dim: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvDimensionNumbers:
+    input_batch_dimension: int
+    input_feature_dimension: int
+    input_spatial_dimensions: tuple[int, ...]
+    kernel_input_feature_dimension: int
+    kernel_output_feature_dimension: int
+    kernel_spatial_dimensions: tuple[int, ...]
+    output_batch_dimension: int
+    output_feature_dimension: int
+    output_spatial_dimensions: tuple[int, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +122,7 @@ class Value:
 @dataclasses.dataclass(eq=False)
 class Block:
     args: list[Value]
-    ops: list["Op"]
+    ops: list[Op]
     results: list[Value]  # the operands of the block's return terminator
 
 

@@ -1,6 +1,9 @@
 """Shared fixtures. The tests run against the installed plugin, as a user
 would: JAX discovers it through its jax_plugins entry point."""
 import os
+import subprocess
+import sys
+import tempfile
 
 # Two modelled IPUs, so that device-to-device copies and placement on a
 # second device are tested; tests of the defaults run in subprocesses.
@@ -50,11 +53,8 @@ def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
     return rng.integers(max(info.min, -100), min(info.max, 100), size=shape, endpoint=True).astype(dtype)
 
 
-def run_python(code: str, **env) -> "subprocess.CompletedProcess":
+def run_python(code: str, **env) -> subprocess.CompletedProcess:
     """Runs `code` in a fresh interpreter with extra environment variables."""
-    import subprocess
-    import sys
-    import tempfile
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_IPU", "TF_POPLAR"))}
     full_env.pop("JAX_PLATFORMS", None)
     full_env.update(env)

@@ -155,7 +155,7 @@ def test_eight_threads_calling_at_once(ipus):
 
 def test_a_compiler_bug_is_reported_with_the_op_and_line(ipu, monkeypatch):
     import importlib
-    lower = importlib.import_module("jax_ipu.compiler.lower")  # the package re-exports lower()
+    lower = importlib.import_module("jax_ipu.compiler.passes.lower")  # the package re-exports lower()
 
     def broken_rule(b, op):
         raise ValueError("simulated compiler bug")

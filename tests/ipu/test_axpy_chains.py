@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import on_cpu, run_on
-from jax_ipu.model import blas
+from jax_ipu.model.fast import blas
 
 # x86-64 kernels fuse the multiply-add; elsewhere allow the ulp a second rounding makes.
 ULPS = 0 if platform.machine() in ("x86_64", "AMD64") else 1

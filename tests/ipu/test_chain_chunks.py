@@ -10,7 +10,9 @@ import pytest
 
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Execute, leaves
-from jax_ipu.model import kernels, xla_chains
+from jax_ipu.model import executors
+from jax_ipu.model.executors import elementwise as chains_executor
+from jax_ipu.model.fast import xla_chains
 from jax_ipu.model.engine import Engine
 from test_compiler import SMALL, compile_fn
 
@@ -22,8 +24,8 @@ def numpy_chains(monkeypatch):
 
 def _both(monkeypatch, program, inputs, donated=frozenset()):
     chunked = Engine(SMALL).run(program, [a.copy() for a in inputs], donated)
-    monkeypatch.setattr(kernels, "CHAIN_CHUNK", 1 << 40)   # one chunk: the whole-array evaluation
-    monkeypatch.setattr(kernels, "FAST_CHAIN_CHUNK", 1 << 40)
+    monkeypatch.setattr(chains_executor, "CHAIN_CHUNK", 1 << 40)   # one chunk: the whole-array evaluation
+    monkeypatch.setattr(chains_executor, "FAST_CHAIN_CHUNK", 1 << 40)
     whole = Engine(SMALL).run(program, [a.copy() for a in inputs], donated)
     return chunked, whole
 
@@ -40,7 +42,7 @@ def test_chunked_chain_is_bitwise_identical(monkeypatch, dtype):
     program = compile_fn(f, x, y)
     chains = [s.compute_set.kernel for s in leaves(program.body) if isinstance(s, Execute)
               and isinstance(s.compute_set.kernel, codelets.ElementwiseChain)]
-    assert chains and all(kernels.build(c).__name__ == "run_chunked" for c in chains)
+    assert chains and all(executors.build(c).__name__ == "run_chunked" for c in chains)
     chunked, whole = _both(monkeypatch, program, [x, y])
     for c, w in zip(chunked, whole):
         assert c.dtype == w.dtype and c.shape == w.shape
@@ -81,7 +83,7 @@ def test_chain_of_fast_ops_writes_its_last_op_into_the_output(monkeypatch, shape
     buffer, on one thread or two halves: the values of the whole-array
     evaluation."""
     from jax_ipu.compiler import compile_module
-    from jax_ipu.model.targets import get_target
+    from jax_ipu.targets import get_target
     from jax_ipu.stablehlo import import_module
     target = get_target("ipu2", num_tiles=64)
     rng = np.random.default_rng(3)
@@ -90,14 +92,14 @@ def test_chain_of_fast_ops_writes_its_last_op_into_the_output(monkeypatch, shape
     text = jax.jit(lambda w, g: w * 0.99 - 0.01 * g, donate_argnums=0).lower(w, g).as_text()
     program = compile_module(import_module(text), target)
     [chain] = [s.compute_set.kernel for s in leaves(program.body) if isinstance(s, Execute)]
-    assert kernels.build(chain).__name__ == "run_chunked"
+    assert executors.build(chain).__name__ == "run_chunked"
     donated = w.copy()
     out = Engine(target).run(program, [donated, g], frozenset({0}))[0]
     assert out is donated
     np.testing.assert_array_equal(out, w * np.float32(0.99) - np.float32(0.01) * g)
     fresh = Engine(target).run(program, [w.copy(), g])[0]
     np.testing.assert_array_equal(fresh, out)
-    monkeypatch.setattr(kernels, "FAST_CHAIN_CHUNK", 1 << 40)
-    monkeypatch.setattr(kernels, "FAST_SHARED_CHAIN", 1 << 40)
+    monkeypatch.setattr(chains_executor, "FAST_CHAIN_CHUNK", 1 << 40)
+    monkeypatch.setattr(chains_executor, "FAST_SHARED_CHAIN", 1 << 40)
     whole = Engine(target).run(program, [w.copy(), g])[0]
     np.testing.assert_array_equal(whole, out)

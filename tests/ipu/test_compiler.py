@@ -16,7 +16,7 @@ from jax_ipu.compiler import CompileOptions, compile_module
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph.validate import validate
 from jax_ipu.model.engine import Engine
-from jax_ipu.model.targets import get_target
+from jax_ipu.targets import get_target
 from jax_ipu.stablehlo import import_module
 
 # A small IPU: tensors of a few hundred elements already spread over tiles.

@@ -13,7 +13,7 @@ from jax_ipu.compiler import cost
 from jax_ipu.graph.programs import (Copy, DeviceToHost, Execute, HostToDevice, If, Repeat, RepeatWhileTrue,
                                     Switch, children, leaves)
 from jax_ipu.model.engine import Engine
-from jax_ipu.model.targets import get_target
+from jax_ipu.targets import get_target
 from test_compiler import SMALL, compile_fn
 
 IPU2 = get_target("ipu2")

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from jax import lax
 
-from jax_ipu.compiler.plan_matmul import plan_matmul
+from jax_ipu.compiler.planners.matmul import plan_matmul
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Copy, Execute, leaves
-from jax_ipu.model.targets import get_target
+from jax_ipu.targets import get_target
 from test_compiler import SMALL, assert_matches_cpu, compile_fn, run_ipu
 from test_compiler_elementwise import values
 

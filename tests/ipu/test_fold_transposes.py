@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_ipu.compiler.fold_transposes import fold_result_transposes
-from jax_ipu.compiler.legalize import legalize
+from jax_ipu.compiler.passes.fold_transposes import fold_result_transposes
+from jax_ipu.compiler.passes.legalize import legalize
 from jax_ipu.graph.programs import Copy, leaves
 from test_compiler import CPU, compile_fn, lower, run_ipu
 

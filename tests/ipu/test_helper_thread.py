@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax.experimental import io_callback
 
-from jax_ipu.model import helper
+from jax_ipu.model.fast import helper
 
 pytestmark = pytest.mark.skipif(helper.spinner() is None, reason="needs libc spinlocks and 2 cores")
 
@@ -28,7 +28,6 @@ def free_core(monkeypatch):
 def _cpu_seconds(native_id: int) -> float:
     with open(f"/proc/self/task/{native_id}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    import os
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -156,7 +155,7 @@ def test_a_straight_line_program_times_its_first_runs_then_follows_the_schedule(
     from jax_ipu.model import engine
     from test_compiler import compile_fn
     monkeypatch.setattr(helper, "_spare_core", lambda: True)
-    from jax_ipu.model.targets import get_target
+    from jax_ipu.targets import get_target
     ipu2 = get_target("ipu2")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((256, 512)).astype(np.float32)

@@ -12,11 +12,11 @@ import pytest
 from jax import lax
 
 from jax_ipu.compiler import compile_module
-from jax_ipu.compiler.plan_slice import ROUND_BUFFER_SHARE
+from jax_ipu.compiler.planners.slice import ROUND_BUFFER_SHARE
 from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.graph.validate import validate
-from jax_ipu.model.targets import get_target
+from jax_ipu.targets import get_target
 from test_compiler import lower
 
 IPU2 = get_target("ipu2")

@@ -8,9 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_ipu.graph import programs as p
-from jax_ipu.model import engine, helper, lanes
+from jax_ipu.model import engine
+from jax_ipu.model.fast import helper, lanes
 from jax_ipu.model.engine import Engine
-from jax_ipu.model.targets import get_target
+from jax_ipu.targets import get_target
 from test_compiler import compile_fn, run_cpu
 
 IPU2 = get_target("ipu2")
@@ -154,7 +155,7 @@ def test_a_loop_body_runs_lanes_and_its_record_keeps_program_order(monkeypatch):
 
 _FIRST_RUN = """
 import numpy as np
-from jax_ipu.model import helper
+from jax_ipu.model.fast import helper
 from jax_ipu.model.engine import Engine
 from test_compiler import compile_fn
 from test_lanes import IPU2, _inputs, _step
@@ -186,7 +187,7 @@ def test_the_first_run_of_a_process_gives_the_same_bits():
 
 def test_openblas_goes_back_to_the_users_thread_count_only_when_no_engine_thread_needs_one():
     import threading
-    from jax_ipu.model import blas
+    from jax_ipu.model.fast import blas
     assert blas.set_local_threads is not None
     user = blas.set_local_threads(3)
     inside, left = threading.Event(), threading.Event()

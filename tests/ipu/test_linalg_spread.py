@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from jax_ipu.compiler import compile_module
@@ -14,7 +13,7 @@ from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.graph.codelets_linalg import Factorize
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.graph.validate import validate
-from jax_ipu.model.targets import get_target
+from jax_ipu.targets import get_target
 from jax_ipu.stablehlo import import_module
 from test_linalg import check, matrix, spd
 

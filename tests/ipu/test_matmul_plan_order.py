@@ -16,7 +16,8 @@ import pytest
 
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Execute, leaves
-from jax_ipu.model import blas, helper, kernels
+from jax_ipu.model.fast import blas, helper
+from jax_ipu.model import executors
 from jax_ipu.model.engine import Engine
 from test_compiler import SMALL, compile_fn
 
@@ -92,16 +93,16 @@ def test_engine_combines_scratch_partials_with_the_same_bits(monkeypatch):
                and isinstance(s.compute_set.kernel, codelets.MatMulPartials)]
     assert any(k.out.shape[0] > 1 for k in matmuls)      # the plan splits K
     built = []
-    real_build = kernels.build
+    real_build = executors.build
 
     def spy(kernel, scratch=False, whole=False):
         fn = real_build(kernel, scratch, whole)
         built.append(fn.__qualname__)
         return fn
-    monkeypatch.setattr(kernels, "build", spy)
+    monkeypatch.setattr(executors, "build", spy)
     combined = Engine(SMALL).run(program, [x, w])
-    assert any(name.startswith("_build_matmul_combined") for name in built)
-    monkeypatch.setattr(kernels, "build", lambda kernel, scratch=False, whole=False: real_build(kernel, False, whole))
+    assert any(name.startswith("build_combined") for name in built)
+    monkeypatch.setattr(executors, "build", lambda kernel, scratch=False, whole=False: real_build(kernel, False, whole))
     materialised = Engine(SMALL).run(program, [x, w])
     np.testing.assert_array_equal(combined[0], materialised[0])
     np.testing.assert_allclose(combined[0], np.tanh(x.astype(np.float64) @ w) @ w.T, rtol=1e-4, atol=1e-3)

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_ipu.model import elementwise, kernels
+from jax_ipu import ops
+from jax_ipu.model.executors import elementwise as chains_executor
 from jax_ipu.model.engine import Engine
 from test_compiler import SMALL, compile_fn
 
@@ -25,14 +26,14 @@ def test_masked_select_picks_the_same_bits_as_where(dtype, shapes):
     if np.dtype(dtype).kind == "f":      # NaN payloads and signed zeros survive
         on_true = np.where(rng.random(on_true.shape) > 0.8, np.array(-0.0), on_true).astype(dtype)
         on_true.reshape(-1)[:1] = np.array([0x7FC00123], np.uint32).view(np.float32).astype(dtype)
-    got = elementwise.OPS["select"](pred, on_true, on_false, dtype=np.dtype(dtype), attrs={})
+    got = ops.function_for("select")(pred, on_true, on_false, dtype=np.dtype(dtype), attrs={})
     want = np.where(pred, on_true, on_false)
     assert got.dtype == want.dtype and got.shape == want.shape
     np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
     # select(p, x, 0) (relu's gradient) takes a shorter path; -0.0 is not
     # zero bits and takes the general one.
     for zero in (np.zeros((), dtype), np.array(-0.0).astype(dtype)):
-        got = elementwise.OPS["select"](pred, on_true, zero, dtype=np.dtype(dtype), attrs={})
+        got = ops.function_for("select")(pred, on_true, zero, dtype=np.dtype(dtype), attrs={})
         want = np.where(pred, on_true, zero)
         assert got.dtype == want.dtype and got.shape == want.shape and got.base is None
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
@@ -46,8 +47,8 @@ def test_maximum_and_minimum_with_a_scalar_give_numpys_values(monkeypatch, n):
     x[1::97] = -0.0
     program = compile_fn(lambda a: (jnp.maximum(a * 2, 0.0), jnp.minimum(a + 1, 0.5), jnp.maximum(0.0, a - 1)), x)
     wrapped = []
-    real = kernels._filled_operand
-    monkeypatch.setattr(kernels, "_filled_operand", lambda *a: wrapped.append(a) or real(*a))
+    real = chains_executor._filled_operand
+    monkeypatch.setattr(chains_executor, "_filled_operand", lambda *a: wrapped.append(a) or real(*a))
     got = Engine(SMALL).run(program, [x])
     assert len(wrapped) == 3                     # the path under test
     for g, w in zip(got, [np.maximum(x * 2, np.float32(0)), np.minimum(x + 1, np.float32(0.5)),

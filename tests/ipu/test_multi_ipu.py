@@ -10,7 +10,7 @@ import pytest
 
 import jax_ipu
 from conftest import run_python
-from jax_ipu.compiler.collectives import collective_cycles
+from jax_ipu.compiler.lowering.collectives import collective_cycles
 from jax_ipu.errors import IpuRuntimeError
 from jax_ipu.model import links
 

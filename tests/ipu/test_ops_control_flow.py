@@ -8,7 +8,7 @@ from jax import lax
 
 from jax_ipu.compiler import compile_module
 from jax_ipu.graph.programs import If, Repeat, RepeatWhileTrue, Switch, leaves
-from jax_ipu.model.targets import get_target
+from jax_ipu.targets import get_target
 from jax_ipu.stablehlo import import_module
 
 from conftest import random_array

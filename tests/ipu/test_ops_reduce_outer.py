@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_ipu.compiler import reduce as reduce_rule
+from jax_ipu.compiler.lowering import reduce as reduce_rule
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Copy, Execute, leaves
 from jax_ipu.model.engine import Engine
-from jax_ipu.model.targets import get_target
+from jax_ipu.targets import get_target
 from test_compiler import SMALL, compile_fn, run_cpu
 
 rng = np.random.default_rng(0)
@@ -115,7 +115,7 @@ def test_bias_gradient_through_the_plugin(ipu):
 def test_outer_reads_by_tile_cover_exactly_the_rows_of_each_tiles_partials(chunks, size, kept, seed):
     # Each tile's read intervals: sorted, disjoint, and exactly the input
     # elements [j, r, o] (r < size) behind its partials [o, j].
-    from jax_ipu.compiler.reduce import _outer_reads_by_tile
+    from jax_ipu.compiler.lowering.reduce import _outer_reads_by_tile
     from jax_ipu.graph.mapping import TileMapping
     rng = np.random.default_rng(seed)
     element_tiles = rng.integers(0, 5, kept * chunks)

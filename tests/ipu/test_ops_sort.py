@@ -77,7 +77,7 @@ def test_merge_sort_with_arbitrary_comparator(n):
     (|x| first, then the sign), matches Python's stable sort."""
     import functools
 
-    from jax_ipu.model.kernels_indexing import merge_sort
+    from jax_ipu.model.executors.indexing import merge_sort
     rows = np.random.default_rng(7).integers(-5, 6, (3, n)).astype(np.int32)
 
     def less(lhs, rhs):
@@ -93,7 +93,7 @@ def test_merge_sort_with_arbitrary_comparator(n):
 def test_key_and_merge_comparators_are_detected():
     from jax_ipu.compiler import compile_module
     from jax_ipu.graph.programs import Execute, leaves
-    from jax_ipu.model.targets import get_target
+    from jax_ipu.targets import get_target
     from jax_ipu.stablehlo import import_module
 
     def sorts(f, *args):

@@ -182,10 +182,10 @@ def test_pad_and_reverse_of_a_scalar_stay_scalars():
 @pytest.mark.parametrize("window", [(2, 2), (3, 3)])
 def test_pooling_many_windows_element_by_element(dtype, window):
     """Thousands of small windows: the IPU Model reduces each window's few
-    elements one after the other (kernels.SHORT_AXIS), in order as XLA:CPU
+    elements one after the other (model/executors/reduce.py SHORT_AXIS), in order as XLA:CPU
     does; max and min exact, sums within the stated tolerance."""
-    from jax_ipu.model import kernels
-    assert window[0] * window[1] <= kernels.SHORT_AXIS
+    from jax_ipu.model.executors import reduce as reduce_executor
+    assert window[0] * window[1] <= reduce_executor.SHORT_AXIS
     x = rand((8, 28, 28, 16), dtype, seed=5)
     dims, strides = (1, *window, 1), (1, *window, 1)
     init_max = -np.inf if np.dtype(dtype).kind == "f" else np.iinfo(dtype).min
@@ -209,7 +209,7 @@ def test_pooling_many_windows_element_by_element(dtype, window):
 def test_window_index_combine_matches_per_axis_sums(narrow):
     # Flat indices summed smallest broadcast first, padding (-1 on any
     # axis) kept -1, int32 with `narrow` where they fit.
-    from jax_ipu.compiler.window_index import combine
+    from jax_ipu.compiler.planners.windows import combine
     rng = np.random.default_rng(0)
     for _ in range(200):
         full = rng.integers(1, 5, rng.integers(1, 5))

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from jax import lax
 
-from jax_ipu.compiler import reduce as reduce_rule
+from jax_ipu.compiler.lowering import reduce as reduce_rule
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.model.engine import Engine
-from jax_ipu.model.targets import get_target
+from jax_ipu.targets import get_target
 from test_compiler import SMALL, compile_fn, run_cpu
 
 IPU2 = get_target("ipu2")

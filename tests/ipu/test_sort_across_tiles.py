@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
 
 from conftest import random_array
-from jax_ipu.compiler.sort import _merge_pairs
+from jax_ipu.compiler.lowering.sort import _merge_pairs
 from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.graph.programs import Execute, leaves
-from jax_ipu.model.targets import get_target
+from jax_ipu.targets import get_target
 from test_compiler import compile_fn, run_cpu, run_ipu
 from test_ops_sort import check, with_specials
 

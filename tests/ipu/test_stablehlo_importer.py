@@ -18,7 +18,8 @@ from jaxlib.mlir.dialects import stablehlo
 
 from jax_ipu import ir
 from jax_ipu.errors import IpuCompileError, IpuUnimplementedError
-from jax_ipu.stablehlo import attributes, deserialize, format_module, import_module, locations
+from jax_ipu.ir_printer import format_module
+from jax_ipu.stablehlo import deserialize, import_module, locations
 
 THIS_FILE = os.path.basename(__file__)
 
@@ -168,11 +169,11 @@ def test_compare_enums_become_their_names(lower, f, dtype, direction, compare_ty
 
 @pytest.mark.parametrize("f, args, dims", [
     (jnp.matmul, (_ones((2, 3)), _ones((3, 4))),
-     attributes.DotDimensionNumbers((), (), (1,), (0,))),
+     ir.DotDimensionNumbers((), (), (1,), (0,))),
     (lambda a, b: jnp.einsum("bij,bjk->bik", a, b), (_ones((2, 3, 4)), _ones((2, 4, 5))),
-     attributes.DotDimensionNumbers((0,), (0,), (2,), (1,))),
+     ir.DotDimensionNumbers((0,), (0,), (2,), (1,))),
     (jax.vmap(jnp.dot), (_ones((2, 3)), _ones((2, 3))),
-     attributes.DotDimensionNumbers((0,), (0,), (1,), (1,))),
+     ir.DotDimensionNumbers((0,), (0,), (1,), (1,))),
 ])
 def test_dot_general_dimension_numbers(lower, f, args, dims):
     dot = the_op(lower(f, *args), "dot_general")
@@ -187,7 +188,7 @@ def test_dot_precision_config(lower):
 
 def test_gather_dimension_numbers(lower):
     gather = the_op(lower(lambda x, i: x[i], X, np.array([0, 2], np.int32)), "gather")
-    assert gather.attrs["dimension_numbers"] == attributes.GatherDimensionNumbers(
+    assert gather.attrs["dimension_numbers"] == ir.GatherDimensionNumbers(
         offset_dims=(1,), collapsed_slice_dims=(0,), operand_batching_dims=(),
         start_indices_batching_dims=(), start_index_map=(0,), index_vector_dim=1)
     assert gather.attrs["slice_sizes"] == (1, 4)
@@ -196,7 +197,7 @@ def test_gather_dimension_numbers(lower):
 def test_scatter_dimension_numbers_and_region(lower):
     scatter = the_op(lower(lambda x: x.at[1].set(5.0), X), "scatter")
     dims = scatter.attrs["scatter_dimension_numbers"]
-    assert isinstance(dims, attributes.ScatterDimensionNumbers)
+    assert isinstance(dims, ir.ScatterDimensionNumbers)
     assert dims.inserted_window_dims == (0,)
     assert dims.scatter_dims_to_operand_dims == (0,)
     (update,) = scatter.regions
@@ -206,7 +207,7 @@ def test_scatter_dimension_numbers_and_region(lower):
 def test_convolution_dimension_numbers(lower):
     f = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME")  # noqa: E731
     conv = the_op(lower(f, _ones((1, 2, 5, 5)), _ones((3, 2, 3, 3))), "convolution")
-    assert conv.attrs["dimension_numbers"] == attributes.ConvDimensionNumbers(
+    assert conv.attrs["dimension_numbers"] == ir.ConvDimensionNumbers(
         input_batch_dimension=0, input_feature_dimension=1, input_spatial_dimensions=(2, 3),
         kernel_input_feature_dimension=1, kernel_output_feature_dimension=0,
         kernel_spatial_dimensions=(2, 3), output_batch_dimension=0,

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from jax import lax
 
-from jax_ipu.compiler import reduce as compiler_reduce
-from jax_ipu.compiler.plan_matmul import plan_matmul
+from jax_ipu.compiler.lowering import reduce as compiler_reduce
+from jax_ipu.compiler.planners.matmul import plan_matmul
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Execute, leaves
-from jax_ipu.model.targets import get_target
+from jax_ipu.targets import get_target
 from test_compiler import compile_fn
 from conftest import on_cpu, run_on
 
@@ -130,8 +130,8 @@ def test_gradient_through_a_padded_product():
 
 # Products too big for one plan on the tiles at once: rows or columns in
 # blocks computed one after the other (PopLibs' serial splits).
-from jax_ipu.compiler import matmul as compiler_matmul      # noqa: E402
-from test_compiler import SMALL, run_cpu, run_ipu           # noqa: E402
+from jax_ipu.compiler.lowering import matmul as compiler_matmul      # noqa: E402
+from test_compiler import run_cpu, run_ipu           # noqa: E402
 
 
 @pytest.mark.parametrize("m,k,n", [(512, 768, 50257), (4096, 1024, 4096), (8192, 768, 3072), (3072, 3072, 3072)])

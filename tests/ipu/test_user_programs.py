@@ -14,7 +14,6 @@ check; bit-exact where the result is a selection (sort, top_k, indices,
 integer ops, random bits)."""
 from __future__ import annotations
 
-import functools
 import re
 
 import jax

@@ -9,7 +9,7 @@ import pytest
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View
-from jax_ipu.model import kernels
+from jax_ipu.model.executors.common import reader
 
 
 def tensor(shape, dtype=np.float32) -> Tensor:
@@ -37,7 +37,7 @@ def same(a: np.ndarray, b: np.ndarray) -> bool:
 def test_strided_reads_equal_apply(shape, ops, dtype):
     t = tensor(shape, dtype)
     view = View(t, tuple(ops))
-    read = kernels.reader(view)
+    read = reader(view)
     rng = np.random.default_rng(0)
     for run in range(4):
         value = (rng.standard_normal(t.size) * 10).astype(dtype)
@@ -58,7 +58,7 @@ def test_strided_reader_takes_any_layout(shape, ops):
     an array) are read through view.apply."""
     t = tensor(shape)
     view = View(t, tuple(ops))
-    read = kernels.reader(view)
+    read = reader(view)
     rng = np.random.default_rng(1)
     base = rng.standard_normal(t.size).astype(np.float32)
     state = [base.reshape(shape)]
@@ -76,7 +76,7 @@ def test_strided_reader_takes_any_layout(shape, ops):
 def test_read_only_source_stays_read_only():
     t = tensor((6, 5))
     view = View(t, (("transpose", (1, 0)), ("slice", (0, 1), (5, 6), (1, 1))))
-    read = kernels.reader(view)
+    read = reader(view)
     value = np.arange(30, dtype=np.float32).reshape(6, 5)
     assert read([value]).flags.writeable
     frozen = value.copy()

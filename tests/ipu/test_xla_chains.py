@@ -13,7 +13,8 @@ from jax import lax
 from conftest import on_cpu
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Execute, leaves
-from jax_ipu.model import kernels, xla_chains
+from jax_ipu.model import executors
+from jax_ipu.model.fast import xla_chains
 from jax_ipu.model.engine import Engine
 from test_compiler import SMALL, compile_fn
 
@@ -21,7 +22,7 @@ N = xla_chains.MIN_ELEMENTS + 3
 
 
 def chain_runners(program) -> list[str]:
-    return [kernels.build(s.compute_set.kernel).__name__ for s in leaves(program.body)
+    return [executors.build(s.compute_set.kernel).__name__ for s in leaves(program.body)
             if isinstance(s, Execute) and isinstance(s.compute_set.kernel, codelets.ElementwiseChain)]
 
 

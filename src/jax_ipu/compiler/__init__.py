@@ -1,30 +1,175 @@
-"""The IPU compiler: ir.Module -> graph.Program, in passes (one module each):
-legalize (dtypes, calls) -> fuse (element-wise clusters) -> lower with plans
-(tile mappings, matmul and reduction partitioning) -> cost (cycles) ->
-schedule (BSP steps, streams) -> memory plan (per tile, liveness)."""
+"""The IPU compiler: ir.Module -> graph.Program, as a list of named passes.
+
+Each pass is fn(c: Compilation) -> None and reads and fills the fields of
+one Compilation; PASSES lists them in order, so the compiler reads top to
+bottom. With CompileOptions.dump_to (JAX_IPU_DUMP_TO=DIR) the program is
+written after every pass to DIR/<module>/<NN>-<pass>.txt, as XLA's
+--xla_dump_to does.
+
+passes/    whole-program passes (partition, legalize, fuse, lower, schedule,
+           memory plan)
+lowering/  one rule per op (registered by name), run by the lower pass
+planners/  tile mappings and partitions the rules ask for
+builder.py the graph being built; cost.py cycles of vertices and exchanges
+"""
 from __future__ import annotations
 
+import dataclasses
+import os
+import re
+from typing import Any
+from collections.abc import Callable
+
 from jax_ipu import ir
-from jax_ipu.compiler import spmd
+# Importing the rule modules registers their lowering rules.
+from jax_ipu.compiler.lowering import (collectives, control, conv, host, indexing, layout, linalg,  # noqa: F401
+                                       matmul, reduce, sort, windows)
 from jax_ipu.compiler.builder import Builder
-from jax_ipu.compiler.collectives import charge_links
 from jax_ipu.compiler.cost import cost_steps, static_cycles
-from jax_ipu.compiler.demote import demote_64bit
-from jax_ipu.compiler.fold_transposes import fold_result_transposes
-from jax_ipu.compiler.fuse import fuse
-from jax_ipu.compiler.legalize import legalize
-from jax_ipu.compiler.lower import lower
-from jax_ipu.compiler.memory import check_fits, plan_memory
 from jax_ipu.compiler.options import CompileOptions
-from jax_ipu.compiler.rng import expand_rng
-from jax_ipu.compiler.tokens import remove_tokens
-from jax_ipu.compiler.schedule import in_place_outputs, lifetimes, schedule
-from jax_ipu.errors import IpuCompileError, IpuUnimplementedError
+from jax_ipu.compiler.passes import spmd
+from jax_ipu.compiler.passes.demote import demote_64bit
+from jax_ipu.compiler.passes.fold_transposes import fold_result_transposes
+from jax_ipu.compiler.passes.fuse import fuse
+from jax_ipu.compiler.passes.legalize import FlatFunction, legalize
+from jax_ipu.compiler.passes.lower import lower
+from jax_ipu.compiler.passes.memory import check_fits, plan_memory
+from jax_ipu.compiler.passes.rng import expand_rng
+from jax_ipu.compiler.passes.schedule import in_place_outputs, lifetimes, schedule
+from jax_ipu.compiler.passes.tokens import remove_tokens
+from jax_ipu.errors import IpuCompileError
 from jax_ipu.graph.program import Program
 from jax_ipu.graph.views import View
-from jax_ipu.model.targets import Target
+from jax_ipu.ir_printer import format_flat, format_module
+from jax_ipu.targets import Target
 
-__all__ = ["CompileOptions", "compile_module"]
+__all__ = ["CompileOptions", "Compilation", "PASSES", "compile_module"]
+
+
+@dataclasses.dataclass(eq=False)
+class Compilation:
+    """What the passes read and fill, in the order they fill it."""
+    module: ir.Module
+    target: Target
+    options: CompileOptions
+    ranks: int = 1                       # IPUs the program runs on
+    layout: Any = None                   # per-IPU shardings of inputs and outputs
+    token_outputs: tuple = ()
+    input_types: list = dataclasses.field(default_factory=list)    # as JAX sees them
+    output_types: list = dataclasses.field(default_factory=list)
+    flat: FlatFunction | None = None     # main with calls inlined, after legalize
+    nodes: list | None = None            # ops and fused element-wise clusters
+    builder: Builder | None = None       # the graph: tensors and steps
+    inputs: list = dataclasses.field(default_factory=list)
+    outputs: list = dataclasses.field(default_factory=list)
+    received: list | None = None         # exchange buffers per step and tile
+    body: Any = None                     # the scheduled program
+    host_cycles: int = 0
+    aliases: dict = dataclasses.field(default_factory=dict)
+    first: Any = None                    # tensor lifetimes, in steps
+    last: Any = None
+    memory: Any = None                   # the per-tile memory plan
+    program: Program | None = None
+
+
+def _partition(c: Compilation) -> None:
+    """Several IPUs: the program each one runs, and the layout of its
+    inputs and outputs."""
+    c.ranks = c.module.num_replicas * c.module.num_partitions
+    c.module, c.layout = spmd.partition(c.module)
+
+
+def _remove_tokens(c: Compilation) -> None:
+    c.token_outputs = tuple(i for i, t in enumerate(c.module.main.result_types) if isinstance(t, ir.TokenType))
+    remove_tokens(c.module)
+
+
+def _expand_rng(c: Compilation) -> None:
+    expand_rng(c.module)              # 64-bit generator states as 32-bit word pairs
+
+
+def _demote_64bit(c: Compilation) -> None:
+    # The types JAX sees; the device may hold them narrower (f64_policy).
+    c.input_types, c.output_types = list(c.module.main.arg_types), list(c.module.main.result_types)
+    if c.options.f64_policy == "as_f32":
+        demote_64bit(c.module)
+
+
+def _legalize(c: Compilation) -> None:
+    c.flat = legalize(c.module)
+
+
+def _fold_transposes(c: Compilation) -> None:
+    c.flat.ops = fold_result_transposes(c.flat.ops, c.flat.results)
+
+
+def _fuse(c: Compilation) -> None:
+    c.nodes = fuse(c.flat.ops)
+
+
+def _lower(c: Compilation) -> None:
+    b = c.builder = Builder(c.target, c.options)
+    for i, arg in enumerate(c.flat.args):
+        t = b.tensor(f"argument {i}", arg.type.shape, arg.type.dtype)
+        c.inputs.append(t)
+        b.values[arg] = View(t)
+    lower(b, c.flat, c.nodes)
+    c.outputs = [b.view(v, f"result {i}") for i, v in enumerate(c.flat.results)]
+
+
+def _cost(c: Compilation) -> None:
+    c.received = cost_steps(c.target, c.builder.steps)
+    collectives.charge_links(c.target, c.builder.steps, c.ranks)
+
+
+def _schedule(c: Compilation) -> None:
+    c.body, c.host_cycles = schedule(c.target, c.builder.steps, c.inputs, c.outputs)
+
+
+def _plan_memory(c: Compilation) -> None:
+    b = c.builder
+    c.first, c.last = lifetimes(b.steps, len(b.tensors))
+    c.aliases = _aliases(c.module.main, c.flat.results)
+    c.memory = plan_memory(c.target, b.tensors, b.steps, c.inputs, c.outputs, c.received, c.first, c.last,
+                           sum(c.inputs[i].nbytes for i in c.aliases.values()))
+    for t in b.tensors:
+        t.mapping.forget()     # compile-time caches, as large as the tensors
+
+
+def _build_program(c: Compilation) -> None:
+    b = c.builder
+    cycles, unknown_loops = static_cycles(c.body)
+    c.program = Program(
+        name=c.module.name, target_name=c.target.name, num_tiles=c.target.num_tiles, tensors=b.tensors,
+        body=c.body, inputs=c.inputs, outputs=c.outputs, input_types=c.input_types,
+        output_types=c.output_types, aliases=c.aliases,
+        in_place=in_place_outputs(b.steps, c.inputs, c.outputs, c.aliases, c.first, c.last),
+        cycles=cycles, unknown_trip_loops=unknown_loops, host_cycles=c.host_cycles, memory=c.memory,
+        shardings=c.layout, flops=b.flops, transcendentals=b.transcendentals,
+        bytes_accessed=float(sum(t.nbytes for t in b.tensors if t.constant is None)),
+        token_outputs=c.token_outputs)
+
+
+def _check_fits(c: Compilation) -> None:
+    if not c.options.allow_out_of_memory:
+        check_fits(c.memory, c.builder.tensors, c.target, c.program)
+
+
+PASSES: list[tuple[str, Callable[[Compilation], None]]] = [
+    ("partition", _partition),
+    ("remove-tokens", _remove_tokens),
+    ("expand-rng", _expand_rng),
+    ("demote-64bit", _demote_64bit),
+    ("legalize", _legalize),
+    ("fold-transposes", _fold_transposes),
+    ("fuse", _fuse),
+    ("lower", _lower),
+    ("cost", _cost),
+    ("schedule", _schedule),
+    ("plan-memory", _plan_memory),
+    ("build-program", _build_program),
+    ("check-fits", _check_fits),
+]
 
 
 def _aliases(function: ir.Function, results: list) -> dict[int, int]:
@@ -40,48 +185,31 @@ def _aliases(function: ir.Function, results: list) -> dict[int, int]:
     return aliases
 
 
+def _dump(c: Compilation, index: int, name: str) -> None:
+    """The program as the pass left it: the IR until lowering, then the
+    graph's steps with their estimated cycles."""
+    if c.builder is not None:
+        lines = [f"{type(s).__name__} {getattr(s, 'name', '')} cycles={getattr(s, 'cycles', '')}"
+                 for s in c.builder.steps]
+        text = f"graph: {len(c.builder.tensors)} tensors, {len(c.builder.steps)} steps\n" + "\n".join(lines)
+    elif c.nodes is not None or c.flat is not None:
+        text = format_flat(c.flat.args, c.nodes if c.nodes is not None else c.flat.ops, c.flat.results)
+    else:
+        text = format_module(c.module)
+    directory = os.path.join(c.options.dump_to, re.sub(r"[^\w.-]", "_", c.module.name or "module"))
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, f"{index:02d}-{name}.txt"), "w") as f:
+        f.write(text + "\n")
+
+
 def compile_module(module: ir.Module, target: Target, options: CompileOptions = CompileOptions()) -> Program:
     if options.f64_policy not in ("error", "as_f32"):
         raise IpuCompileError(f"f64_policy={options.f64_policy!r} is not supported; use 'error' or 'as_f32'")
-    ranks = module.num_replicas * module.num_partitions
-    module, layout = spmd.partition(module)     # several IPUs: the program each one runs
-    token_outputs = tuple(i for i, t in enumerate(module.main.result_types) if isinstance(t, ir.TokenType))
-    remove_tokens(module)
-    expand_rng(module)              # 64-bit generator states as 32-bit word pairs
-    main = module.main
-    # The types JAX sees; the device may hold them narrower (f64_policy).
-    input_types, output_types = list(main.arg_types), list(main.result_types)
-    if options.f64_policy == "as_f32":
-        demote_64bit(module)
-    flat = legalize(module)
-    flat.ops = fold_result_transposes(flat.ops, flat.results)
-    nodes = fuse(flat.ops)
-    b = Builder(target, options)
-    inputs = []
-    for i, arg in enumerate(flat.args):
-        t = b.tensor(f"argument {i}", arg.type.shape, arg.type.dtype)
-        inputs.append(t)
-        b.values[arg] = View(t)
-    lower(b, flat, nodes)
-    outputs = [b.view(v, f"result {i}") for i, v in enumerate(flat.results)]
-    received = cost_steps(target, b.steps)
-    charge_links(target, b.steps, ranks)
-    body, host_cycles = schedule(target, b.steps, inputs, outputs)
-    cycles, unknown_loops = static_cycles(body)
-    first, last = lifetimes(b.steps, len(b.tensors))
-    aliases = _aliases(main, flat.results)
-    memory = plan_memory(target, b.tensors, b.steps, inputs, outputs, received, first, last,
-                         sum(inputs[i].nbytes for i in aliases.values()))
-    for t in b.tensors:
-        t.mapping.forget()     # compile-time caches, as large as the tensors
-    program = Program(
-        name=module.name, target_name=target.name, num_tiles=target.num_tiles, tensors=b.tensors, body=body, inputs=inputs,
-        outputs=outputs, input_types=input_types, output_types=output_types,
-        aliases=aliases, in_place=in_place_outputs(b.steps, inputs, outputs, aliases, first, last),
-        cycles=cycles, unknown_trip_loops=unknown_loops, host_cycles=host_cycles, memory=memory,
-        shardings=layout, flops=b.flops, transcendentals=b.transcendentals,
-        bytes_accessed=float(sum(t.nbytes for t in b.tensors if t.constant is None)),
-        token_outputs=token_outputs)
-    if not options.allow_out_of_memory:
-        check_fits(memory, b.tensors, target, program)
-    return program
+    c = Compilation(module, target, options)
+    if options.dump_to:
+        _dump(c, 0, "input")
+    for index, (name, run) in enumerate(PASSES, 1):
+        run(c)
+        if options.dump_to:
+            _dump(c, index, name)
+    return c.program

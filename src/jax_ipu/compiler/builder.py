@@ -13,7 +13,8 @@ import dataclasses
 import numpy as np
 
 from jax_ipu import ir
-from jax_ipu.compiler import cost, mapping
+from jax_ipu.compiler import cost
+from jax_ipu.compiler.planners import mapping
 from jax_ipu.compiler.options import CompileOptions
 from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.graph import codelets
@@ -22,7 +23,7 @@ from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.programs import Copy, Execute
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import Concat, View
-from jax_ipu.model.targets import Target
+from jax_ipu.targets import Target
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

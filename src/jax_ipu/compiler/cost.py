@@ -8,19 +8,9 @@ import numpy as np
 from jax_ipu.graph import programs as p
 from jax_ipu.graph.programs import CONTROL, Copy, Execute, HostCall, leaves
 from jax_ipu.graph.views import source_tiles
-from jax_ipu.model.targets import Target
+from jax_ipu.ops import cycles_per_vector
+from jax_ipu.targets import Target
 
-# Issue cycles per vector (per element for integers) of each element-wise
-# op; those not named take one. Transcendentals run as short sequences.
-CYCLES_PER_VECTOR = {
-    "divide": 4, "remainder": 8, "power": 20, "sqrt": 4, "rsqrt": 4, "cbrt": 20,
-    "exponential": 8, "exponential_minus_one": 10, "log": 8, "log_plus_one": 10,
-    "logistic": 10, "tanh": 8, "sine": 12, "cosine": 12, "tan": 16, "atan2": 20,
-    "popcnt": 2, "count_leading_zeros": 2, "round_nearest_afz": 2, "convert": 1,
-}
-TRANSCENDENTAL = frozenset({"power", "sqrt", "rsqrt", "cbrt", "exponential", "exponential_minus_one",
-                            "log", "log_plus_one", "logistic", "tanh", "sine", "cosine", "tan",
-                            "atan2"})
 
 
 def worker_cycles(target: Target, n: int, per_vector: float, vector_width: int) -> int:
@@ -35,7 +25,7 @@ def worker_cycles(target: Target, n: int, per_vector: float, vector_width: int) 
 
 
 def elementwise_cycles(target: Target, n: int, dtype: np.dtype, ops: list[str]) -> int:
-    per_vector = sum(CYCLES_PER_VECTOR.get(op, 1) for op in ops)
+    per_vector = cycles_per_vector(ops)
     return target.supervisor_cycles + worker_cycles(target, n, per_vector, target.vector_width(dtype))
 
 

@@ -27,7 +27,7 @@ class TileMapping:
 
     @classmethod
     def linear(cls, size: int, num_tiles: int, grain: int = 1, min_elements_per_tile: int = 1,
-               first_tile: int = 0) -> "TileMapping":
+               first_tile: int = 0) -> TileMapping:
         """Poplar's mapTensorLinearly: equal runs of whole grains on
         consecutive tiles, none smaller than min_elements_per_tile (so that a
         tile's six workers get enough to do)."""
@@ -40,7 +40,7 @@ class TileMapping:
         return cls(size, tiles, starts, stops)
 
     @classmethod
-    def from_element_tiles(cls, element_tiles: np.ndarray) -> "TileMapping":
+    def from_element_tiles(cls, element_tiles: np.ndarray) -> TileMapping:
         """Run-length encodes a tile number per element."""
         element_tiles = np.asarray(element_tiles).ravel()
         size = len(element_tiles)
@@ -54,7 +54,7 @@ class TileMapping:
         return mapping
 
     @classmethod
-    def from_runs(cls, size: int, tiles: np.ndarray, starts: np.ndarray) -> "TileMapping":
+    def from_runs(cls, size: int, tiles: np.ndarray, starts: np.ndarray) -> TileMapping:
         """Runs beginning at ascending `starts` (the first at 0), each up to
         the next, on `tiles`; touching runs on the same tile joined."""
         tiles, starts = np.asarray(tiles).ravel(), np.asarray(starts).ravel()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -45,7 +45,7 @@ class View:
         """Reads the tensor's elements in their own order, once each."""
         return all(op[0] == "reshape" for op in self.ops)
 
-    def then(self, *op) -> "View":
+    def then(self, *op) -> View:
         if op[0] == "gather":
             op = _gather_op(self.size, *op[1:])
         return View(self.tensor, self.ops + (op,))

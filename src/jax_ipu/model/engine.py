@@ -12,6 +12,7 @@ import threading
 import time
 import weakref
 from threading import get_ident
+from collections.abc import Callable
 
 import numpy as np
 
@@ -21,8 +22,10 @@ from jax_ipu.graph import programs as p
 from jax_ipu.graph.program import Program
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import Concat, View
-from jax_ipu.model import helper, kernels, lanes, links
-from jax_ipu.model.targets import Target
+from jax_ipu.model import executors, links
+from jax_ipu.model.executors.common import reader
+from jax_ipu.model.fast import helper, lanes
+from jax_ipu.targets import Target
 
 
 @dataclasses.dataclass
@@ -80,7 +83,7 @@ def _scratch_partials(program: Program) -> set[int]:
         if isinstance(kernel, codelets.MatMulPartials):
             partials.add(kernel.out.id)
             _tensor_ids((kernel.lhs, kernel.rhs), other)
-        elif isinstance(kernel, codelets.ReduceCombine) and kernels.takes_combined(kernel):
+        elif isinstance(kernel, codelets.ReduceCombine) and executors.reduce.takes_combined(kernel):
             _tensor_ids((kernel.init, kernel.out), other)
         else:
             _tensor_ids(kernel, other)
@@ -259,7 +262,7 @@ class _Loaded:
         for view in program.outputs:
             copy = view.tensor.id in owned_elsewhere or not view.is_whole_tensor
             owned_elsewhere.add(view.tensor.id)
-            self.outputs.append((kernels.reader(view), copy))
+            self.outputs.append((reader(view), copy))
         self.in_place = [(i, program.inputs[i].id, program.outputs[o].tensor.id)
                          for o, i in program.in_place.items()]
         self.static_record = None if self.has_control else RunRecord(
@@ -389,7 +392,7 @@ class _Loaded:
         """whole: a product's rows in one block (in a lane), not halves."""
         if isinstance(step, p.Execute):
             kernel = self._kernel(step)
-            return kernels.build(kernel, scratch=getattr(getattr(kernel, "out", None), "id", None) in self.scratch,
+            return executors.build(kernel, scratch=getattr(getattr(kernel, "out", None), "id", None) in self.scratch,
                                  whole=whole)
         if isinstance(step, p.Copy):
             if step.dst.id in self.lazy:
@@ -503,16 +506,22 @@ def _helper_schedule(fns: list, est: list) -> tuple[set, set]:
     return wake, rest
 
 
-def _host_call(step: p.HostCall):
-    from jax_ipu import callbacks
+# The host's side of HostCall steps: fn(callback id, operands, result specs,
+# caller) -> results. The front end that registers host callbacks
+# (jax_ipu.callbacks) installs it when the plugin starts.
+host_caller: Callable | None = None
 
-    readers = [kernels.reader(v) for v in step.inputs]
+
+def _host_call(step: p.HostCall):
+    readers = [reader(v) for v in step.inputs]
     specs = [(t.shape, t.dtype) for t in step.outputs]
     ids = [t.id for t in step.outputs]
 
     def call(state, caller=None):
         # The host gets copies: a callback may keep what it is given.
-        return callbacks.call(step.callback_id, [np.array(r(state)) for r in readers], specs, caller)
+        if host_caller is None:
+            raise IpuRuntimeError("this program calls the host, and no host callbacks are installed")
+        return host_caller(step.callback_id, [np.array(r(state)) for r in readers], specs, caller)
 
     def host_call(state):
         helper.end_session()     # the host may keep us waiting: the helper stops spinning

@@ -12,7 +12,7 @@ import threading
 from typing import NamedTuple
 
 from jax_ipu.errors import IpuRuntimeError
-from jax_ipu.model import helper
+from jax_ipu.model.fast import helper
 
 # Seconds a replica waits for the others at one collective: the replicas
 # run the same program, so a long wait means one is stuck or diverged.

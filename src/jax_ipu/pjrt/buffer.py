@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from jax_ipu.errors import IpuInvalidArgument
-from jax_ipu.model.targets import AS_32, IPU_DTYPES
-from jax_ipu.model.xla_chains import aligned_copy
+from jax_ipu.targets import AS_32, IPU_DTYPES
+from jax_ipu.model.fast.xla_chains import aligned_copy
 from jax_ipu.pjrt._capi import Event
 
 # PJRT_Buffer_Type codes <-> numpy dtypes (codes from the PJRT C API enum).
@@ -48,7 +48,7 @@ def check_ipu_dtype(dtype: np.dtype, f64_as_f32: bool = False) -> None:
             f"JAX_ENABLE_X64 off){advice}")
 
 
-def to_device(array: np.ndarray, spec: "ArraySpec") -> np.ndarray:
+def to_device(array: np.ndarray, spec: ArraySpec) -> np.ndarray:
     """A host array as the device holds it: a copy, 64-bit types narrowed
     (JAX_IPU_F64_AS_F32); integers must fit the 32-bit type."""
     if spec.device_dtype == spec.dtype:
@@ -82,7 +82,7 @@ class ArraySpec:
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
     @classmethod
-    def of(cls, dtype, shape) -> "ArraySpec":
+    def of(cls, dtype, shape) -> ArraySpec:
         """The one spec of a dtype and shape, so that checks on every call
         compare identities (comparing numpy dtypes is slow)."""
         key = (np.dtype(dtype), tuple(int(d) for d in shape))
@@ -170,7 +170,7 @@ class DeviceBuffer:
         except BaseException as exc:  # reported through the event
             done.set(exc)
 
-    def copy_to_device(self, device) -> "DeviceBuffer":
+    def copy_to_device(self, device) -> DeviceBuffer:
         """A copy on another IPU of the same client (over IPU-Links, not the
         host link), or a fresh copy on the same IPU (JAX asks for one when it
         must not alias a buffer)."""

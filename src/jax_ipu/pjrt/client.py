@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
-import jax_ipu
-from jax_ipu import config as config_lib
+from jax_ipu import config as config_lib, profile
 from jax_ipu.errors import IpuError, IpuInternalCompilerError, IpuInvalidArgument, IpuOutOfMemoryError
-from jax_ipu.model.targets import get_target
+from jax_ipu.targets import get_target
+from jax_ipu.version import __version__
 from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer, check_ipu_dtype, to_device
 from jax_ipu.pjrt.device import Device
 from jax_ipu.pjrt.executable import Executable, device_assignment_ids, fingerprint
@@ -21,7 +21,7 @@ class Client:
     def __init__(self, config: config_lib.Config):
         self.config = config
         self.target = get_target(config.target, num_tiles=config.num_tiles)
-        self.platform_version = f"jax-ipu {jax_ipu.__version__}, {self.target.describe()}"
+        self.platform_version = f"jax-ipu {__version__}, {self.target.describe()}"
         self.devices = [Device(i, self.target) for i in range(config.device_count)]
         # Run 64-bit types as 32-bit ones (JAX_IPU_F64_AS_F32, jax_ipu.set_f64_as_f32).
         self.f64_as_f32 = config.f64_as_f32
@@ -45,12 +45,12 @@ class Client:
         compile_options = _compile_options(
             dict(parsed.env_option_overrides),
             IpuCompileOptions(allow_out_of_memory=self.config.allow_out_of_memory,
-                              f64_policy="as_f32" if self.f64_as_f32 else "error"))
+                              f64_policy="as_f32" if self.f64_as_f32 else "error",
+                              dump_to=self.config.dump_to))
         module = import_module(code)
         try:
             program = compile_module(module, self.target, compile_options)
         except IpuOutOfMemoryError as exc:
-            from jax_ipu import profile
             profile.out_of_memory(exc, self.target)   # with profiling on, a report of what does not fit
             raise
         except IpuError:
@@ -101,8 +101,9 @@ class Client:
 def create_client(options: dict) -> Client:
     global CURRENT
     CURRENT = Client(config_lib.from_environment(overrides=options))
+    client = CURRENT
+    profile.set_devices(lambda: client.devices)
     if CURRENT.config.profile_directory:
-        from jax_ipu import profile
         profile.start(CURRENT.config.profile_directory, write_at_exit=True)
     return CURRENT
 

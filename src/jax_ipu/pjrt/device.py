@@ -8,7 +8,7 @@ import time
 
 from jax_ipu.model.engine import Engine, forget_quiet_thread, quiet_numpy_on_this_thread
 from jax_ipu.pjrt._capi import drain_released
-from jax_ipu.model.targets import Target
+from jax_ipu.targets import Target
 
 
 class TransferCounters:

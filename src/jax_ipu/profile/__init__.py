@@ -26,6 +26,9 @@ import contextlib
 import threading
 
 ACTIVE = None      # the running Session, or None
+# fn() -> the IPU devices whose queued runs a session waits for; the PJRT
+# client installs it (set_devices) when it starts (profiles never import the client).
+_all_devices = None
 
 
 class Session:
@@ -143,13 +146,20 @@ def profiling(directory: str | None = None):
             session.results = stop()
 
 
+def set_devices(all_devices) -> None:
+    """all_devices() -> the devices a session waits for at its end."""
+    global _all_devices
+    _all_devices = all_devices
+
+
 def _wait_for_devices(devices=None) -> None:
     """Waits for the runs already queued on the devices' workers."""
-    from jax_ipu.pjrt import client
-    if client.CURRENT is None:
-        return
+    if devices is None:
+        if _all_devices is None:
+            return
+        devices = _all_devices()
     events = []
-    for device in devices or client.CURRENT.devices:
+    for device in devices:
         if not device.worker.running:
             continue
         done = threading.Event()

@@ -118,7 +118,7 @@ def _step(kind: str, name: str, cycles: int, nbytes: int, phases: dict) -> dict:
 # A program's parts of its report that no run changes (memory plan, compute
 # sets, step phases): built once, as they took 10 ms of an MLP step's
 # report, and last_profile is read after every step in training loops.
-_STATIC: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_STATIC: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _static(program) -> tuple[dict, list, dict]:

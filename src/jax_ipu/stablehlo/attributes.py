@@ -10,53 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from jaxlib.mlir import ir as mlir
 from jaxlib.mlir.dialects import stablehlo
 
+from jax_ipu.ir import ConvDimensionNumbers, DotDimensionNumbers, GatherDimensionNumbers, ScatterDimensionNumbers
 from jax_ipu.stablehlo import constants
-
-
-@dataclasses.dataclass(frozen=True)
-class DotDimensionNumbers:
-    lhs_batching_dimensions: tuple[int, ...]
-    rhs_batching_dimensions: tuple[int, ...]
-    lhs_contracting_dimensions: tuple[int, ...]
-    rhs_contracting_dimensions: tuple[int, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class GatherDimensionNumbers:
-    offset_dims: tuple[int, ...]
-    collapsed_slice_dims: tuple[int, ...]
-    operand_batching_dims: tuple[int, ...]
-    start_indices_batching_dims: tuple[int, ...]
-    start_index_map: tuple[int, ...]
-    index_vector_dim: int
-
-
-@dataclasses.dataclass(frozen=True)
-class ScatterDimensionNumbers:
-    update_window_dims: tuple[int, ...]
-    inserted_window_dims: tuple[int, ...]
-    input_batching_dims: tuple[int, ...]
-    scatter_indices_batching_dims: tuple[int, ...]
-    scatter_dims_to_operand_dims: tuple[int, ...]
-    index_vector_dim: int
-
-
-@dataclasses.dataclass(frozen=True)
-class ConvDimensionNumbers:
-    input_batch_dimension: int
-    input_feature_dimension: int
-    input_spatial_dimensions: tuple[int, ...]
-    kernel_input_feature_dimension: int
-    kernel_output_feature_dimension: int
-    kernel_spatial_dimensions: tuple[int, ...]
-    output_batch_dimension: int
-    output_feature_dimension: int
-    output_spatial_dimensions: tuple[int, ...]
 
 
 # Our dataclass -> (its binding class, binding property names that differ

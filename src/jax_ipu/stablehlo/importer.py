@@ -13,7 +13,7 @@ from jaxlib.mlir.dialects import stablehlo
 
 from jax_ipu import ir
 from jax_ipu.errors import IpuCompileError, IpuUnimplementedError
-from jax_ipu.model.targets import USE_IPU_TYPES
+from jax_ipu.targets import USE_IPU_TYPES
 from jax_ipu.stablehlo import attributes, constants, deserialize, locations
 
 # Terminators: their operands become the enclosing Block's results.

@@ -1,0 +1,110 @@
+"""Lowers a fused cluster of element-wise ops to one compute set: an
+ElementwiseChain kernel and one vertex per tile of the outputs' linear
+mapping. Scalar operands become immediates (vertex state) or one element
+broadcast to every tile; ops on constants only are folded here."""
+from __future__ import annotations
+
+import numpy as np
+
+from jax_ipu import ir
+from jax_ipu.compiler import cost
+from jax_ipu.compiler.builder import Builder, ScalarBroadcast, Splat
+from jax_ipu.compiler.passes.fuse import Cluster
+from jax_ipu.errors import IpuUnimplementedError
+from jax_ipu.graph import codelets
+from jax_ipu.graph.views import View
+from jax_ipu import ops
+
+# Attributes an element-wise op's semantics depend on.
+SEMANTIC_ATTRS = ("comparison_direction", "compare_type", "exponent_bits", "mantissa_bits")
+
+
+def _check(op: ir.Op) -> None:
+    if op.name == "bitcast_convert":
+        src, dst = op.operands[0].type, op.results[0].type
+        if src.dtype.itemsize != dst.dtype.itemsize:
+            raise IpuUnimplementedError.for_op(
+                op, f"bitcast between types of different widths ({src} -> {dst}) is not supported",
+                "Bitcast between types of one width, or file an issue")
+
+
+def evaluate(op: str, args: list, dtype: np.dtype, attrs: dict):
+    """One element-wise op on numpy values, as the engine computes it."""
+    ufunc = ops.ufunc_for(op, np.asarray(args[0]).dtype)
+    with np.errstate(all="ignore"):
+        if ufunc is not None:
+            return np.asarray(ufunc(*args)).astype(dtype)
+        return np.asarray(ops.function_for(op)(*args, dtype=dtype, attrs=attrs)).astype(dtype)
+
+
+def lower_cluster(b: Builder, cluster: Cluster, used_outside: set) -> None:
+    shape = cluster.shape
+    size = int(np.prod(shape, dtype=np.int64))
+    inputs: list = []                     # views read on each tile, then immediates
+    input_index: dict = {}
+    instructions: list[tuple] = []        # (op, args, dtype, attrs); args are refs
+    refs: dict[ir.Value, tuple] = {}      # ("imm", array) | ("in", i) | ("ins", j)
+
+    def operand(v: ir.Value) -> tuple:
+        if v in refs:
+            return refs[v]
+        lowered = b.values[v]
+        if isinstance(lowered, Splat):
+            return ("imm", lowered.value)
+        source = lowered.scalar if isinstance(lowered, ScalarBroadcast) else lowered
+        if source.size == 1 and source.shape != shape:
+            source = source.then("reshape", ())
+        key = (source.tensor.id, source.ops)
+        if key not in input_index:
+            input_index[key] = len(inputs)
+            inputs.append(source)
+        return ("in", input_index[key])
+
+    for op in cluster.ops:
+        _check(op)
+        args = [operand(v) for v in op.operands]
+        dtype = op.results[0].type.dtype
+        attrs = tuple(sorted((k, op.attrs[k]) for k in SEMANTIC_ATTRS if k in op.attrs))
+        if all(kind == "imm" for kind, _ in args):   # fold ops on constants
+            refs[op.results[0]] = ("imm", evaluate(op.name, [a for _, a in args], dtype, dict(attrs)))
+        else:
+            instructions.append((op.name, args, dtype, attrs))
+            refs[op.results[0]] = ("ins", len(instructions) - 1)
+
+    views = list(inputs)
+    immediates = [a for _, args, _, _ in instructions for kind, a in args if kind == "imm"]
+    first_result = len(views) + len(immediates)
+    next_immediate = iter(range(len(views), first_result))
+
+    def register(kind, x) -> int:
+        return {"in": lambda: x, "imm": lambda: next(next_immediate), "ins": lambda: first_result + x}[kind]()
+    program = tuple(codelets.Instruction(name, tuple(register(*a) for a in args), np.dtype(dtype), attrs)
+                    for name, args, dtype, attrs in instructions)
+
+    outputs = []
+    for op in cluster.ops:
+        value = op.results[0]
+        if value in used_outside:
+            kind, x = refs[value]
+            if kind == "imm":
+                b.values[value] = Splat(np.asarray(x), shape)
+            else:
+                outputs.append((value, first_result + x, op))
+    if not outputs:
+        return
+    tile_mapping = b.linear_mapping(size, outputs[0][0].type.dtype)
+    tensors = []
+    for value, reg, op in outputs:
+        t = b.tensor(f"{op.name}@{op.loc}", shape, value.type.dtype, tile_mapping)
+        b.values[value] = View(t)
+        tensors.append((reg, t))
+    names = [i.op for i in program]
+    dtype = tensors[0][1].dtype
+    kernel = codelets.ElementwiseChain(tuple(views) + tuple(np.asarray(i) for i in immediates),
+                                       program, tuple(tensors), shape)
+    vertices = b.vertices_over(f"ElementwiseChain<{dtype.name}>[{','.join(names)}]",
+                               [t for _, t in tensors], views,
+                               lambda n: cost.elementwise_cycles(b.target, n, dtype, names))
+    b.flops += size * len(program)
+    b.transcendentals += size * sum(name in ops.TRANSCENDENTAL for name in names)
+    b.execute(f"fused {'+'.join(dict.fromkeys(names))} @{cluster.ops[-1].loc}", kernel, vertices)

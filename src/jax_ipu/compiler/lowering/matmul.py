@@ -1,0 +1,184 @@
+"""dot_general: operands rearranged to [batch, M, K] x [batch, K, N] (a
+Copy when that is a layout change), per-tile partial products over K-chunks
+as the plan says (fp32 partials for float inputs; K padded with zeros when
+only uneven chunks fit), then a cross-tile
+reduction of the partials in a fixed order."""
+from __future__ import annotations
+
+import numpy as np
+
+from jax_ipu import ir
+from jax_ipu.compiler import cost
+from jax_ipu.compiler.builder import Builder, Splat
+from jax_ipu.compiler.lowering.registry import register
+from jax_ipu.compiler.lowering.layout import copy_padded, copy_to_new, name_of
+from jax_ipu.compiler.planners.matmul import fits, plan_matmul
+from jax_ipu.errors import IpuUnimplementedError
+from jax_ipu.graph import codelets
+from jax_ipu.graph.compute import Region, Vertex
+from jax_ipu.graph.mapping import TileMapping
+from jax_ipu.graph.tensors import Tensor
+from jax_ipu.graph.views import Concat, View
+
+
+def _canonical(b: Builder, op: ir.Op, value: ir.Value, order: list[int], shape3) -> View:
+    """The operand as a whole-tensor view of shape3, its dims in `order`."""
+    x = b.view(value, name_of(op))
+    if order != sorted(order):
+        x = copy_to_new(b, op, x.then("transpose", tuple(order)))
+    return x.then("reshape", shape3)
+
+
+def _rows(first: np.ndarray, length: int) -> np.ndarray:
+    """[k, 2] intervals of `length` elements starting at each of `first`."""
+    return first[:, None] + np.array([0, length])
+
+
+@register("dot_general")
+def dot_general(b: Builder, op: ir.Op) -> None:
+    dims = op.attrs["dot_dimension_numbers"]
+    lhs_t, rhs_t, out_t = op.operands[0].type, op.operands[1].type, op.results[0].type
+    if out_t.dtype == np.bool_ or lhs_t.dtype != rhs_t.dtype:
+        raise IpuUnimplementedError.for_op(
+            op, f"dot_general of {lhs_t} and {rhs_t} to {out_t} is not supported",
+            "Use numeric operands of one type, or file an issue")
+    lb, lc = list(dims.lhs_batching_dimensions), list(dims.lhs_contracting_dimensions)
+    rb, rc = list(dims.rhs_batching_dimensions), list(dims.rhs_contracting_dimensions)
+    lf = [d for d in range(len(lhs_t.shape)) if d not in lb + lc]
+    rf = [d for d in range(len(rhs_t.shape)) if d not in rb + rc]
+
+    def prod(shape, ds):
+        return int(np.prod([shape[d] for d in ds], dtype=np.int64))
+    batch, m, k, n = prod(lhs_t.shape, lb), prod(lhs_t.shape, lf), prod(lhs_t.shape, lc), prod(rhs_t.shape, rf)
+    out_dtype = out_t.dtype
+    acc = np.dtype(np.float32) if out_dtype.kind == "f" else out_dtype
+    if batch * m * n == 0 or k == 0:
+        b.values[op.results[0]] = Splat(np.zeros((), out_dtype), out_t.shape)
+        return
+    lhs = _canonical(b, op, op.operands[0], lb + lf + lc, (batch, m, k))
+    rhs = _canonical(b, op, op.operands[1], rb + rc + rf, (batch, k, n))
+    proportion = b.options.available_memory_proportion
+    plan = plan_matmul(b.target, batch, m, n, k, lhs_t.dtype, acc, proportion)
+    steps = [(0, m, 0, n, plan)]
+    if not fits(plan, b.target, proportion):
+        serial = _serial_steps(b.target, batch, m, n, k, lhs_t.dtype, acc, proportion)
+        if serial is not None and max(p.temporary_bytes for *_, p in serial) < plan.temporary_bytes:
+            steps = serial
+    b.flops += 2.0 * batch * m * n * k
+    padded = max(p.blocks[3] * p.splits[3] for *_, p in steps)
+    if padded != k:         # K padded with zeros to whole chunks (see plan_matmul)
+        zero = np.zeros((), lhs.dtype)
+        lhs, rhs = copy_padded(b, op, lhs, 2, padded - k, zero), copy_padded(b, op, rhs, 1, padded - k, zero)
+    results = [_product(b, op, lhs, rhs, window, acc, out_dtype) for window in steps]
+    if len(results) == 1:
+        b.values[op.results[0]] = results[0].then("reshape", out_t.shape)
+        return
+    whole = copy_to_new(b, op, Concat(tuple(results), 1 if steps[0][1] - steps[0][0] < m else 2))
+    b.values[op.results[0]] = whole.then("reshape", out_t.shape)
+
+
+# At most this many products in turn for one dot_general (see _serial_steps).
+MAX_SERIAL_STEPS = 256
+
+
+def _serial_steps(target, batch: int, m: int, n: int, k: int, in_dtype, acc, proportion: float) -> list | None:
+    """When no plan of the whole product fits the tiles, its rows (or
+    columns, whichever are more) in blocks computed one after the other,
+    each planned on all tiles, as PopLibs splits a product serially: the
+    fewest blocks (a power of two) whose plan fits. [(r0, r1, c0, c1,
+    plan)]; when no count up to MAX_SERIAL_STEPS fits, the blocks with the
+    lowest peak (the best chance to fit the tiles at all: a tiny
+    available_memory_proportion asks for it); None for a single row or
+    column."""
+    by_columns = n >= m
+    extent = n if by_columns else m
+    count = 2
+    lowest = None     # (peak temporary bytes, steps) of the counts tried
+    while count <= min(extent, MAX_SERIAL_STEPS):
+        size = -(-extent // count)
+        windows = [(lo, min(lo + size, extent)) for lo in range(0, extent, size)]
+        plans = {}
+        for lo, hi in windows:
+            if hi - lo not in plans:
+                plans[hi - lo] = plan_matmul(target, batch, m if by_columns else hi - lo, hi - lo if by_columns else n,
+                                             k, in_dtype, acc, proportion)
+        steps = [(0, m, lo, hi, plans[hi - lo]) if by_columns else (lo, hi, 0, n, plans[hi - lo])
+                 for lo, hi in windows]
+        if all(fits(p, target, proportion) for p in plans.values()):
+            return steps
+        peak = max(p.temporary_bytes for p in plans.values())
+        if lowest is None or peak < lowest[0]:
+            lowest = (peak, steps)
+        count *= 2
+    return lowest[1] if lowest else None
+
+
+def _product(b: Builder, op: ir.Op, lhs: View, rhs: View, window: tuple, acc, out_dtype) -> View:
+    """Rows r0:r1 and columns c0:c1 of the product of lhs [batch, M, Kp] and
+    rhs [batch, Kp, N] (Kp: K, with zeros after it if padded) as its plan
+    says: [batch, rows, columns]."""
+    r0, r1, c0, c1, plan = window
+    batch, m, kp = lhs.shape
+    n = rhs.shape[2]
+    rows, cols = r1 - r0, c1 - c0
+    pb, pm, pn, pk = plan.splits
+    bb, mb, nb, kc = plan.blocks
+    if (r0, r1, kc * pk) != (0, m, kp):
+        lhs = lhs.then("slice", (0, r0, 0), (batch, r1, kc * pk), (1, 1, 1))
+    if (c0, c1, kc * pk) != (0, n, kp):
+        rhs = rhs.then("slice", (0, 0, c0), (batch, kc * pk, c1), (1, 1, 1))
+
+    # Partials [pk, batch, rows, cols]: tile of block (kk, bi, mi, ni).
+    # (From runs of a block row each: per element, this took 6 s of a
+    # ResNet-18 step's compile.)
+    col_blocks = np.arange(-(-cols // nb))
+    tile_of = (((np.arange(pk)[:, None, None, None] * pb + np.arange(batch)[None, :, None, None] // bb) * pm
+                + np.arange(rows)[None, None, :, None] // mb) * pn + col_blocks)    # [pk, batch, rows, col blocks]
+    run_starts = np.arange(pk * batch * rows)[:, None] * cols + col_blocks * nb
+    partials = b.tensor(f"{name_of(op)}/partials", (pk, batch, rows, cols), acc,
+                        TileMapping.from_runs(pk * batch * rows * cols, tile_of, run_starts))
+    vertices = []
+    codelet = f"MatMulPartial<{lhs.dtype.name},{acc.name}>"
+    lhs_regions: dict = {}    # (k-chunk, batch block, row block) -> intervals read
+    rhs_regions: dict = {}    # (k-chunk, batch block, column block) -> intervals read
+    for kk in range(pk):
+        ks = np.arange(kk * kc, (kk + 1) * kc)
+        for b0 in range(0, batch, bb):
+            bs = np.arange(b0, min(b0 + bb, batch))
+            for m0 in range(0, rows, mb):
+                ms = np.arange(m0, min(m0 + mb, rows))
+                lhs_key = (kk, b0, m0)
+                lhs_regions[lhs_key] = _rows(((bs[:, None] * m + r0 + ms) * kp + kk * kc).ravel(), kc)
+                out_rows = (((kk * batch + bs[:, None]) * rows + ms) * cols).ravel()
+                for n0 in range(0, cols, nb):
+                    width = min(n0 + nb, cols) - n0
+                    if (kk, b0, n0) not in rhs_regions:
+                        rhs_regions[kk, b0, n0] = _rows(((bs[:, None] * kp + ks) * n + c0 + n0).ravel(), width)
+                    macs = len(bs) * len(ms) * width * kc
+                    vertices.append(Vertex(codelet, int(tile_of[kk, b0, m0, n0 // nb]),
+                                           (Region(lhs.tensor, lhs_regions[lhs_key]),
+                                            Region(rhs.tensor, rhs_regions[kk, b0, n0])),
+                                           (Region(partials, _rows(out_rows + n0, width)),),
+                                           int(cost.matmul_cycles(b.target, macs, lhs.dtype))))
+    b.execute(f"matmul {name_of(op)} {pb}x{pm}x{pn}x{pk} tiles", codelets.MatMulPartials(lhs, rhs, partials),
+              vertices)
+    if pk == 1 and acc == out_dtype:
+        return View(partials).then("reshape", (batch, rows, cols))
+    out = b.tensor(name_of(op), (batch * rows * cols,), out_dtype)
+    _reduce_partials(b, op, View(partials).then("reshape", (pk, batch * rows * cols)), out)
+    return View(out).then("reshape", (batch, rows, cols))
+
+
+def _reduce_partials(b: Builder, op: ir.Op, partials: View, out: Tensor) -> None:
+    """out[i] = sum over j of partials[j, i], each tile summing the
+    partials of its own elements of out."""
+    count, size = partials.shape
+    vertices = []
+    codelet = f"ReduceAdd<{partials.dtype.name},{out.dtype.name}>"
+    for tile in out.mapping.tiles_used():
+        intervals = out.mapping.intervals_on(tile)
+        reads = (intervals[None] + (np.arange(count) * size)[:, None, None]).reshape(-1, 2)
+        n = int((intervals[:, 1] - intervals[:, 0]).sum())
+        vertices.append(Vertex(codelet, int(tile), (Region(partials.tensor, reads),),
+                               (Region(out, intervals),), cost.reduce_cycles(b.target, n * count, partials.dtype)))
+    b.execute(f"matmul reduce {name_of(op)}", codelets.ReduceCombine(partials, 0, "add", None, out), vertices)

@@ -1,0 +1,284 @@
+"""reduce: each operand rearranged to [kept, reduced] (a Copy when that is a
+layout change), partial reductions of equal chunks spread over tiles (the
+operand padded with the init value when its length has no divisor that
+spreads it), then a
+cross-tile stage combining each output's partials and the init value in a
+fixed order; with one partial per output (rows that fit a tile), a single
+stage applies the init itself. A body of one op (add, max, ...) on one operand reduces with
+that op, fp16 sums and products accumulating in fp32; any other body of
+element-wise ops (argmax's compare-and-select over values and indices) is
+applied pairwise in a tree."""
+from __future__ import annotations
+
+import numpy as np
+
+from jax_ipu import ir
+from jax_ipu.compiler import cost
+from jax_ipu.compiler.builder import Builder, ScalarBroadcast, Splat
+from jax_ipu.compiler.lowering.registry import register
+from jax_ipu.compiler.lowering.elementwise import SEMANTIC_ATTRS
+from jax_ipu.compiler.lowering.layout import copy_padded, copy_to_new, name_of
+from jax_ipu.compiler.planners.mapping import MIN_BYTES_PER_TILE, spread
+from jax_ipu.errors import IpuUnimplementedError
+from jax_ipu.graph import codelets
+from jax_ipu.graph.mapping import TileMapping
+from jax_ipu.graph.compute import Region, Vertex
+from jax_ipu.graph.views import View
+from jax_ipu.ops import ELEMENTWISE_OPS
+
+# A reduction with one partial per output (and no wider accumulator) is
+# one compute set, not partials and a combine (see _single_stage).
+SINGLE_STAGE = True
+# Bodies of one op on one operand that reduce with a numpy ufunc.
+SINGLE_OP = {"add", "multiply", "maximum", "minimum", "and", "or", "xor"}
+
+
+def single_op(body: ir.Block) -> str | None:
+    if (len(body.args) == 2 and len(body.ops) == 1 and len(body.results) == 1
+            and body.ops[0].name in SINGLE_OP and body.results[0] is body.ops[0].results[0]
+            and set(body.ops[0].operands) == set(body.args)):
+        return body.ops[0].name
+    return None
+
+
+def _body_program(op: ir.Op, body: ir.Block, outer: dict | None = None) -> tuple[tuple, tuple]:
+    """The body as (instructions, result registers) for a TreeReduce.
+    `outer` (the builder's values) gives constants the body reads from
+    outside it, which become constant instructions."""
+    registers = {arg: i for i, arg in enumerate(body.args)}
+    program = []
+
+    def read(v: ir.Value) -> bool:
+        """Whether v has a register, giving an outer constant one."""
+        if v in registers:
+            return True
+        lowered = (outer or {}).get(v)
+        if not isinstance(lowered, Splat):
+            return False
+        value = np.asarray(lowered.value).astype(v.type.dtype).reshape(())
+        program.append(codelets.Instruction("constant", (), v.type.dtype, (("value", value),)))
+        registers[v] = len(body.args) + len(program) - 1
+        return True
+
+    for inner in body.ops:
+        dtype = inner.results[0].type.dtype
+        if (inner.name in ("broadcast_in_dim", "reshape") and inner.results[0].type.shape == ()
+                and read(inner.operands[0])):
+            # A scalar to a scalar (jnp's operators emit them): the same register.
+            registers[inner.results[0]] = registers[inner.operands[0]]
+            continue
+        if inner.name == "constant":
+            value = np.asarray(inner.attrs["value"]).astype(dtype).reshape(())
+            program.append(codelets.Instruction("constant", (), dtype, (("value", value),)))
+        elif inner.name in ELEMENTWISE_OPS and all([read(v) for v in inner.operands]):
+            attrs = tuple(sorted((k, inner.attrs[k]) for k in SEMANTIC_ATTRS if k in inner.attrs))
+            program.append(codelets.Instruction(inner.name, tuple(registers[v] for v in inner.operands),
+                                                dtype, attrs))
+        else:
+            raise IpuUnimplementedError.for_op(
+                op, f"a reduction body with stablehlo.{inner.name} is not supported (bodies may hold "
+                    "element-wise ops and constants on the block's arguments)", "File an issue")
+        registers[inner.results[0]] = len(body.args) + len(program) - 1
+    if not all([read(v) for v in body.results]):
+        raise IpuUnimplementedError.for_op(op, "a reduction body returning a value computed outside it "
+                                               "at run time is not supported", "File an issue")
+    return tuple(program), tuple(registers[v] for v in body.results)
+
+
+# When the equal chunks of a reduced length (a prime, say) would use fewer
+# than 1/UNEVEN of the tiles the work deserves, the operand is padded with
+# the init value up to a length that splits well (StableHLO lets the init
+# value be applied any number of times). A sum of 300,007 elements was one
+# chunk on one tile: 1.2 MB there, out of memory.
+UNEVEN = 4
+
+
+def _chunking(reduced: int, kept: int, tiles: int, min_chunk: int) -> tuple[int, int, int]:
+    """(partials per output, elements per chunk, init-valued elements padded
+    after the reduced ones): spread the work over idle tiles in equal chunks
+    of at least min_chunk elements, padded when no divisor spreads it."""
+    if kept >= tiles or reduced <= min_chunk:
+        return 1, reduced, 0
+    limit = max(1, min(tiles // max(kept, 1), reduced // min_chunk))
+    chunks = max(d for d in range(1, limit + 1) if reduced % d == 0)
+    if chunks * UNEVEN >= limit:
+        return chunks, reduced // chunks, 0
+    size = -(-reduced // limit)
+    chunks = -(-reduced // size)
+    return chunks, size, chunks * size - reduced
+
+
+# Outputs a row must hold for a reduction over leading dims to combine
+# rows (numpy then adds contiguous runs of at least this many elements);
+# narrower ones are transposed first and reduced along rows. A conv bias
+# gradient (sum of [32, 28, 28, 16] over all but the channels) took 0.56 ms
+# transposed, 0.1 ms by rows of 16.
+OUTER_MIN_KEPT = 16
+INT32_MAX = 2**31 - 1
+
+
+def _outer_reads(intervals: np.ndarray, size: int, kept: int) -> np.ndarray:
+    """Intervals of the [1, size, kept] input behind the outputs `intervals`
+    (one chunk): each run of outputs in each of the `size` rows."""
+    if len(intervals) == 1:
+        starts, ends = intervals[:, 0], intervals[:, 1]
+    else:                 # touching intervals joined
+        apart = np.ones(len(intervals) + 1, bool)
+        apart[1:-1] = intervals[1:, 0] != intervals[:-1, 1]
+        starts, ends = intervals[apart[:-1], 0], intervals[apart[1:], 1]
+    rows = np.arange(size) * kept
+    lo, hi = (rows[None, :] + starts[:, None]).T.ravel(), (rows[None, :] + ends[:, None]).T.ravel()
+    return _as_intervals(lo, hi)
+
+
+def _as_intervals(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    # int32 where it holds them: a row per chunk and output run, so these
+    # were most of a batch-normed ResNet's compiled regions (0.8 GB as int64).
+    out = np.empty((len(lo), 2), np.int32 if hi.max(initial=0) <= INT32_MAX else np.int64)
+    out[:, 0], out[:, 1] = lo, hi
+    return out
+
+
+def _outer_reads_by_tile(mapping: TileMapping, chunks: int, size: int, kept: int) -> dict[int, np.ndarray]:
+    """tile -> intervals of the [chunks, size, kept] input behind its
+    elements of the partials [kept, chunks]: for each chunk j and run of
+    outputs [o0, o1) on the tile, that run in each of the chunk's `size`
+    rows, in ascending order. All tiles at once (one call per tile took
+    3.8 s of a ResNet-18 step's compile)."""
+    lengths = mapping.stops - mapping.starts
+    e = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths - mapping.starts, lengths)
+    tile = np.repeat(mapping.tiles, lengths)
+    o, j = e // chunks, e % chunks
+    order = np.lexsort((o, j, tile))                 # by tile, chunk, then output
+    o, j, tile = o[order], j[order], tile[order]
+    first = np.ones(len(o), bool)
+    first[1:] = (tile[1:] != tile[:-1]) | (j[1:] != j[:-1]) | (o[1:] != o[:-1] + 1)
+    at = np.flatnonzero(first)
+    last = np.append(at[1:], len(o)) - 1
+    starts, ends, j, tile = o[at], o[last] + 1, j[at], tile[at]
+    rows = (j[:, None] * size + np.arange(size)) * kept             # [runs, size]
+    lo, hi = (rows + starts[:, None]).ravel(), (rows + ends[:, None]).ravel()
+    several = len(tile) > 1 and (tile[1:] == tile[:-1]).any()       # else a tile's rows ascend already
+    tile = np.repeat(tile, size)
+    if several:
+        order = np.lexsort((lo, tile))
+        lo, hi, tile = lo[order], hi[order], tile[order]
+    cuts = np.flatnonzero(tile[1:] != tile[:-1]) + 1
+    out = _as_intervals(lo, hi)
+    return {int(t): part for t, part in zip(tile[np.append(0, cuts)] if len(tile) else [], np.split(out, cuts))}
+
+
+def _init_source(lowered) -> View | np.ndarray:
+    """A reduction's init value: an immediate, or a one-element view."""
+    if isinstance(lowered, Splat):
+        return lowered.value
+    return lowered.scalar if isinstance(lowered, ScalarBroadcast) else lowered.then("reshape", ())
+
+
+@register("reduce")
+def reduce(b: Builder, op: ir.Op) -> None:
+    n = len(op.operands) // 2
+    body = op.regions[0]
+    single = single_op(body) if n == 1 else None
+    program, results = _body_program(op, body, b.values) if single is None else ((), ())
+    x_t = op.operands[0].type
+    dims = sorted(op.attrs["dimensions"])
+    kept_dims = [d for d in range(len(x_t.shape)) if d not in dims]
+    kept = int(np.prod([x_t.shape[d] for d in kept_dims], dtype=np.int64))
+    reduced = int(np.prod([x_t.shape[d] for d in dims], dtype=np.int64))
+    inits = [b.values[v] for v in op.operands[n:]]
+    if reduced == 0 or kept == 0:
+        for result, init in zip(op.results, inits):
+            b.values[result] = (Splat(init.value, result.type.shape) if isinstance(init, Splat)
+                                else ScalarBroadcast(_init_source(init), result.type.shape))
+        return
+    dtypes = [r.type.dtype for r in op.results]
+    chunks, size, pad = _chunking(reduced, kept, b.target.num_tiles,
+                                  max(1, MIN_BYTES_PER_TILE // max(d.itemsize for d in dtypes)))
+    # Reduced dims leading (a sum over the batch): each tile combines whole
+    # rows of its outputs' elements, as Poplar reduces outer dimensions,
+    # instead of a transposing Copy first.
+    outer = (single is not None and kept >= OUTER_MIN_KEPT and dims == list(range(len(dims))))
+    xs = []
+    for value, init in zip(op.operands[:n], inits):
+        x = b.view(value, name_of(op))
+        if outer:
+            if pad:
+                x = copy_padded(b, op, x.then("reshape", (reduced, kept)), 0, pad, _init_source(init))
+            xs.append(x.then("reshape", (chunks, size, kept)))
+            continue
+        if kept_dims + dims != sorted(kept_dims + dims):
+            x = x.then("transpose", tuple(kept_dims + dims))
+            if not pad:
+                x = copy_to_new(b, op, x)
+        if pad:
+            x = copy_padded(b, op, x.then("reshape", (kept, reduced)), 1, pad, _init_source(init))
+        xs.append(x.then("reshape", (kept, chunks, size)))
+    accs = [np.dtype(np.float32) if d == np.float16 and single in ("add", "multiply") else d for d in dtypes]
+    what = single or "+".join(dict.fromkeys(i.op for i in program if i.op != "constant"))
+    per_element = max(1, len(program))
+    if SINGLE_STAGE and chunks == 1 and single is not None and accs[0] == dtypes[0]:
+        _single_stage(b, op, xs[0], single, _init_source(inits[0]), dtypes[0], kept, size, outer)
+        return
+
+    # Several chunks per output: one chunk per tile, while tiles last.
+    mapping = spread(b.target, kept * chunks) if chunks > 1 else b.linear_mapping(kept * chunks, accs[0])
+    partials = [b.tensor(f"{name_of(op)}/partials", (kept, chunks), acc, mapping) for acc in accs]
+    vertices = []
+    codelet = f"ReducePartial<{what},{dtypes[0].name}>"    # (dtype.name costs 16 us)
+    outer_reads = _outer_reads_by_tile(mapping, chunks, size, kept) if outer else None
+    for tile in mapping.tiles_used():
+        intervals = mapping.intervals_on(tile)
+        count = int((intervals[:, 1] - intervals[:, 0]).sum())
+        reads = outer_reads[int(tile)] if outer else intervals * size
+        vertices.append(Vertex(codelet, int(tile),
+                               tuple(Region(x.tensor, reads) for x in xs),
+                               tuple(Region(p, intervals) for p in partials),
+                               cost.reduce_cycles(b.target, count * size * per_element, dtypes[0])))
+    kernel = (codelets.ReducePartials(xs[0], single, partials[0], outer) if single else
+              codelets.TreeReduce(tuple(xs), 2, program, results, None, tuple(partials)))
+    b.execute(f"reduce {what} {name_of(op)} partials", kernel, vertices)
+
+    outs = [b.tensor(name_of(op), (kept,), d) for d in dtypes]
+    init_sources = [_init_source(i) for i in inits]
+    vertices = []
+    codelet = f"ReduceCombine<{what},{accs[0].name},{dtypes[0].name}>"
+    for tile in outs[0].mapping.tiles_used():
+        intervals = outs[0].mapping.intervals_on(tile)
+        count = int((intervals[:, 1] - intervals[:, 0]).sum())
+        reads = [Region(p, intervals * chunks) for p in partials]
+        reads += [Region(i.tensor, np.array([[0, 1]])) for i in init_sources if isinstance(i, View)]
+        vertices.append(Vertex(codelet, int(tile),
+                               tuple(reads), tuple(Region(o, intervals) for o in outs),
+                               cost.reduce_cycles(b.target, count * chunks * per_element, accs[0])))
+    kernel = (codelets.ReduceCombine(View(partials[0]), 1, single, init_sources[0], outs[0]) if single else
+              codelets.TreeReduce(tuple(View(p) for p in partials), 1, program, results,
+                                  tuple(init_sources), tuple(outs)))
+    b.execute(f"reduce {what} {name_of(op)}", kernel, vertices)
+    b.flops += kept * reduced * per_element
+    for result, out in zip(op.results, outs):
+        b.values[result] = View(out).then("reshape", result.type.shape)
+
+
+def _single_stage(b: Builder, op: ir.Op, x: View, single: str, init, dtype: np.dtype, kept: int, size: int,
+                  outer: bool) -> None:
+    """One partial per output: one compute set whose vertices reduce their
+    outputs' elements and apply the init value, as Poplar reduces in one
+    stage what fits on a tile (no partials tensor, no second compute set
+    and sync). The same arithmetic in the same order as two stages (the
+    partial stage's, then the init; the combine of a single partial is
+    that partial). x: [kept, 1, size], or [1, size, kept] if outer."""
+    out = b.tensor(name_of(op), (kept,), dtype)
+    vertices = []
+    codelet = f"Reduce<{single},{dtype.name}>"
+    for tile in out.mapping.tiles_used():
+        intervals = out.mapping.intervals_on(tile)
+        count = int((intervals[:, 1] - intervals[:, 0]).sum())
+        reads = [Region(x.tensor, _outer_reads(intervals, size, kept) if outer else intervals * size)]
+        if isinstance(init, View):
+            reads.append(Region(init.tensor, np.array([[0, 1]])))
+        vertices.append(Vertex(codelet, int(tile), tuple(reads),
+                               (Region(out, intervals),), cost.reduce_cycles(b.target, count * size, dtype)))
+    b.execute(f"reduce {single} {name_of(op)}", codelets.ReducePartials(x, single, out, outer, init), vertices)
+    b.flops += kept * size
+    b.values[op.results[0]] = View(out).then("reshape", op.results[0].type.shape)

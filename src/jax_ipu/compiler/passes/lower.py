@@ -1,0 +1,78 @@
+"""Lowers the fused op list to graph tensors and steps: each op by the
+rule registered for its name (compiler/lowering/), each fused cluster of
+element-wise ops as one compute set."""
+from __future__ import annotations
+
+import collections
+
+from jax_ipu.compiler.builder import Builder
+from jax_ipu.compiler.lowering.elementwise import lower_cluster
+from jax_ipu.compiler.lowering.registry import RULES
+from jax_ipu.compiler.passes.fuse import Cluster, reads_of
+from jax_ipu.compiler.passes.legalize import FlatFunction
+from jax_ipu.errors import IpuError, IpuInternalCompilerError, IpuUnimplementedError
+
+
+
+def _used_outside(nodes, results) -> dict[int, set]:
+    """Per cluster (by id), the values it makes that others read."""
+    owner = {}
+    for node in nodes:
+        if isinstance(node, Cluster):
+            for op in node.ops:
+                owner[op.results[0]] = node
+    outside: dict[int, set] = {id(n): set() for n in nodes if isinstance(n, Cluster)}
+    for node in nodes:
+        ops = node.ops if isinstance(node, Cluster) else [node]
+        for op in ops:
+            for v in op.operands:
+                c = owner.get(v)
+                if c is not None and c is not node:
+                    outside[id(c)].add(v)
+            for v in reads_of(op, regions_only=True):   # nested bodies read enclosing values
+                if v in owner:
+                    outside[id(owner[v])].add(v)
+    for v in results:
+        if v in owner:
+            outside[id(owner[v])].add(v)
+    return outside
+
+
+def lower(b: Builder, flat: FlatFunction, nodes: list, carried: frozenset[int] = frozenset()) -> None:
+    """`carried`: tensor ids of the loop-carried values when `flat` is a
+    loop's body (its ops may update them in place)."""
+    outside = _used_outside(nodes, flat.results)
+    saved = b.pending_reads, b.block_tensors_from, b.block_carried
+    b.pending_reads = collections.Counter(flat.results)
+    for node in nodes:
+        for op in (node.ops if isinstance(node, Cluster) else [node]):
+            b.pending_reads.update(reads_of(op))
+    b.block_tensors_from, b.block_carried = len(b.tensors), carried
+    try:
+        for node in nodes:
+            _lower_node(b, node, outside)
+            for op in (node.ops if isinstance(node, Cluster) else [node]):
+                b.pending_reads.subtract(reads_of(op))
+    finally:
+        b.pending_reads, b.block_tensors_from, b.block_carried = saved
+
+
+def _lower_node(b: Builder, node, outside: dict) -> None:
+    if isinstance(node, Cluster):
+        lower_cluster(b, node, outside[id(node)])
+        return
+    rule = RULES.get(node.name)
+    if rule is None:
+        what = "this op"
+        if node.name == "custom_call":
+            what = f"custom_call @{node.attrs.get('call_target_name')}"
+        raise IpuUnimplementedError.for_op(node, f"{what} is not supported by jax-ipu yet",
+                                           "File an issue, or avoid the op in this program")
+    try:
+        rule(b, node)
+    except IpuError:
+        raise
+    except Exception as exc:  # a compiler bug: say where it happened
+        raise IpuInternalCompilerError.for_op(
+            node, f"internal error {type(exc).__name__}: {exc}",
+            "This is a jax-ipu bug: please report it with this message") from exc

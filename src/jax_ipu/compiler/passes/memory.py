@@ -1,0 +1,73 @@
+"""The per-tile memory plan: always-live bytes (arguments, constants, code
+and vertex state) plus the peak over program steps of the tensors live at
+each step and the exchange buffers the step receives into. A program whose
+peak exceeds a tile's SRAM fails with a report naming the tile."""
+from __future__ import annotations
+
+import numpy as np
+
+from jax_ipu.errors import IpuOutOfMemoryError
+from jax_ipu.graph.memory import MemoryReport
+from jax_ipu.graph.programs import Execute, leaves
+from jax_ipu.graph.tensors import Tensor
+from jax_ipu.targets import Target
+
+
+def _code_bytes(target: Target, steps: list) -> np.ndarray:
+    vertices = np.zeros(target.num_tiles, dtype=np.int64)
+    codelets: set = set()
+    for step in (leaf for top in steps for leaf in leaves(top)):   # loop bodies too
+        if isinstance(step, Execute):
+            for v in step.compute_set.vertices:
+                vertices[v.tile] += 1
+                codelets.add((v.tile, v.codelet.split("[")[0]))
+    code = np.zeros(target.num_tiles, dtype=np.int64)
+    if codelets:
+        np.add.at(code, [t for t, _ in codelets], target.code_bytes_per_codelet)
+    return code + vertices * target.vertex_state_bytes
+
+
+def plan_memory(target: Target, tensors: list[Tensor], steps: list, inputs: list[Tensor],
+                outputs: list, received: list[np.ndarray], first: np.ndarray, last: np.ndarray,
+                aliased_bytes: int) -> MemoryReport:
+    tiles = target.num_tiles
+    per_tile = [t.mapping.elements_per_tile(tiles) * t.dtype.itemsize for t in tensors]
+    always = {t.id for t in inputs} | {t.id for t in tensors if t.constant is not None}
+    code = _code_bytes(target, steps)
+    always_live = code + sum((per_tile[i] for i in always), np.zeros(tiles, dtype=np.int64))
+    returned = {v.tensor.id for v in outputs}
+    n = len(steps)
+    delta = np.zeros((n + 1, tiles), dtype=np.int64)
+    for t in tensors:
+        if t.id in always or first[t.id] < 0:
+            continue
+        end = n - 1 if t.id in returned else max(last[t.id], first[t.id])
+        delta[first[t.id]] += per_tile[t.id]
+        delta[end + 1] -= per_tile[t.id]
+    live = np.cumsum(delta[:n], axis=0)
+    if n:
+        live += np.stack(received)
+    peak = live.max(axis=0) if n else np.zeros(tiles, dtype=np.int64)
+    return MemoryReport(
+        bytes_per_tile=target.bytes_per_tile, always_live=always_live, not_always_live_peak=peak,
+        code=code, argument_bytes=sum(t.nbytes for t in inputs),
+        output_bytes=sum(v.size * v.dtype.itemsize for v in outputs), aliased_bytes=aliased_bytes,
+        temporary_bytes=int(peak.sum()))
+
+
+def check_fits(report: MemoryReport, tensors: list[Tensor], target: Target, program=None) -> None:
+    """Raises IpuOutOfMemoryError (carrying the report and the program, so
+    that a profile can show it) unless the program fits."""
+    if report.fits:
+        return
+    tile = report.max_tile
+    on_tile = sorted(((int(t.mapping.elements_per_tile(target.num_tiles)[tile]) * t.dtype.itemsize, t)
+                      for t in tensors), key=lambda x: -x[0])
+    largest = ", ".join(f"{t.name} {t.dtype.name}{list(t.shape)} ({n} B)" for n, t in on_tile[:3] if n)
+    raise IpuOutOfMemoryError(
+        f"out of memory on tile {tile} of {target.describe()}: it needs {report.max_bytes} bytes but "
+        f"has {report.bytes_per_tile} ({report.always_live[tile]} always-live, "
+        f"{report.not_always_live_peak[tile]} peak not-always-live). Largest tensors there: {largest}. "
+        f"Use smaller arrays or batches, more tiles (JAX_IPU_MODEL_NUM_TILES) or IPUs, or a lower "
+        f"available_memory_proportion for matmuls' plans (jax.jit(f).lower(...).compile(compiler_options="
+        f"{{'available_memory_proportion': 0.3}}); default 0.6)", report, program)

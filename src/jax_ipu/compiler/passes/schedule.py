@@ -1,0 +1,81 @@
+"""Orders the program: argument streams in, the compute and exchange steps
+in dependency order (as lowered), result streams out. Also finds the step
+that writes and the last step that reads each tensor, which the memory plan
+and in-place donation use."""
+from __future__ import annotations
+
+import numpy as np
+
+from jax_ipu.graph import codelets
+from jax_ipu.graph.programs import CONTROL, Copy, DeviceToHost, Execute, HostCall, HostToDevice, Sequence, leaves
+from jax_ipu.graph.tensors import Tensor
+from jax_ipu.graph.views import View
+from jax_ipu.targets import Target
+
+
+def reads(step) -> set[int]:
+    if isinstance(step, Execute):
+        return {r.tensor.id for v in step.compute_set.vertices for r in v.reads}
+    if isinstance(step, Copy):
+        return {t.id for t in step.src.tensors}
+    if isinstance(step, HostCall):
+        return {t.id for v in step.inputs for t in v.tensors}
+    if isinstance(step, CONTROL):       # its sub-programs and predicate
+        control = getattr(step, "predicate", None) or getattr(step, "control", None)
+        return set().union({control.id} if control is not None else set(), *map(reads, leaves(step)))
+    return set()
+
+
+def writes(step) -> set[int]:
+    if isinstance(step, Execute):
+        return {r.tensor.id for v in step.compute_set.vertices for r in v.writes}
+    if isinstance(step, Copy):
+        return {step.dst.id}
+    if isinstance(step, HostCall):
+        return {t.id for t in step.outputs}
+    if isinstance(step, CONTROL):
+        return set().union(*map(writes, leaves(step)))
+    return set()
+
+
+def lifetimes(steps: list, num_tensors: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first step writing, last step reading) per tensor; -1 when none."""
+    first = np.full(num_tensors, -1, dtype=np.int64)
+    last = np.full(num_tensors, -1, dtype=np.int64)
+    for i, step in enumerate(steps):
+        for t in writes(step):
+            if first[t] < 0:
+                first[t] = i
+        for t in reads(step):
+            last[t] = i
+    return first, last
+
+
+def schedule(target: Target, steps: list, inputs: list[Tensor], outputs: list[View]) -> tuple[Sequence, int]:
+    """The program body and its host-transfer cycles."""
+    per_byte = target.clock_hz / target.host_link_bytes_per_second
+    streams_in = [HostToDevice(i, t, int(t.nbytes * per_byte)) for i, t in enumerate(inputs)]
+    streams_out = [DeviceToHost(i, v, int(v.size * v.dtype.itemsize * per_byte)) for i, v in enumerate(outputs)]
+    host = sum(s.cycles for s in streams_in + streams_out)
+    return Sequence(streams_in + list(steps) + streams_out), host
+
+
+def in_place_outputs(steps: list, inputs: list[Tensor], outputs: list[View], aliases: dict[int, int],
+                     first: np.ndarray, last: np.ndarray) -> dict[int, int]:
+    """Aliased outputs a fused element-wise step can write into the donated
+    input's buffer: the input is read by no later step and is not a result."""
+    written_by = {}
+    for i, step in enumerate(steps):
+        if isinstance(step, Execute) and isinstance(step.compute_set.kernel, codelets.ElementwiseChain):
+            for _, t in step.compute_set.kernel.outputs:
+                written_by[t.id] = i
+    returned = [v.tensor.id for v in outputs]
+    safe = {}
+    for o, i in aliases.items():
+        view, source = outputs[o], inputs[i]
+        step = written_by.get(view.tensor.id)
+        if (step is not None and view.is_whole_tensor and returned.count(view.tensor.id) == 1
+                and source.id not in returned and last[source.id] <= step
+                and view.tensor.shape == source.shape and view.tensor.dtype == source.dtype):
+            safe[o] = i
+    return safe

@@ -1,0 +1,116 @@
+"""Executors of the collective kernels (graph.codelets_collectives): each
+replica posts its input to the launch (model.links) and computes its result
+from its group's contributions, in group order."""
+from __future__ import annotations
+
+import numpy as np
+
+from jax_ipu.errors import IpuRuntimeError
+from jax_ipu.graph import codelets_collectives as cc
+from jax_ipu.model import links
+from jax_ipu.model.executors.common import REDUCE_UFUNCS, reader, register
+
+
+def _group_of(groups, rank: int, size: int) -> tuple[int, ...]:
+    if not groups:                       # no groups: all the launch's IPUs
+        return tuple(range(size))
+    for group in groups:
+        if rank in group:
+            return group
+    return (rank,)
+
+
+def _with_group(get, groups, state, use):
+    """use(this rank's group's inputs in group order, its position there)."""
+    me = links.current()
+    value = np.asarray(get(state))
+    group = _group_of(groups, me.rank, me.launch.size if me.launch else 1)
+    if me.launch is None:
+        if len(group) > 1:
+            raise IpuRuntimeError(f"a collective over ranks {list(group)} ran on one IPU; run the "
+                                  "program on all its devices")
+        return use([value], 0)
+    return me.launch.exchange(me.rank, value, lambda values: use([values[r] for r in group],
+                                                                 group.index(me.rank)))
+
+
+def _reduce(values: list[np.ndarray], op: str, dtype) -> np.ndarray:
+    ufunc = REDUCE_UFUNCS[op]
+    acc = values[0].astype(dtype, copy=True)
+    for v in values[1:]:
+        ufunc(acc, v, out=acc)
+    return acc
+
+
+@register(cc.AllReduce)
+def _build_all_reduce(k: cc.AllReduce):
+    get, tid, op, groups, dtype, shape = reader(k.input), k.out.id, k.op, k.groups, k.out.dtype, k.out.shape
+
+    def run(state):
+        state[tid] = _with_group(get, groups, state, lambda values, me: _reduce(values, op, dtype)).reshape(shape)
+    return run
+
+
+@register(cc.ReduceScatter)
+def _build_reduce_scatter(k: cc.ReduceScatter):
+    get, tid, op, dim, groups, dtype = reader(k.input), k.out.id, k.op, k.dim, k.groups, k.out.dtype
+
+    def scatter(values, me):
+        return np.ascontiguousarray(np.split(_reduce(values, op, dtype), len(values), axis=dim)[me])
+
+    def run(state):
+        state[tid] = _with_group(get, groups, state, scatter)
+    return run
+
+
+@register(cc.AllGather)
+def _build_all_gather(k: cc.AllGather):
+    get, tid, dim, groups = reader(k.input), k.out.id, k.dim, k.groups
+
+    def run(state):
+        state[tid] = _with_group(get, groups, state, lambda values, me: np.concatenate(values, axis=dim))
+    return run
+
+
+@register(cc.AllToAll)
+def _build_all_to_all(k: cc.AllToAll):
+    get, tid, split, concat, groups = reader(k.input), k.out.id, k.split_dim, k.concat_dim, k.groups
+
+    def exchange(values, me):
+        return np.concatenate([np.split(v, len(values), axis=split)[me] for v in values], axis=concat)
+
+    def run(state):
+        state[tid] = _with_group(get, groups, state, exchange)
+    return run
+
+
+@register(cc.CollectivePermute)
+def _build_collective_permute(k: cc.CollectivePermute):
+    get, tid, dtype, shape = reader(k.input), k.out.id, k.out.dtype, k.out.shape
+    source_of = {target: source for source, target in k.pairs}
+
+    def receive(values, source):
+        if source is None:
+            return np.zeros(shape, dtype)
+        if source >= len(values):
+            raise IpuRuntimeError(f"collective_permute from rank {source}, but the program runs on "
+                                  f"{len(values)} IPUs")
+        return np.array(values[source], dtype=dtype).reshape(shape)
+
+    def run(state):
+        me = links.current()
+        value, source = np.asarray(get(state)), source_of.get(me.rank)
+        if me.launch is None:
+            state[tid] = receive([value], source)
+        else:
+            state[tid] = me.launch.exchange(me.rank, value, lambda values: receive(values, source))
+    return run
+
+
+@register(cc.ReplicaIndex)
+def _build_replica_index(k: cc.ReplicaIndex):
+    tid, which = k.out.id, k.which
+
+    def run(state):
+        state[tid] = np.array(getattr(links.current(), which), dtype=np.uint32)
+    return run
