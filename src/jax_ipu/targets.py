@@ -1,5 +1,5 @@
-"""The IPUs the Model simulates, every figure a named field (see IPU.md for
-sources; figures marked unverified there are parameters, not truths)."""
+"""The IPUs the Model simulates, every figure a named field (see docs/ipu.md
+for sources; figures marked unverified there are parameters, not truths)."""
 from __future__ import annotations
 
 import dataclasses

@@ -8,8 +8,8 @@ pass rate per test file, failures sorted into buckets.
 (8e784c546d for 0.10.2); nothing is downloaded. Each file runs under
 pytest-xdist with worker restarts, so a crash costs one test, not the run.
 Artifacts go to --out (default conformance-report/): junit XML per file,
-one text file per failure, buckets.json and report.md (the table the
-README quotes). Failures listed in known_failures.txt (a pattern and the
+one text file per failure, buckets.json and report.md (the table
+docs/conformance.md quotes). Failures listed in known_failures.txt (a pattern and the
 reason, per line) are reported as known; others as new.
 """
 from __future__ import annotations

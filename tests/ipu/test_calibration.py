@@ -1,4 +1,4 @@
-"""Cycle estimates against IPU.md's measured figures.
+"""Cycle estimates against the measured figures in docs/ipu.md.
 
 AMP: tessellate-ipu's peak-flops notebook measured a per-tile fp16
 [N,16]x[16,16] matmul on a Bow IPU (1472 tiles, 1.85 GHz) at 55.5, 211,

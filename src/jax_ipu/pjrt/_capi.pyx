@@ -7,7 +7,7 @@ transfers call the Python objects of jax_ipu.pjrt. Every Python call is
 wrapped so that an exception becomes a PJRT_Error, and any exception already
 pending on the calling thread is saved and restored around it: the
 framework calls destroy functions while Python exceptions unwind, and JAX
-aborts the process on an error from some calls (see shared/PJRT.md).
+aborts the process on an error from some calls (see docs/pjrt.md).
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.exc cimport PyErr_Fetch, PyErr_Restore
