@@ -261,3 +261,23 @@ def test_a_failing_collection_is_reported_not_fatal():
     assert result.returncode == 0, result.stderr
     assert "after the trace [2.0, 2.0, 2.0, 2.0]" in result.stdout
     assert "RuntimeError: no xspace today" in result.stderr
+
+
+def test_a_long_trace_keeps_its_first_steps(ipu, monkeypatch):
+    f = jax.jit(lambda c: jax.lax.fori_loop(0, 10, lambda i, c: c * 2.0, c))
+    x = jax.device_put(np.ones(8, np.float32), ipu)
+    f(x).block_until_ready()
+    steps_per_run = len(jax_ipu.last_profile(ipu)["steps"])
+    monkeypatch.setattr(tracing, "MAX_STEPS", steps_per_run + 3)
+    tracer = tracing.Tracer()
+    tracer.start()
+    f(x).block_until_ready()
+    f(x).block_until_ready()
+    space = xspace.parse(tracer.collect())
+    (plane,) = device_planes(space).values()
+    assert len(events(plane, "Steps")) == steps_per_run + 3
+    programs = events(plane, "Programs")
+    assert len(programs) == 2
+    assert abs(programs[1]["duration"] - programs[0]["duration"]) <= steps_per_run   # (rounding) the unlisted steps' time too
+    assert list(space.warnings) == [f"jax-ipu: {steps_per_run - 3} IPU steps beyond the first "
+                                    f"{steps_per_run + 3} of this trace are not shown"]

@@ -145,61 +145,85 @@ def _step_info(program) -> tuple[dict, list]:
 
 
 class _Plane:
-    """One IPU's plane being filled: metadata ids by name, and its lines."""
+    """One IPU's plane being filled: its lines, and the metadata of its
+    events (a name with the stats every event of it shares: a step's
+    cycles, kind, program and source line) made once each."""
 
     def __init__(self, space, device_id: int, description: str, timestamp_ns: int):
         self.plane = space.planes.add(id=device_id, name=f"{PLANE_PREFIX}{device_id}")
-        self.events: dict[str, int] = {}
-        self.stats: dict[str, int] = {}
+        self.metadata_ids: dict[tuple, int] = {}
+        self.stat_ids: dict[str, int] = {}
+        self.steps: dict[tuple, tuple] = {}    # a step of a program -> its metadata, length, phases
         self.lines = [self.plane.lines.add(id=i, display_id=i, name=name, display_name=name,
                                            timestamp_ns=timestamp_ns)
                       for i, name in enumerate(LINES)]
         self.plane.stats.append(self._stat("device", f"IPU {device_id}: {description}"))
 
-    def _stat_id(self, name: str) -> int:
-        sid = self.stats.get(name)
+    def _stat(self, name: str, value):
+        sid = self.stat_ids.get(name)
         if sid is None:
-            sid = self.stats[name] = len(self.stats) + 1
+            sid = self.stat_ids[name] = len(self.stat_ids) + 1
             self.plane.stat_metadata[sid].id = sid
             self.plane.stat_metadata[sid].name = name
-        return sid
-
-    def _stat(self, name: str, value):
-        stat = messages()["XStat"](metadata_id=self._stat_id(name))
+        stat = messages()["XStat"](metadata_id=sid)
         if isinstance(value, str):
             stat.str_value = value
         else:
             stat.int64_value = int(value)
         return stat
 
-    def event(self, line: int, name: str, offset_ps: int, duration_ps: int, **stats) -> None:
-        mid = self.events.get(name)
+    def metadata(self, name: str, **stats) -> int:
+        key = (name, *stats.items())
+        mid = self.metadata_ids.get(key)
         if mid is None:
-            mid = self.events[name] = len(self.events) + 1
+            mid = self.metadata_ids[key] = len(self.metadata_ids) + 1
             metadata = self.plane.event_metadata[mid]
             metadata.id, metadata.name, metadata.display_name = mid, name, name
             source = _SOURCE.search(name)
             if source:
-                metadata.stats.append(self._stat("source", source.group(1)))
+                stats["source"] = source.group(1)
+            metadata.stats.extend(self._stat(k, v) for k, v in stats.items())
+        return mid
+
+    def event(self, line: int, mid: int, offset_ps: int, duration_ps: int, **stats) -> None:
         event = self.lines[line].events.add(metadata_id=mid, offset_ps=offset_ps, duration_ps=duration_ps)
-        event.stats.extend(self._stat(k, v) for k, v in stats.items())
+        if stats:
+            event.stats.extend(self._stat(k, v) for k, v in stats.items())
+
+    def step(self, program, info: dict, step: tuple, ps) -> tuple:
+        """(metadata id, length in ps, [(metadata id, length)] of its phases)
+        of one of the program's steps, (kind, name, cycles, exchanged bytes)."""
+        key = (id(program), *step)
+        found = self.steps.get(key)
+        if found is None:
+            kind, name, cycles, nbytes = step
+            what, exchange, sync = info.get((kind, name), (KINDS.get(kind, kind), 0, 0))
+            mid = self.metadata(name, kind=what, cycles=cycles, exchange_bytes=nbytes, program=program.name)
+            phases = []
+            if what != "host callback" and exchange + sync <= cycles:
+                middle = "IPU-Links" if what == "collective" else "compute"
+                for phase, part in (("exchange", exchange), (middle, cycles - exchange - sync), ("sync", sync)):
+                    if part > 0:
+                        phases.append((self.metadata(phase, cycles=part), ps(part)))
+            found = self.steps[key] = (mid, ps(cycles), phases)
+        return found
 
     def finish(self, end_ps: int) -> None:
         for line in self.lines:
             line.duration_ps = end_ps
 
 
-def build(runs: list, start_ns: int, max_events: int, hostname: str = ""):
+def build(runs: list, start_ns: int, max_steps: int, hostname: str = ""):
     """The XSpace of recorded runs: (program, device, RunRecord, start ns,
     index of the run in the trace) each, placed on their IPU's timeline
     from start_ns on (the trace's start, which every line's timestamp is).
-    At most max_events step events; beyond, a warning says how many more."""
+    At most max_steps steps; beyond, a warning says how many more."""
     space = messages()["XSpace"]()
     if hostname:
         space.hostnames.append(hostname)
     planes: dict[int, _Plane] = {}
     ends: dict[int, int] = {}       # device id -> ps where its last run ended
-    left, dropped = max_events, 0
+    left, dropped = max_steps, 0
     for program, device, run, at_ns, number in runs:
         plane = planes.get(device.id)
         if plane is None:
@@ -214,38 +238,38 @@ def build(runs: list, start_ns: int, max_events: int, hostname: str = ""):
         info, streams = _step_info(program)
         for stream in streams:
             if isinstance(stream, HostToDevice):
-                plane.event(HOST_LINK, f"argument {stream.index} to IPU", now, ps(stream.cycles),
-                            cycles=stream.cycles, bytes=stream.tensor.nbytes)
+                mid = plane.metadata(f"argument {stream.index} to IPU", cycles=stream.cycles,
+                                     bytes=stream.tensor.nbytes)
+                plane.event(HOST_LINK, mid, now, ps(stream.cycles))
                 now += ps(stream.cycles)
-        steps = run.steps
+        steps, unlisted = run.steps, 0
         if len(steps) > left:
             dropped += len(steps) - left
+            unlisted = sum(step[2] for step in steps[left:])    # their time still passes
             steps = steps[:left]
         left -= len(steps)
-        for kind, name, cycles, nbytes in steps:
-            what, exchange, sync = info.get((kind, name), (KINDS.get(kind, kind), 0, 0))
-            length = ps(cycles)
-            plane.event(STEPS, name, now, length, kind=what, cycles=cycles, exchange_bytes=nbytes,
-                        program=program.name)
-            if what != "host callback" and exchange + sync <= cycles:
-                at = now
-                middle = "IPU-Links" if what == "collective" else "compute"
-                for phase, part in (("exchange", exchange), (middle, cycles - exchange - sync), ("sync", sync)):
-                    if part > 0:
-                        plane.event(PHASES, phase, at, ps(part), cycles=part)
-                        at += ps(part)
+        add_step, add_phase = plane.lines[STEPS].events.add, plane.lines[PHASES].events.add
+        for step in steps:
+            mid, length, phases = plane.step(program, info, step, ps)
+            add_step(metadata_id=mid, offset_ps=now, duration_ps=length)
+            at = now
+            for phase_mid, part in phases:
+                add_phase(metadata_id=phase_mid, offset_ps=at, duration_ps=part)
+                at += part
             now += length
+        now += ps(unlisted)
         for stream in streams:
             if isinstance(stream, DeviceToHost):
-                plane.event(HOST_LINK, f"result {stream.index} to host", now, ps(stream.cycles),
-                            cycles=stream.cycles, bytes=stream.src.size * stream.src.dtype.itemsize)
+                mid = plane.metadata(f"result {stream.index} to host", cycles=stream.cycles,
+                                     bytes=stream.src.size * stream.src.dtype.itemsize)
+                plane.event(HOST_LINK, mid, now, ps(stream.cycles))
                 now += ps(stream.cycles)
-        plane.event(PROGRAMS, program.name, begin, now - begin, run=number, cycles=run.cycles,
+        plane.event(PROGRAMS, plane.metadata(program.name), begin, now - begin, run=number, cycles=run.cycles,
                     host_cycles=program.host_cycles)
         ends[device.id] = now
     for device_id, plane in planes.items():
         plane.finish(ends[device_id])
     if dropped:
-        space.warnings.append(f"jax-ipu: {dropped} IPU steps beyond the first {max_events} of this trace "
+        space.warnings.append(f"jax-ipu: {dropped} IPU steps beyond the first {max_steps} of this trace "
                               "are not shown")
     return space
