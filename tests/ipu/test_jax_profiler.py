@@ -9,6 +9,7 @@ import glob
 import gzip
 import json
 import re
+import time
 
 import jax
 import jax.numpy as jnp
@@ -281,3 +282,18 @@ def test_a_long_trace_keeps_its_first_steps(ipu, monkeypatch):
     assert abs(programs[1]["duration"] - programs[0]["duration"]) <= steps_per_run   # (rounding) the unlisted steps' time too
     assert list(space.warnings) == [f"jax-ipu: {steps_per_run - 3} IPU steps beyond the first "
                                     f"{steps_per_run + 3} of this trace are not shown"]
+
+
+def test_a_trace_stopped_by_a_host_callback(tmp_path, ipu):
+    def stop(v):
+        jax.profiler.stop_trace()          # on the IPU's worker, inside the run
+        return v
+    f = jax.jit(lambda x: jax.pure_callback(stop, jax.ShapeDtypeStruct((4,), jnp.float32), x * 2))
+    x = jax.device_put(np.ones(4, np.float32), ipu)
+    jax.profiler.start_trace(tmp_path)
+    began = time.monotonic()
+    np.testing.assert_array_equal(np.asarray(f(x)), np.full(4, 2.0, np.float32))
+    # Waiting for the worker's runs would wait for this one: a hang, not a slow run.
+    assert time.monotonic() - began < 60
+    assert tracing.RUNNING == ()
+    assert glob.glob(str(tmp_path / "plugins" / "profile" / "*" / "*.xplane.pb"))

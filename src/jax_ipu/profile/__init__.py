@@ -150,8 +150,8 @@ def _wait_for_devices(devices=None) -> None:
         return
     events = []
     for device in devices or client.CURRENT.devices:
-        if not device.worker.running:
-            continue
+        if not device.worker.running or device.worker.on_worker_thread():
+            continue      # (stopped from a host callback: its own run is under way)
         done = threading.Event()
         device.worker.submit(done.set)
         events.append(done)
