@@ -16,9 +16,12 @@ prefix. Its lines, all in estimated IPU time (cycles / the target's clock):
                   IPU-Links with its reduction and the sync across IPUs)
     Host link     the argument and result streams
 
-Each event carries its cycles and bytes as stats. A run starts on the host
-clock when the Model began it (JAX's host events share that clock), or when
-the IPU's previous run ended in estimated time, if later.
+A step's cycles, kind, exchanged bytes, program and source line are stats
+of its event metadata, shared by its every run (the viewers show them with
+each event); a program's run has its number and cycles as its own. A run
+starts on the host clock when the Model began it (JAX's host events share
+that clock), or when the IPU's previous run ended in estimated time, if
+later.
 
 The messages are declared here from tsl/profiler/protobuf/xplane.proto's
 field numbers, in a pool of their own.
