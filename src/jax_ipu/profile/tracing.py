@@ -13,16 +13,27 @@ nothing.
 """
 from __future__ import annotations
 
+import dataclasses
 import socket
 import threading
 import time
 
 RUNNING: tuple = ()          # the running Tracers
 _lock = threading.Lock()
-# Steps one trace shows at most: a long training loop can run millions,
-# and each takes about 6 us to build with its phases (a 2,000-iteration
-# loop's 40,000 steps: 0.25 s).
+# Steps one trace keeps at most: a long training loop can run millions
+# (a loop's run keeps a list of its steps), and each takes about 6 us to
+# build with its phases (a 2,000-iteration loop's 40,000 steps: 0.25 s).
 MAX_STEPS = 500_000
+
+
+@dataclasses.dataclass
+class PartRun:
+    """A run whose steps beyond a trace's MAX_STEPS are not kept: their
+    number and cycles are (their time still passes on the timeline)."""
+    steps: list
+    cycles: int
+    unlisted_steps: int
+    unlisted_cycles: int
 
 
 def device_tracer_level(options: bytes) -> int:
@@ -66,7 +77,8 @@ class Tracer:
 
     def __init__(self, options: bytes = b""):
         self.enabled = device_tracer_level(options) > 0 if options else True
-        self.runs: list = []          # (program, device, RunRecord, start ns, number)
+        self.runs: list = []          # (program, device, RunRecord or PartRun, start ns, number)
+        self.kept = 0                 # steps kept
         self.start_ns = 0
         self._runs_lock = threading.Lock()
 
@@ -74,7 +86,7 @@ class Tracer:
         global RUNNING
         if not self.enabled:
             return
-        self.runs = []
+        self.runs, self.kept = [], 0
         self.start_ns = time.time_ns()
         with _lock:
             if self not in RUNNING:
@@ -94,18 +106,23 @@ class Tracer:
     def record(self, program, device, run, start_ns: int) -> None:
         """Called on the device's worker after each successful run."""
         with self._runs_lock:
+            room = MAX_STEPS - self.kept
+            if len(run.steps) > room:
+                rest = run.steps[max(room, 0):]
+                run = PartRun(run.steps[:max(room, 0)], run.cycles, len(rest), sum(s[2] for s in rest))
+            self.kept += len(run.steps)
             self.runs.append((program, device, run, start_ns, len(self.runs)))
 
     def collect(self) -> bytes:
         """The serialized XSpace of the runs recorded (empty without any)."""
         self.stop()
         with self._runs_lock:
-            runs, self.runs = self.runs, []
+            runs, self.runs, self.kept = self.runs, [], 0
         if not runs:
             return b""
         from jax_ipu.profile import xspace
         runs.sort(key=lambda r: (r[1].id, r[3], r[4]))
-        space = xspace.build(runs, self.start_ns, MAX_STEPS, hostname=socket.gethostname())
+        space = xspace.build(runs, self.start_ns, hostname=socket.gethostname())
         return space.SerializeToString()
 
 

@@ -216,17 +216,17 @@ class _Plane:
             line.duration_ps = end_ps
 
 
-def build(runs: list, start_ns: int, max_steps: int, hostname: str = ""):
-    """The XSpace of recorded runs: (program, device, RunRecord, start ns,
-    index of the run in the trace) each, placed on their IPU's timeline
-    from start_ns on (the trace's start, which every line's timestamp is).
-    At most max_steps steps; beyond, a warning says how many more."""
+def build(runs: list, start_ns: int, hostname: str = ""):
+    """The XSpace of recorded runs: (program, device, RunRecord or
+    tracing.PartRun, start ns, index of the run in the trace) each, placed
+    on their IPU's timeline from start_ns on (the trace's start, which
+    every line's timestamp is). A warning counts the steps not kept."""
     space = messages()["XSpace"]()
     if hostname:
         space.hostnames.append(hostname)
     planes: dict[int, _Plane] = {}
     ends: dict[int, int] = {}       # device id -> ps where its last run ended
-    left, dropped = max_steps, 0
+    unlisted, kept = 0, 0
     for program, device, run, at_ns, number in runs:
         plane = planes.get(device.id)
         if plane is None:
@@ -245,12 +245,9 @@ def build(runs: list, start_ns: int, max_steps: int, hostname: str = ""):
                                      bytes=stream.tensor.nbytes)
                 plane.event(HOST_LINK, mid, now, ps(stream.cycles))
                 now += ps(stream.cycles)
-        steps, unlisted = run.steps, 0
-        if len(steps) > left:
-            dropped += len(steps) - left
-            unlisted = sum(step[2] for step in steps[left:])    # their time still passes
-            steps = steps[:left]
-        left -= len(steps)
+        steps = run.steps
+        kept += len(steps)
+        unlisted += getattr(run, "unlisted_steps", 0)
         add_step, add_phase = plane.lines[STEPS].events.add, plane.lines[PHASES].events.add
         for step in steps:
             mid, length, phases = plane.step(program, info, step, ps)
@@ -260,7 +257,7 @@ def build(runs: list, start_ns: int, max_steps: int, hostname: str = ""):
                 add_phase(metadata_id=phase_mid, offset_ps=at, duration_ps=part)
                 at += part
             now += length
-        now += ps(unlisted)
+        now += ps(getattr(run, "unlisted_cycles", 0))       # steps not kept: their time passes
         for stream in streams:
             if isinstance(stream, DeviceToHost):
                 mid = plane.metadata(f"result {stream.index} to host", cycles=stream.cycles,
@@ -272,7 +269,7 @@ def build(runs: list, start_ns: int, max_steps: int, hostname: str = ""):
         ends[device.id] = now
     for device_id, plane in planes.items():
         plane.finish(ends[device_id])
-    if dropped:
-        space.warnings.append(f"jax-ipu: {dropped} IPU steps beyond the first {max_steps} of this trace "
+    if unlisted:
+        space.warnings.append(f"jax-ipu: {unlisted} IPU steps beyond the first {kept} of this trace "
                               "are not shown")
     return space
