@@ -8,11 +8,14 @@ cdef void e_profiler_error_destroy(PLUGIN_Profiler_Error_Destroy_Args* a) noexce
     error_destroy_fn(a.error)
 
 cdef void e_profiler_error_message(PLUGIN_Profiler_Error_Message_Args* a) noexcept nogil:
+    if a.error == NULL:
+        a.message, a.message_size = b"", 0
+        return
     a.message = a.error.message
     a.message_size = a.error.message_size
 
 cdef PLUGIN_Profiler_Error* e_profiler_error_get_code(PLUGIN_Profiler_Error_GetCode_Args* a) noexcept nogil:
-    a.code = a.error.code
+    a.code = a.error.code if a.error != NULL else CODE_OK
     return NULL
 
 cdef PLUGIN_Profiler_Error* profiler_gone() noexcept nogil:
