@@ -37,6 +37,8 @@ cdef PLUGIN_Profiler_Error* e_profiler_create(PLUGIN_Profiler_Create_Args* a) no
             options = a.options[:a.options_size] if a.options != NULL else b""
             tracer = tracing.Tracer(options)
             p = <PLUGIN_Profiler*>calloc(1, sizeof(PLUGIN_Profiler))
+            if p == NULL:
+                raise MemoryError("jax-ipu: no memory for a profiler")
             Py_INCREF(tracer)
             p.py = <void*>tracer
             a.profiler = p
