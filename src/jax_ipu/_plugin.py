@@ -30,6 +30,12 @@ def initialize() -> None:
     if PLATFORM not in mlir._platforms_with_donation:
         mlir._platforms_with_donation.append(PLATFORM)
     xla_bridge._nonexperimental_plugins.add(PLATFORM)
-    xla_bridge.register_plugin(PLATFORM, priority=PRIORITY, c_api=_capi.api_capsule())
+    capsule = _capi.api_capsule()
+    xla_bridge.register_plugin(PLATFORM, priority=PRIORITY, c_api=capsule)
+    # JAX registers the profiler of plugins it loads from a library path,
+    # not of those given as a capsule: jax.profiler traces show the IPUs
+    # once registered here (profile/tracing.py).
+    from jax._src.lib import _profiler
+    _profiler.register_plugin_profiler(capsule)
     lowerings.register()
     callbacks.install()

@@ -102,6 +102,7 @@ class HostCall:
     cycles: int = 0
     host_bytes: int = 0
     partition: int | None = None
+    name: str = ""                 # the callback's op and source line, for profiles
 
 
 CONTROL = (Sequence, Repeat, RepeatWhileTrue, If, Switch, Call)

@@ -53,7 +53,7 @@ def _describe(step) -> tuple[str, str, int, int]:
     if isinstance(step, p.Copy):
         return ("Copy", step.dst.name, step.cycles, step.exchange_bytes)
     if isinstance(step, p.HostCall):
-        return ("HostCall", f"host callback {step.callback_id}", step.cycles, 0)
+        return ("HostCall", f"host callback {step.callback_id} {step.name}".rstrip(), step.cycles, 0)
     return (type(step).__name__, str(step.index), step.cycles, 0)
 
 

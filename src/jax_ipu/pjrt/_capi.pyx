@@ -200,6 +200,45 @@ cdef extern from "pjrt_decls.h" nogil:
         PJRT_Extension_Base base
         void* parameter_shardings
         void* output_shardings
+    int IPU_EXTENSION_TYPE_PROFILER
+    ctypedef PJRT_Error PLUGIN_Profiler_Error
+    ctypedef struct PLUGIN_Profiler:
+        void* py
+        void* data
+    ctypedef struct PLUGIN_Profiler_Error_Destroy_Args:
+        PLUGIN_Profiler_Error* error
+    ctypedef struct PLUGIN_Profiler_Error_Message_Args:
+        const PLUGIN_Profiler_Error* error
+        const char* message
+        size_t message_size
+    ctypedef struct PLUGIN_Profiler_Error_GetCode_Args:
+        const PLUGIN_Profiler_Error* error
+        int code
+    ctypedef struct PLUGIN_Profiler_Create_Args:
+        const char* options
+        size_t options_size
+        PLUGIN_Profiler* profiler
+    ctypedef struct PLUGIN_Profiler_Args:
+        PLUGIN_Profiler* profiler
+    ctypedef struct PLUGIN_Profiler_CollectData_Args:
+        PLUGIN_Profiler* profiler
+        unsigned char* buffer
+        size_t buffer_size_in_bytes
+    ctypedef struct PLUGIN_Profiler_Api:
+        size_t struct_size
+        void* priv
+        void* error_destroy
+        void* error_message
+        void* error_get_code
+        void* create
+        void* destroy
+        void* start
+        void* stop
+        void* collect_data
+    ctypedef struct PJRT_Profiler_Extension:
+        PJRT_Extension_Base base
+        PLUGIN_Profiler_Api* profiler_api
+        int64_t traceme_context_id
 
     ctypedef struct PJRT_Api_Version:
         size_t struct_size
@@ -506,4 +545,5 @@ include "plugin.pxi"
 include "client.pxi"
 include "buffer.pxi"
 include "executable.pxi"
+include "profiler.pxi"
 include "api_table.pxi"

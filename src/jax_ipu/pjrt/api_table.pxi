@@ -2,13 +2,29 @@
 
 cdef PJRT_Api* API = <PJRT_Api*>calloc(1, sizeof(PJRT_Api))
 API.struct_size = sizeof(PJRT_Api)
-# Extensions: shardings (for programs over several IPUs).
+# Extensions: shardings (for programs over several IPUs) ...
 cdef PJRT_Shardings_Extension* SHARDINGS = <PJRT_Shardings_Extension*>calloc(1, sizeof(PJRT_Shardings_Extension))
 SHARDINGS.base.struct_size = sizeof(PJRT_Shardings_Extension)
 SHARDINGS.base.type = IPU_EXTENSION_TYPE_SHARDINGS
-SHARDINGS.base.next = NULL
 SHARDINGS.parameter_shardings = <void*>e_parameter_shardings
 SHARDINGS.output_shardings = <void*>e_output_shardings
+# ... and the profiler (jax.profiler's traces show the IPUs).
+cdef PLUGIN_Profiler_Api* PROFILER_API = <PLUGIN_Profiler_Api*>calloc(1, sizeof(PLUGIN_Profiler_Api))
+PROFILER_API.struct_size = sizeof(PLUGIN_Profiler_Api)
+PROFILER_API.error_destroy = <void*>e_profiler_error_destroy
+PROFILER_API.error_message = <void*>e_profiler_error_message
+PROFILER_API.error_get_code = <void*>e_profiler_error_get_code
+PROFILER_API.create = <void*>e_profiler_create
+PROFILER_API.destroy = <void*>e_profiler_destroy
+PROFILER_API.start = <void*>e_profiler_start
+PROFILER_API.stop = <void*>e_profiler_stop
+PROFILER_API.collect_data = <void*>e_profiler_collect_data
+cdef PJRT_Profiler_Extension* PROFILER = <PJRT_Profiler_Extension*>calloc(1, sizeof(PJRT_Profiler_Extension))
+PROFILER.base.struct_size = sizeof(PJRT_Profiler_Extension)
+PROFILER.base.type = IPU_EXTENSION_TYPE_PROFILER
+PROFILER.base.next = NULL
+PROFILER.profiler_api = PROFILER_API
+SHARDINGS.base.next = &PROFILER.base
 API.extension_start = <void*>SHARDINGS
 API.pjrt_api_version.struct_size = sizeof(PJRT_Api_Version)
 API.pjrt_api_version.major_version = IPU_PJRT_MAJOR

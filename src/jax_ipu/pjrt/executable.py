@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 
 import numpy as np
 
@@ -10,6 +11,7 @@ from jax_ipu import profile
 from jax_ipu.graph import programs as p
 from jax_ipu.errors import IpuInvalidArgument, IpuRuntimeError
 from jax_ipu.model import links
+from jax_ipu.profile import tracing
 from jax_ipu.pjrt._capi import Event
 from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer
 from jax_ipu.pjrt.shardings import executable_shardings
@@ -287,6 +289,8 @@ class _Run:
         return self.device.engine.run(self.program, inputs, self.donated, checked=False)
 
     def __call__(self) -> None:
+        traced = tracing.RUNNING       # inside a jax.profiler trace: when the run began
+        began = time.time_ns() if traced else 0
         try:
             if self.replica is None:
                 if self.all_held and not self.donated:    # the usual case: one call less
@@ -320,6 +324,8 @@ class _Run:
         self.device.last_program = self.program
         if profile.ACTIVE is not None:
             profile.ACTIVE.record(self.program, self.device, self.device.engine.last_run)
+        if traced:
+            tracing.record(self.program, self.device, self.device.engine.last_run, began)
         outputs = self.outputs
         if outputs:         # the last output's event is the run's completion
             for out, result in zip(outputs, results):

@@ -145,6 +145,44 @@ typedef struct {
   void* output_shardings;
 } PJRT_Shardings_Extension;
 
+/* The profiler extension (xla/pjrt/c/pjrt_c_api_profiler_extension.h) points
+ * at a PLUGIN_Profiler_Api table (xla/backends/profiler/plugin/
+ * profiler_c_api.h, version 1). jaxlib checks the table's struct_size
+ * exactly and does not set the args' struct_size: never read it. */
+#define IPU_EXTENSION_TYPE_PROFILER 1 /* PJRT_Extension_Type_Profiler */
+typedef struct PJRT_Error PLUGIN_Profiler_Error; /* jax-ipu's errors serve both tables */
+typedef struct PLUGIN_Profiler {
+  void* py;   /* PyObject*: the jax_ipu.profile.tracing.Tracer */
+  void* data; /* PyObject*: bytes of the last collection, owned until the next or destroy */
+} PLUGIN_Profiler;
+typedef struct { size_t struct_size; void* priv; PLUGIN_Profiler_Error* error; } PLUGIN_Profiler_Error_Destroy_Args;
+typedef struct {
+  size_t struct_size; void* priv; const PLUGIN_Profiler_Error* error;
+  const char* message; size_t message_size; /* out */
+} PLUGIN_Profiler_Error_Message_Args;
+typedef struct { size_t struct_size; void* priv; const PLUGIN_Profiler_Error* error; int code; } PLUGIN_Profiler_Error_GetCode_Args;
+typedef struct {
+  size_t struct_size; const char* options; size_t options_size; /* a serialized tensorflow.ProfileOptions */
+  PLUGIN_Profiler* profiler; /* out */
+} PLUGIN_Profiler_Create_Args;
+typedef struct { size_t struct_size; PLUGIN_Profiler* profiler; } PLUGIN_Profiler_Args; /* Destroy, Start, Stop */
+/* A call with buffer == NULL hands out the plugin's own bytes (buffer and
+ * size set); a call with a buffer copies them into it. */
+typedef struct {
+  size_t struct_size; PLUGIN_Profiler* profiler;
+  uint8_t* buffer; size_t buffer_size_in_bytes; /* in/out, out */
+} PLUGIN_Profiler_CollectData_Args;
+typedef struct {
+  size_t struct_size; void* priv;
+  void* error_destroy; void* error_message; void* error_get_code;
+  void* create; void* destroy; void* start; void* stop; void* collect_data;
+} PLUGIN_Profiler_Api;
+typedef struct {
+  PJRT_Extension_Base base;
+  PLUGIN_Profiler_Api* profiler_api;
+  int64_t traceme_context_id; /* for args extensions only */
+} PJRT_Profiler_Extension;
+
 /* ---- argument structs ----------------------------------------------- */
 typedef struct { ARGS_HEAD int major_version; int minor_version; } PJRT_Api_Version;
 typedef struct { ARGS_HEAD PJRT_Error* error; } PJRT_Error_Destroy_Args;

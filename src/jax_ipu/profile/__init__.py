@@ -160,8 +160,8 @@ def _wait_for_devices(devices=None) -> None:
         devices = _all_devices()
     events = []
     for device in devices:
-        if not device.worker.running:
-            continue
+        if not device.worker.running or device.worker.on_worker_thread():
+            continue      # (stopped from a host callback: its own run is under way)
         done = threading.Event()
         device.worker.submit(done.set)
         events.append(done)

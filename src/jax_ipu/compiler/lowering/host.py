@@ -25,6 +25,7 @@ def host_callback(b: Builder, op: ir.Op) -> None:
                for i, r in enumerate(op.results)]
     host_bytes = sum(v.size * v.dtype.itemsize for v in inputs) + sum(t.nbytes for t in outputs)
     callback_id, partition = parse_config(str(op.attrs["backend_config"]))
-    b.steps.append(HostCall(callback_id, inputs, outputs, host_bytes=host_bytes, partition=partition))
+    b.steps.append(HostCall(callback_id, inputs, outputs, host_bytes=host_bytes, partition=partition,
+                            name=name_of(op)))
     for result, t in zip(op.results, outputs):
         b.values[result] = View(t)
