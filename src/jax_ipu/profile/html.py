@@ -128,9 +128,16 @@ def _tile_map(go, report: dict):
                                  marker=dict(symbol="x-thin", size=7, line=dict(width=2, color="#000")),
                                  name="over the limit", hoverinfo="skip"))
     fig = go.Figure(traces)
+    # Colours from 0 to a tile's memory, or to the busiest tile (small programs).
+    busiest = max(max(peak, default=0), 1) / 1024
+    fig.update_layout(updatemenus=[dict(
+        type="buttons", direction="right", x=1.0, xanchor="right", y=1.02, yanchor="bottom", showactive=True,
+        pad=dict(r=0, t=0, b=0), font=dict(size=11), buttons=[
+            dict(label="scale: tile memory", method="restyle", args=[{"zmax": [limit / 1024]}, [0]]),
+            dict(label="scale: busiest tile", method="restyle", args=[{"zmax": [busiest]}, [0]])])])
     step = max(1, rows // 12)
-    fig.update_layout(**_layout(height=max(170, 17 * rows + 80), showlegend=bool(over),
-                                margin=dict(l=60, r=20, t=20, b=40)))
+    fig.update_layout(**_layout(height=max(190, 17 * rows + 100), showlegend=bool(over),
+                                margin=dict(l=60, r=20, t=40, b=40)))
     fig.update_xaxes(title_text=f"tile mod {columns}", showgrid=False, zeroline=False, constrain="domain",
                      range=[-0.5, columns - 0.5])
     fig.update_yaxes(title_text="tiles from", autorange="reversed", showgrid=False,
