@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""Runs JAX's own test suite with `ipu` as the platform (JAX_PLATFORMS=ipu,cpu:
-ipu is the default backend, the tests' device under test; cpu runs host
-callbacks, as JAX needs) and reports the
-pass rate per test file, failures sorted into buckets.
+"""Runs JAX's own test suite with `ipu` as the platform and reports the
+pass rate per test file, failures sorted into buckets. JAX_PLATFORMS is
+ipu,cpu: ipu is JAX's default backend, so the tests' device under test,
+and cpu is there for what JAX runs on it (host callbacks, jax.debug.print).
 
     python tests/conformance/run.py --jax-src /path/to/jax [--files lax_test ...]
 

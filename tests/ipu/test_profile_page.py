@@ -183,7 +183,8 @@ def test_heat_map_holds_every_tile(mlp_report, mlp_page):
     assert text.startswith(f"<b>tile {t}</b>: {_bytes(per_tile['peak'][t])} of {_bytes(mem['bytes_per_tile'])}")
     for key in ("arguments", "constants", "code", "not_always_live_peak"):
         assert _bytes(per_tile[key][t]) in text
-    assert "largest tensor:" in text
+    top = mem["largest_tensors_on_max_tile"][0]
+    assert f"largest tensor       {_bytes(top['bytes_on_tile']):>10}" in text
     # The bars by category add up to each tile's peak.
     bars, _ = figures(mlp_page)["fig-categories"]
     assert [b["name"] for b in bars] == ["arguments", "constants", "code and vertex state", "not-always-live peak"]
@@ -223,6 +224,11 @@ def test_short_names_drop_directories():
     assert (short("convolution@/home/me/proj/model.py:31:27 (jit(step)/conv in Block.__call__)")
             == "convolution@model.py:31 (jit(step)/conv in Block.__call__)")
     assert short("argument 0") == "argument 0"
+    from jax_ipu.profile.html import brief
+    assert (brief("matmul convolution@/a/m.py:34:23 (jit(step)/transpose(jvp(Net))/Block_1/Conv_2/conv in "
+                  "Block.__call__) 1x1024x1x1 tiles") == "matmul convolution Block_1/Conv_2/conv (backward)")
+    assert brief("fused multiply+add @/a/m.py:71:15 (jit(step)/add in main.<locals>.step)") == "fused multiply+add add"
+    assert brief("argument 0") == "argument 0"
 
 
 def test_write_html_from_python_and_the_command(tmp_path, ipu, capsys):

@@ -29,6 +29,7 @@ COLUMNS = 64           # tiles per row of the heat map (1,472 = 23 rows of 64)
 TOP_STEPS = 20        # busiest compute sets listed
 TOP_COPIES = 10       # and copies
 LIVE_SHOWN = 12       # tensors live at the peak shown unfolded
+HOVER_NAME = 64       # characters of a tensor's name in the heat map's hover label
 TREE_OPEN_DEPTH = 1    # program tree levels shown unfolded
 
 PHASE_COLOURS = {"compute": "#4c78a8", "exchange": "#f58518", "sync": "#9d9d9d", "other": "#b279a2"}
@@ -36,8 +37,10 @@ CATEGORY_COLOURS = {"arguments": "#4c78a8", "constants": "#72b7b2", "code": "#b2
                     "not_always_live_peak": "#f58518"}
 CATEGORY_NAMES = {"arguments": "arguments", "constants": "constants", "code": "code and vertex state",
                   "not_always_live_peak": "not-always-live peak"}
-HEAT = [[0.0, "#f4f6fa"], [0.02, "#dbe9f6"], [0.35, "#6baed6"], [0.7, "#fdae61"], [0.9, "#f46d43"],
-        [1.0, "#a50026"]]
+# A tile's fill as a share of its memory: blues while there is room,
+# orange to red near the limit.
+HEAT = [[0.0, "#f4f6fa"], [0.002, "#deebf7"], [0.1, "#9ecae1"], [0.25, "#4292c6"], [0.5, "#08519c"],
+        [0.75, "#fd8d3c"], [0.9, "#e6550d"], [1.0, "#a50026"]]
 MISSING = ("the report page draws its charts with plotly: install it with "
            "pip install 'jax-ipu[report]' (or pip install plotly)")
 
@@ -64,6 +67,23 @@ def short(name: str) -> str:
     """A tensor's or step's name with its source file's directories left
     out (convolution@/home/me/model.py:31:27 -> convolution@model.py:31)."""
     return _PATH.sub(r"@\1", name)
+
+
+_NAMED = re.compile(r"^(?P<head>[^@]*)@(?P<where>\S+)\s+\((?P<stack>\S+)(?: in [^)]*)?\)(?P<rest>.*)$")
+
+
+def brief(name: str) -> str:
+    """A chart label: the step's kind and the last parts of JAX's name stack
+    (fused multiply@m.py:3 (jit(f)/transpose(jvp(Net))/Dense_0/mul in f)
+    -> fused multiply Dense_0/mul (backward)); the name itself if it has
+    none."""
+    m = _NAMED.match(name)
+    if not m:
+        return short(name)
+    parts = [p for p in m["stack"].split("/") if not p.startswith(("jit(", "pjit("))]
+    backward = any(p.startswith("transpose(") for p in parts)
+    parts = [p for p in parts if not p.startswith(("transpose(", "jvp("))]
+    return " ".join(x for x in (m["head"].strip(), "/".join(parts[-3:]), "(backward)" if backward else "") if x)
 
 
 def _code(name: str) -> str:
@@ -117,7 +137,9 @@ def _tile_map(go, report: dict):
                   f"code, vertex state   {_bytes(per_tile['code'][t]):>10}",
                   f"not-always-live peak {_bytes(per_tile['not_always_live_peak'][t]):>10}"]
         if largest is not None and largest[t] >= 0:
-            lines.append(f"largest tensor: {_e(short(names[largest[t]]))} ({_bytes(largest_bytes[t])} here)")
+            name = short(names[largest[t]])
+            name = name if len(name) <= HOVER_NAME else name[:HOVER_NAME - 3] + "..."
+            lines += [f"largest tensor       {_bytes(largest_bytes[t]):>10}", f"  {_e(name)}"]
         text[r][c] = "<br>".join(lines)
     traces = [go.Heatmap(z=z, text=text, hovertemplate="%{text}<extra></extra>", zmin=0, zmax=limit / 1024,
                          colorscale=HEAT, xgap=1, ygap=1, name="tiles",
@@ -131,7 +153,7 @@ def _tile_map(go, report: dict):
     # Colours from 0 to a tile's memory, or to the busiest tile (small programs).
     busiest = max(max(peak, default=0), 1) / 1024
     fig.update_layout(updatemenus=[dict(
-        type="buttons", direction="right", x=1.0, xanchor="right", y=1.02, yanchor="bottom", showactive=True,
+        type="buttons", direction="right", x=0.0, xanchor="left", y=1.02, yanchor="bottom", showactive=True,
         pad=dict(r=0, t=0, b=0), font=dict(size=11), buttons=[
             dict(label="scale: tile memory", method="restyle", args=[{"zmax": [limit / 1024]}, [0]]),
             dict(label="scale: busiest tile", method="restyle", args=[{"zmax": [busiest]}, [0]])])])
@@ -262,7 +284,7 @@ def _busiest_rows(report: dict) -> list[dict]:
 
 
 def _label(row: dict) -> str:
-    name = short(row["name"])
+    name = brief(row["name"])
     name = name if len(name) <= 56 else name[:53] + "..."
     return name if row["kind"] == "Execute" else f"copy to {name}"
 
