@@ -59,7 +59,7 @@ def main(argv=None):
         start, end = top("#bsp"), bottom("#fig-busiest")
         page.set_viewport_size({"width": 1320, "height": int(end) + 20})
         page.screenshot(path=args.prefix + "-execution.png",
-                        clip={"x": 0, "y": start - 12, "width": 1320, "height": end - start + 28})
+                        clip={"x": 0, "y": start - 12, "width": 1320, "height": end - start + 16})
         browser.close()
     print(args.prefix + "-memory.png", args.prefix + "-execution.png")
 

@@ -29,6 +29,7 @@ COLUMNS = 64           # tiles per row of the heat map (1,472 = 23 rows of 64)
 TOP_STEPS = 20        # busiest compute sets listed
 TOP_COPIES = 10       # and copies
 LIVE_SHOWN = 12       # tensors live at the peak shown unfolded
+LABEL = 72            # characters of a chart's step labels
 HOVER_NAME = 64       # characters of a tensor's name in the heat map's hover label
 TREE_OPEN_DEPTH = 1    # program tree levels shown unfolded
 
@@ -72,7 +73,7 @@ def short(name: str) -> str:
 _NAMED = re.compile(r"^(?P<head>[^@]*)@(?P<where>\S+)\s+\((?P<stack>\S+)(?: in [^)]*)?\)(?P<rest>.*)$")
 
 
-def brief(name: str) -> str:
+def brief(name: str, depth: int = 3) -> str:
     """A chart label: the step's kind and the last parts of JAX's name stack
     (fused multiply@m.py:3 (jit(f)/transpose(jvp(Net))/Dense_0/mul in f)
     -> fused multiply Dense_0/mul (backward)); the name itself if it has
@@ -83,7 +84,7 @@ def brief(name: str) -> str:
     parts = [p for p in m["stack"].split("/") if not p.startswith(("jit(", "pjit("))]
     backward = any(p.startswith("transpose(") for p in parts)
     parts = [p for p in parts if not p.startswith(("transpose(", "jvp("))]
-    return " ".join(x for x in (m["head"].strip(), "/".join(parts[-3:]), "(backward)" if backward else "") if x)
+    return " ".join(x for x in (m["head"].strip(), "/".join(parts[-depth:]), "(backward)" if backward else "") if x)
 
 
 def _code(name: str) -> str:
@@ -253,8 +254,14 @@ def _bsp(go, report: dict):
         traces.append(go.Bar(x=x, y=y, name=label, marker=dict(color=colour, line=dict(width=0)), customdata=names,
                              hovertemplate=f"%{{customdata}}<br>{label}: %{{y:,}} cycles<extra></extra>"))
     fig = go.Figure(traces)
-    fig.update_layout(**_layout(height=320, barmode="stack", bargap=0.1 if len(steps) < 200 else 0,
+    fig.update_layout(**_layout(height=340, barmode="stack", bargap=0.1 if len(steps) < 200 else 0,
                                 hovermode="closest"))
+    # A log axis shows the many short steps beside a few long ones.
+    fig.update_layout(updatemenus=[dict(
+        type="buttons", direction="right", x=1.0, xanchor="right", y=1.02, yanchor="bottom", showactive=True,
+        pad=dict(r=0, t=0, b=0), font=dict(size=11), buttons=[
+            dict(label="linear", method="relayout", args=[{"yaxis.type": "linear"}]),
+            dict(label="log", method="relayout", args=[{"yaxis.type": "log"}])])])
     fig.update_xaxes(title_text="executed step (last run, in order)")
     fig.update_yaxes(title_text="cycles")
     return fig
@@ -285,7 +292,9 @@ def _busiest_rows(report: dict) -> list[dict]:
 
 def _label(row: dict) -> str:
     name = brief(row["name"])
-    name = name if len(name) <= 56 else name[:53] + "..."
+    if len(name) > LABEL:
+        name = brief(row["name"], depth=2)
+    name = name if len(name) <= LABEL else name[:LABEL - 3] + "..."
     return name if row["kind"] == "Execute" else f"copy to {name}"
 
 
