@@ -162,7 +162,7 @@ def _tile_map(go, report: dict):
     fig.update_layout(**_layout(height=max(190, 17 * rows + 100), showlegend=bool(over),
                                 margin=dict(l=60, r=20, t=40, b=40)))
     fig.update_xaxes(title_text=f"tile mod {columns}", showgrid=False, zeroline=False, constrain="domain",
-                     range=[-0.5, columns - 0.5])
+                     range=[-0.5, columns - 0.5], **({"dtick": 1} if columns <= 16 else {}))
     fig.update_yaxes(title_text="tiles from", autorange="reversed", showgrid=False,
                      zeroline=False, tickvals=list(range(0, rows, step)),
                      ticktext=[str(r * columns) for r in range(0, rows, step)])
@@ -219,7 +219,7 @@ def _liveness(go, make_subplots, report: dict):
                              line=dict(color="#54a24b", width=1.5), customdata=names,
                              hovertemplate=f"%{{customdata}}<br>tile {max_tile}: %{{y:.1f}} {tile_unit}"
                                            f"<extra></extra>"), 2, 1)
-    fig.add_trace(go.Scatter(x=[0, max(len(x) - 1, 1)], y=[limit / tile_divisor] * 2, mode="lines",
+    fig.add_trace(go.Scatter(x=[-0.5, len(x) - 0.5], y=[limit / tile_divisor] * 2, mode="lines",
                              name="tile memory", line=dict(color="#a50026", dash="dash", width=1),
                              hoverinfo="skip"), 2, 1)
     fig.update_layout(**_layout(height=540, hovermode="closest", margin=dict(l=60, r=20, t=70, b=45),
@@ -227,6 +227,11 @@ def _liveness(go, make_subplots, report: dict):
     fig.update_annotations(font_size=13, x=0, xanchor="left")
     fig.update_yaxes(title_text=unit, row=1, col=1, range=[0, 1.18 * max(total) / divisor])
     fig.update_yaxes(title_text=tile_unit, row=2, col=1, rangemode="tozero")
+    few = len(x) <= 30           # a few steps: points, on whole steps
+    if few:
+        fig.update_traces(selector=dict(name="tensors"), mode="lines+markers")
+        fig.update_traces(selector=dict(name=f"tile {max_tile}"), mode="lines+markers")
+        fig.update_xaxes(dtick=1 if len(x) <= 15 else 2, range=[-0.5, len(x) - 0.5])
     fig.update_xaxes(title_text="program step (a loop is one step)", row=2, col=1)
     return fig
 
