@@ -229,6 +229,8 @@ def test_short_names_drop_directories():
                   "Block.__call__) 1x1024x1x1 tiles") == "matmul convolution Block_1/Conv_2/conv (backward)")
     assert brief("fused multiply+add @/a/m.py:71:15 (jit(step)/add in main.<locals>.step)") == "fused multiply+add add"
     assert brief("argument 0") == "argument 0"
+    assert (brief("convolution@/a/m.py:31:27 (jit(step)/transpose(jvp(Net))/Block_1/Conv_0/conv in f)", where=True)
+            == "convolution@m.py:31 Block_1/Conv_0/conv (backward)")
 
 
 def test_write_html_from_python_and_the_command(tmp_path, ipu, capsys):

@@ -30,7 +30,7 @@ TOP_STEPS = 20        # busiest compute sets listed
 TOP_COPIES = 10       # and copies
 LIVE_SHOWN = 12       # tensors live at the peak shown unfolded
 LABEL = 72            # characters of a chart's step labels
-HOVER_NAME = 64       # characters of a tensor's name in the heat map's hover label
+HOVER_NAME = 84       # characters of a tensor's name in the heat map's hover label
 TREE_OPEN_DEPTH = 1    # program tree levels shown unfolded
 
 PHASE_COLOURS = {"compute": "#4c78a8", "exchange": "#f58518", "sync": "#9d9d9d", "other": "#b279a2"}
@@ -73,7 +73,7 @@ def short(name: str) -> str:
 _NAMED = re.compile(r"^(?P<head>[^@]*)@(?P<where>\S+)\s+\((?P<stack>\S+)(?: in [^)]*)?\)(?P<rest>.*)$")
 
 
-def brief(name: str, depth: int = 3) -> str:
+def brief(name: str, depth: int = 3, where: bool = False) -> str:
     """A chart label: the step's kind and the last parts of JAX's name stack
     (fused multiply@m.py:3 (jit(f)/transpose(jvp(Net))/Dense_0/mul in f)
     -> fused multiply Dense_0/mul (backward)); the name itself if it has
@@ -84,7 +84,8 @@ def brief(name: str, depth: int = 3) -> str:
     parts = [p for p in m["stack"].split("/") if not p.startswith(("jit(", "pjit("))]
     backward = any(p.startswith("transpose(") for p in parts)
     parts = [p for p in parts if not p.startswith(("transpose(", "jvp("))]
-    return " ".join(x for x in (m["head"].strip(), "/".join(parts[-depth:]), "(backward)" if backward else "") if x)
+    head = m["head"].strip() + (f"@{short('@' + m['where'])[1:]}" if where else "")
+    return " ".join(x for x in (head, "/".join(parts[-depth:]), "(backward)" if backward else "") if x)
 
 
 def _code(name: str) -> str:
@@ -138,7 +139,7 @@ def _tile_map(go, report: dict):
                   f"code, vertex state   {_bytes(per_tile['code'][t]):>10}",
                   f"not-always-live peak {_bytes(per_tile['not_always_live_peak'][t]):>10}"]
         if largest is not None and largest[t] >= 0:
-            name = short(names[largest[t]])
+            name = brief(names[largest[t]], where=True)
             name = name if len(name) <= HOVER_NAME else name[:HOVER_NAME - 3] + "..."
             lines += [f"largest tensor       {_bytes(largest_bytes[t]):>10}", f"  {_e(name)}"]
         text[r][c] = "<br>".join(lines)
@@ -466,7 +467,7 @@ def _cards(report: dict) -> str:
         (f"peak, on tile {mem['max_tile']} (of {_bytes(mem['bytes_per_tile'])})", _bytes(mem["max_bytes"]),
          not mem["fits"]),
         ("memory on all tiles", _bytes(mem["total_bytes"]), False),
-        ("not-always-live peak", _bytes(mem["not_always_live_peak_bytes"]), False),
+        ("not-always-live: tiles' peaks summed", _bytes(mem["not_always_live_peak_bytes"]), False),
     ]
     if not mem["fits"]:
         cards.append(("tiles over the limit", f"{mem['tiles_over_limit']:,}", True))
