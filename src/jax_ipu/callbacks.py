@@ -18,6 +18,12 @@ from jax_ipu.errors import IpuRuntimeError
 from jax_ipu.ir import HOST_CALLBACK_TARGET
 from jax_ipu.targets import AS_32
 
+# JAX runs every host callback's function on its CPU backend, placing the
+# operands there first; without one (JAX_PLATFORMS=ipu) it says NO_CPU.
+NO_CPU = "failed to find a local CPU device"
+CPU_HINT = ("JAX runs host callbacks (jax.debug.print, debug.callback, pure_callback, io_callback, jax_ipu's "
+            "feeds) on its CPU backend, which JAX_PLATFORMS=ipu leaves out: set JAX_PLATFORMS=ipu,cpu instead "
+            "(the IPU stays JAX's default backend, as the platform listed first).")
 _registry: dict[int, object] = {}
 _ids = itertools.count()
 _lock = threading.Lock()
@@ -57,6 +63,10 @@ def call(callback_id: int, args: list[np.ndarray], result_specs,
     outer, _caller.value = caller(), caller_of_this_call     # a callback may run programs calling the host
     try:
         results = fn(*args)
+    except RuntimeError as exc:
+        if NO_CPU in str(exc):
+            raise IpuRuntimeError(f"{name} could not run: {exc} {CPU_HINT}") from exc
+        raise
     finally:
         _caller.value = outer
     if len(results) != len(result_specs):

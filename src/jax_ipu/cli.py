@@ -1,6 +1,8 @@
 """The `jax-ipu` command.
 
     jax-ipu report FILE|DIR [--top N]   summarise profile reports (JSON)
+    jax-ipu report --html OUT FILE|DIR  write each report's page (HTML, to
+                                        open in a browser) into directory OUT
     jax-ipu trace FILE [-o OUT]         a report's last run as a timeline
                                         (Chrome / Perfetto trace events)
     jax-ipu devices                     list the modelled IPUs
@@ -37,6 +39,13 @@ def _load(command: str, path: str) -> dict | None:
 
 def _report(args) -> int:
     from jax_ipu.profile.text import summary
+    if args.html:
+        try:
+            from jax_ipu.profile.html import _plotly
+            _plotly()
+        except ImportError as exc:
+            print(f"jax-ipu report: {exc}", file=sys.stderr)
+            return 1
     paths = []
     for path in args.files:
         if os.path.isdir(path):
@@ -52,6 +61,17 @@ def _report(args) -> int:
         report = _load("report", path)
         if report is None:
             status = 1
+            continue
+        if args.html:
+            from jax_ipu.profile.html import write_html
+            os.makedirs(args.html, exist_ok=True)
+            name = os.path.basename(path)
+            out = os.path.join(args.html, (name[:-len(".json")] if name.endswith(".json") else name) + ".html")
+            try:
+                print(write_html(report, out))
+            except (OSError, KeyError, TypeError, ValueError) as exc:
+                print(f"jax-ipu report: cannot write the page of {path} to {out}: {exc!r}", file=sys.stderr)
+                status = 1
             continue
         if i:
             print()
@@ -90,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     report = commands.add_parser("report", help="summarise profile reports (JSON files or directories)")
     report.add_argument("files", nargs="+", metavar="FILE")
     report.add_argument("--top", type=int, default=10, help="steps and compute sets to list (default 10)")
+    report.add_argument("--html", metavar="OUT", help="write each report's page (one self-contained HTML file "
+                        "per program, named after its JSON file) into directory OUT instead of the summary")
     report.set_defaults(run=_report)
     trace = commands.add_parser("trace", help="write a report's last run as Chrome / Perfetto trace events")
     trace.add_argument("file", metavar="FILE")

@@ -1,6 +1,8 @@
 #!/usr/bin/env python
 """Runs JAX's own test suite with `ipu` as the platform and reports the
-pass rate per test file, failures sorted into buckets.
+pass rate per test file, failures sorted into buckets. JAX_PLATFORMS is
+ipu,cpu: ipu is JAX's default backend, so the tests' device under test,
+and cpu is there for what JAX runs on it (host callbacks, jax.debug.print).
 
     python tests/conformance/run.py --jax-src /path/to/jax [--files lax_test ...]
 
@@ -59,6 +61,22 @@ def bucket_of(message: str) -> str:
     return key[:200]
 
 
+# ipu first, so that it is JAX's default backend and the device the tests
+# run on; cpu beside it, as JAX runs host callbacks (jax.debug.print...) on
+# its CPU backend (under JAX_PLATFORMS=ipu alone they fail).
+PLATFORMS = "ipu,cpu"
+
+
+def check_default_backend(jax_src: pathlib.Path) -> None:
+    """Exits unless `ipu` is JAX's default backend where the tests run."""
+    done = subprocess.run([sys.executable, "-c", "import jax; print(jax.default_backend())"], cwd=jax_src,
+                          env=dict(os.environ, JAX_PLATFORMS=PLATFORMS), capture_output=True, text=True)
+    backend = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    if backend != "ipu":
+        sys.exit(f"run.py: with JAX_PLATFORMS={PLATFORMS} JAX's default backend is {backend or 'unknown'!r}, "
+                 f"not 'ipu' (is jax-ipu installed?): {done.stderr.strip()[-500:]}")
+
+
 def run_file(jax_src: pathlib.Path, name: str, out: pathlib.Path, workers: int, timeout: int,
              extra: list[str]) -> pathlib.Path:
     junit = out / f"{name}.xml"
@@ -67,7 +85,7 @@ def run_file(jax_src: pathlib.Path, name: str, out: pathlib.Path, workers: int, 
                f"--junitxml={junit}", "--timeout", str(timeout), *extra]
     if workers > 1:
         command += ["-n", str(workers), "--max-worker-restart", "1000"]
-    env = dict(os.environ, JAX_PLATFORMS="ipu")
+    env = dict(os.environ, JAX_PLATFORMS=PLATFORMS)
     print("+", " ".join(command), flush=True)
     with open(out / f"{name}.log", "w") as log:
         subprocess.run(command, cwd=jax_src, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -103,6 +121,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "failures").mkdir(exist_ok=True)
     known = known_failures(args.known) if args.known.exists() else []
+    check_default_backend(args.jax_src)
 
     rows, buckets = [], collections.defaultdict(list)
     new_failures, fixed = [], []

@@ -2,6 +2,7 @@
 import pathlib
 import runpy
 
+import numpy as np
 import pytest
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
@@ -67,3 +68,19 @@ def test_mnist_classifier_with_infeed_matches_the_python_loop(capsys):
     plain = runpy.run_path(str(EXAMPLES / "mnist_classifier.py"))
     assert abs(plain["main"](["--epochs", "2", "--hidden", "64"]) - accuracy) < 1e-6, out
     assert "estimated IPU time per step" in out
+
+
+@pytest.mark.slow
+def test_profile_report_example_writes_the_page(tmp_path, capsys):
+    pytest.importorskip("flax")
+    pytest.importorskip("plotly", reason="the report page needs plotly (pip install 'jax-ipu[report]')")
+    import json
+    module = runpy.run_path(str(EXAMPLES / "profile_report.py"))
+    module["main"](["--out", str(tmp_path), "--batch", "4", "--steps", "2"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "jit_train_step-0.html", "jit_train_step-0.json", "jit_train_step-0.trace.json"]
+    report = json.loads((tmp_path / "jit_train_step-0.json").read_text())
+    assert report["runs"]["count"] == 2 and report["memory"]["fits"]
+    assert any("BatchNorm" in cs["name"] for cs in report["compute_sets"])
+    losses = [float(line.split()[1]) for line in capsys.readouterr().out.splitlines() if line.startswith("loss")]
+    assert len(losses) == 2 and all(np.isfinite(losses))

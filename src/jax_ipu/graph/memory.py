@@ -17,6 +17,14 @@ class MemoryReport:
     output_bytes: int
     aliased_bytes: int
     temporary_bytes: int                 # sum over tiles of the temporaries' peaks
+    # Liveness over the program's top-level steps (profiles' liveness view):
+    # not-always-live bytes on all tiles at each step, the part of them that
+    # is exchange buffers, the same on the busiest tile, and the ids of the
+    # tensors live at the step where the all-tile sum peaks.
+    liveness: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    liveness_exchange: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    liveness_on_max_tile: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    live_at_peak: tuple = ()
 
     @property
     def peak(self) -> np.ndarray:

@@ -15,7 +15,9 @@ the last run on a timeline (Chrome / Perfetto trace events, trace.py). A
 program that does not fit in memory gets a report too, of its memory plan
 (no run, no timeline). The files are written by stop(), at the end of a
 `with` block, and at interpreter exit for profiles switched on by the
-environment. `jax-ipu report FILE` prints a summary.
+environment. `jax-ipu report FILE` prints a summary. With html=True (or
+`jax-ipu report --html OUT DIR`, or write_html), each report also gets a
+page to open in a browser, `<program>-<n>.html` (html.py; needs plotly).
 
 Nothing here is imported by the execution path but ACTIVE: a run checks
 that one attribute, and records only when profiling is on.
@@ -34,8 +36,9 @@ _all_devices = None
 class Session:
     """The programs run while profiling is on, and where their reports go."""
 
-    def __init__(self, directory: str | None):
+    def __init__(self, directory: str | None, html: bool = False):
         self.directory = directory
+        self.html = html
         self.entries: dict = {}    # (id(program), device id) -> [program, device, runs, cycles, min, max, last]
         self.failed: list = []     # (program, target, message) of compilations out of memory
         self._lock = threading.Lock()
@@ -78,7 +81,8 @@ class Session:
 
     def write(self, reports: list[dict] | None = None) -> list[str]:
         """Writes one JSON report per program and, for those that ran, its
-        timeline (.trace.json); returns the reports' paths."""
+        timeline (.trace.json), and with html=True its page (.html);
+        returns the reports' paths."""
         if not self.directory:
             return []
         from jax_ipu.profile.report import write_json
@@ -95,15 +99,21 @@ class Session:
                 write_trace(report, trace)
                 report["trace_file"] = os.path.basename(trace)
             write_json(report, path)
+            if self.html:
+                write_html(report, path[:-len(".json")] + ".html")
             paths.append(path)
         return paths
 
 
-def start(directory: str | None = None, write_at_exit: bool = False) -> Session:
+def start(directory: str | None = None, write_at_exit: bool = False, html: bool = False) -> Session:
     """Starts recording every run (replacing a running session). With a
-    directory, stop() writes the reports there as JSON."""
+    directory, stop() writes the reports there as JSON (and with html=True
+    a page of each beside it)."""
     global ACTIVE
-    session = Session(directory)
+    if html:
+        from jax_ipu.profile.html import _plotly
+        _plotly()          # say now, not at the end of a long run, that plotly is missing
+    session = Session(directory, html)
     if write_at_exit:
         import atexit
         atexit.register(_write_at_exit, session)
@@ -133,11 +143,11 @@ def _write_at_exit(session: Session) -> None:
 
 
 @contextlib.contextmanager
-def profiling(directory: str | None = None):
+def profiling(directory: str | None = None, html: bool = False):
     """Profiles the runs in the block; yields the Session. At the end, the
-    reports are written to `directory` (when given) and kept in
-    session.results."""
-    session = start(directory)
+    reports are written to `directory` (when given; with html=True, a page
+    of each beside it) and kept in session.results."""
+    session = start(directory, html=html)
     session.results = []
     try:
         yield session
@@ -175,6 +185,15 @@ def out_of_memory(error, target) -> None:
     session = ACTIVE
     if session is not None and getattr(error, "program", None) is not None:
         session.record_failure(error.program, target, str(error))
+
+
+def write_html(report, path: str) -> str:
+    """Writes the page of a report (a dict from profiling / last_profile,
+    or a report's JSON file) to `path`, one self-contained HTML file that
+    opens offline in a browser; returns the path. Needs plotly
+    (pip install 'jax-ipu[report]')."""
+    from jax_ipu.profile.html import write_html as write
+    return write(report, path)
 
 
 def last(device) -> dict | None:

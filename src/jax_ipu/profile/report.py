@@ -10,13 +10,25 @@
     memory            fits, the busiest tile and its bytes, totals, and per tile
                       (lists indexed by tile): always_live (= arguments +
                       constants + code, which holds vertex state),
-                      not_always_live_peak and peak; the largest tensors on the
-                      busiest tile
+                      not_always_live_peak and peak, and the largest tensor
+                      on each (an index into largest_tensor_names, -1 for
+                      none, and its bytes there); the largest tensors on the
+                      busiest tile; over_limit: the tiles over the limit
+                      (worst first, at most MAX_OVER_TILES) with their bytes
+                      and largest tensors; liveness: the not-always-live
+                      bytes of all tiles (and of them, exchange buffers; and
+                      on the busiest tile) at each top-level program step
+                      (a loop is one step), the peak step and the tensors
+                      live there
     compute_sets      per compute set in the program: vertices, tiles, codelets,
                       estimated cycles and exchanged bytes
     steps             the last run's executed steps in order (Execute or Copy):
                       name, cycles (with their exchange and sync parts),
                       exchanged bytes; loops appear once per iteration
+    program_tree      the program (Sequence, Repeat, RepeatWhileTrue, If,
+                      Switch, Call down to Execute, Copy and streams): kind,
+                      name, static cycles (a Repeat's count times its body),
+                      children; at most MAX_TREE_NODES nodes
     static_estimate   the compiler's cycles for one run (Program.cycles: counted
                       loops times their count) and the loops whose trip count
                       is unknown at compile time, with cycles per iteration
@@ -37,10 +49,14 @@ import weakref
 
 import numpy as np
 
-from jax_ipu.graph.programs import Copy, DeviceToHost, Execute, HostToDevice, leaves
+from jax_ipu.graph.programs import (Call, Copy, DeviceToHost, Execute, HostCall, HostToDevice, If, Repeat,
+                                    RepeatWhileTrue, Sequence, Switch, children, leaves)
 
 FORMAT = "jax-ipu-profile/1"
 MAX_STEPS = 10_000     # long loops: the first steps, and the count of the rest
+MAX_OVER_TILES = 32    # tiles over the memory limit listed with the tensors on them
+MAX_LIVE_TENSORS = 50  # tensors listed as live at the liveness peak
+MAX_TREE_NODES = 5_000
 
 
 def _per_tile(tensors, num_tiles: int) -> np.ndarray:
@@ -50,29 +66,179 @@ def _per_tile(tensors, num_tiles: int) -> np.ndarray:
     return total
 
 
+def _tensor(t, nbytes: int | None = None) -> dict:
+    d = {"name": t.name, "dtype": t.dtype.name, "shape": list(t.shape), "bytes": int(t.nbytes)}
+    if nbytes is not None:
+        d["bytes_on_tile"] = int(nbytes)
+    return d
+
+
 def memory(program) -> dict:
     m = program.memory
     tiles = program.num_tiles
     arguments = _per_tile(program.inputs, tiles)
     constants = _per_tile([t for t in program.tensors if t.constant is not None], tiles)
+    inputs = {t.id for t in program.inputs}
+    peak = m.peak
     tile = m.max_tile
-    on_tile = sorted(((int(t.mapping.elements_per_tile(tiles)[tile]) * t.dtype.itemsize, t)
-                      for t in program.tensors), key=lambda x: -x[0])
+    over = np.flatnonzero(peak > m.bytes_per_tile)
+    listed = [int(x) for x in over[np.argsort(-peak[over], kind="stable")][:MAX_OVER_TILES]]
+    watched = {tile: [], **{x: [] for x in listed}}
+    # One pass over the tensors: the largest one on every tile (the page's
+    # hover) and all those on the busiest tile and the tiles over the limit.
+    largest_bytes = np.zeros(tiles, dtype=np.int64)
+    largest = np.full(tiles, -1, dtype=np.int64)
+    for t in program.tensors:
+        on = t.mapping.elements_per_tile(tiles) * t.dtype.itemsize
+        bigger = on > largest_bytes
+        largest_bytes[bigger], largest[bigger] = on[bigger], t.id
+        for x, found in watched.items():
+            if on[x]:
+                found.append((int(on[x]), t))
+
+    def on_tile(x: int) -> list[dict]:
+        return [{**_tensor(t, n), "always_live": t.constant is not None or t.id in inputs}
+                for n, t in sorted(watched[x], key=lambda f: -f[0])[:5]]
+
+    names = sorted({int(i) for i in largest if i >= 0})
+    index = {t: k for k, t in enumerate(names)}
     return {
         "bytes_per_tile": m.bytes_per_tile, "fits": bool(m.fits), "max_tile": tile, "max_bytes": m.max_bytes,
         "total_bytes": m.total_bytes, "always_live_bytes": int(m.always_live.sum()),
         "not_always_live_peak_bytes": int(m.not_always_live_peak.sum()),
-        "tiles_over_limit": int((m.peak > m.bytes_per_tile).sum()),
-        "largest_tensors_on_max_tile": [
-            {"name": t.name, "dtype": t.dtype.name, "shape": list(t.shape), "bytes_on_tile": n,
-             "always_live": t.constant is not None or t in program.inputs}
-            for n, t in on_tile[:5] if n],
+        "tiles_over_limit": int(len(over)),
+        "largest_tensors_on_max_tile": on_tile(tile),
+        "over_limit": [{"tile": x, "peak": int(peak[x]), "over": int(peak[x] - m.bytes_per_tile),
+                        "always_live": int(m.always_live[x]),
+                        "not_always_live_peak": int(m.not_always_live_peak[x]), "tensors": on_tile(x)}
+                       for x in listed],
         "per_tile": {
             "always_live": m.always_live.tolist(), "arguments": arguments.tolist(),
             "constants": constants.tolist(), "code": m.code.tolist(),
-            "not_always_live_peak": m.not_always_live_peak.tolist(), "peak": m.peak.tolist(),
+            "not_always_live_peak": m.not_always_live_peak.tolist(), "peak": peak.tolist(),
+            "largest_tensor": [index.get(int(i), -1) for i in largest], "largest_tensor_bytes": largest_bytes.tolist(),
         },
+        "largest_tensor_names": [program.tensors[i].name for i in names],
+        "liveness": liveness(program),
     }
+
+
+def _name(step) -> str:
+    if isinstance(step, Execute):
+        return step.compute_set.name
+    if isinstance(step, Copy):
+        return step.dst.name
+    if isinstance(step, (Repeat, RepeatWhileTrue, Call)):
+        return step.name or type(step).__name__
+    if isinstance(step, If):
+        return step.predicate.name
+    if isinstance(step, Switch):
+        return step.control.name
+    if isinstance(step, HostCall):
+        return f"host callback {step.callback_id}"
+    if isinstance(step, HostToDevice):
+        return f"argument {step.index}"
+    if isinstance(step, DeviceToHost):
+        return f"result {step.index}"
+    return type(step).__name__
+
+
+def liveness(program) -> dict:
+    """Not-always-live bytes at each top-level step of the program (a loop
+    is one step), the peak, and the tensors live there."""
+    m = program.memory
+    body = program.body.steps
+    top = body[len(program.inputs):len(body) - len(program.outputs)]
+    n = len(m.liveness)
+    if len(top) != n:          # not the compiler's schedule: label by index
+        top = [None] * n
+    at = int(np.argmax(m.liveness)) if n else -1
+    tensors = [program.tensors[i] for i in m.live_at_peak]
+    return {
+        "steps": [{"kind": type(s).__name__, "name": _name(s)} if s is not None else {"kind": "", "name": str(i)}
+                  for i, s in enumerate(top)],
+        "not_always_live": m.liveness.tolist(), "exchange_buffers": m.liveness_exchange.tolist(),
+        "on_max_tile": m.liveness_on_max_tile.tolist(),
+        "peak_step": at, "peak_bytes": int(m.liveness[at]) if n else 0,
+        "tensors_at_peak": [_tensor(t) for t in tensors[:MAX_LIVE_TENSORS]],
+        "tensors_at_peak_not_listed": max(len(tensors) - MAX_LIVE_TENSORS, 0),
+    }
+
+
+def program_tree(program) -> dict:
+    """The program tree (Sequence, Repeat, If... down to Execute and Copy)
+    with each node's static cycles: a Repeat counts its body times its
+    count, an If or Switch its longest branch, a RepeatWhileTrue one test
+    of its condition (and cycles_per_iteration). Past MAX_TREE_NODES
+    nodes, a node says how many steps are not listed."""
+    budget = [MAX_TREE_NODES]
+
+    def sequence(label: str, seq) -> dict:
+        kids, cycles = nodes(seq.steps)
+        return {"kind": "Sequence", "name": label, "cycles": cycles, "children": kids}
+
+    def nodes(steps) -> tuple[list, int]:
+        out, total = [], 0
+        for i, step in enumerate(steps):
+            if budget[0] <= 0:
+                out.append({"kind": "More", "name": f"{len(steps) - i} more steps not listed", "cycles": 0})
+                total += _cycles(steps[i:])
+                break
+            node = tree(step)
+            out.append(node)
+            total += node["cycles"]
+        return out, total
+
+    def tree(step) -> dict:
+        budget[0] -= 1
+        node = {"kind": type(step).__name__, "name": _name(step)}
+        if isinstance(step, Sequence):
+            node["children"], node["cycles"] = nodes(step.steps)
+        elif isinstance(step, Repeat):
+            body = sequence("body", step.body)
+            node.update(count=step.count, cycles=step.count * body["cycles"], children=body["children"])
+        elif isinstance(step, RepeatWhileTrue):
+            condition, body = sequence("condition", step.condition), sequence("body", step.body)
+            node.update(cycles=condition["cycles"], cycles_per_iteration=condition["cycles"] + body["cycles"],
+                        children=[condition, body])
+        elif isinstance(step, If):
+            branches = [sequence("then", step.then_body), sequence("else", step.else_body)]
+            node.update(cycles=max(b["cycles"] for b in branches), children=branches)
+        elif isinstance(step, Switch):
+            branches = [sequence(f"case {k}", c) for k, c in step.cases.items()]
+            branches.append(sequence("default", step.default))
+            node.update(cycles=max(b["cycles"] for b in branches), children=branches)
+        elif isinstance(step, Call):
+            node["children"], node["cycles"] = nodes(step.function.steps)
+        else:
+            if isinstance(step, (HostToDevice, DeviceToHost)):     # host link time, not the IPU's
+                node.update(cycles=0, host_cycles=int(step.cycles))
+            else:
+                node["cycles"] = int(getattr(step, "cycles", 0))
+            if isinstance(step, (Execute, Copy)):
+                node["exchange_bytes"] = int(step.exchange_bytes)
+        return node
+
+    return tree(program.body)
+
+
+def _cycles(steps) -> int:
+    """Static cycles of steps left out of the tree (as program_tree counts)."""
+    total = 0
+    for step in steps:
+        if isinstance(step, Sequence):
+            total += _cycles(step.steps)
+        elif isinstance(step, Repeat):
+            total += step.count * _cycles(step.body.steps)
+        elif isinstance(step, RepeatWhileTrue):
+            total += _cycles(step.condition.steps)
+        elif isinstance(step, (If, Switch)):
+            total += max(_cycles(b.steps) for b in children(step))
+        elif isinstance(step, Call):
+            total += _cycles(step.function.steps)
+        elif not isinstance(step, (HostToDevice, DeviceToHost)):
+            total += int(getattr(step, "cycles", 0))
+    return total
 
 
 def compute_sets(program) -> list[dict]:
@@ -98,20 +264,23 @@ def host_transfers(program, target) -> dict:
 
 
 def _phases(program) -> dict:
-    """(kind, name) -> (exchange, sync) cycles of the program's steps."""
+    """(kind, name, cycles, exchange bytes) -> (exchange, sync) cycles of the
+    program's steps: a run records only the first four, and steps may share
+    a name (a function traced twice at one source line)."""
     found = {}
     for step in leaves(program.body):
         if isinstance(step, (Execute, Copy)):
             name = step.compute_set.name if isinstance(step, Execute) else step.dst.name
-            found.setdefault((type(step).__name__, name), (step.exchange_cycles, step.sync_cycles))
+            found.setdefault((type(step).__name__, name, int(step.cycles), int(step.exchange_bytes)),
+                             (step.exchange_cycles, step.sync_cycles))
     return found
 
 
 def _step(kind: str, name: str, cycles: int, nbytes: int, phases: dict) -> dict:
     step = {"kind": kind, "name": name, "cycles": int(cycles), "exchange_bytes": int(nbytes)}
-    exchange, sync = phases.get((kind, name), (0, 0))
-    if exchange + sync <= cycles:
-        step["exchange_cycles"], step["sync_cycles"] = int(exchange), int(sync)
+    found = phases.get((kind, name, int(cycles), int(nbytes)))
+    if found is not None and found[0] + found[1] <= cycles:
+        step["exchange_cycles"], step["sync_cycles"] = int(found[0]), int(found[1])
     return step
 
 
@@ -121,25 +290,30 @@ def _step(kind: str, name: str, cycles: int, nbytes: int, phases: dict) -> dict:
 _STATIC: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _static(program) -> tuple[dict, list, dict]:
+def _static(program) -> tuple[dict, list, dict, dict]:
     parts = _STATIC.get(program)
     if parts is None:
-        parts = _STATIC[program] = (memory(program), compute_sets(program), _phases(program))
+        tree = program_tree(program)
+        tree["name"] = program.name
+        parts = _STATIC[program] = (memory(program), compute_sets(program), _phases(program), tree)
     return parts
 
 
-def _copy_memory(m: dict) -> dict:
-    """A copy the caller may change without changing the cached one."""
-    return {**m, "largest_tensors_on_max_tile": [{**t, "shape": list(t["shape"])}
-                                                 for t in m["largest_tensors_on_max_tile"]],
-            "per_tile": {k: list(v) for k, v in m["per_tile"].items()}}
+def _copy(x):
+    """A copy of JSON-like data the caller may change without changing the
+    cached one (flat lists of numbers copied at once)."""
+    if isinstance(x, dict):
+        return {k: _copy(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_copy(v) for v in x] if x and isinstance(x[0], (dict, list)) else list(x)
+    return x
 
 
 def build(program, run, device) -> dict:
     """The report of `program`'s run (a model.engine.RunRecord) on a pjrt
     Device (or anything with .id and .target)."""
     target = device.target
-    memory_part, compute_part, phases = _static(program)
+    memory_part, compute_part, phases, tree = _static(program)
     steps = [_step(kind, name, cycles, nbytes, phases) for kind, name, cycles, nbytes in run.steps[:MAX_STEPS]]
     host = host_transfers(program, target)
     cycles = int(run.cycles)
@@ -152,10 +326,11 @@ def build(program, run, device) -> dict:
         "target": {"name": target.name, "num_tiles": target.num_tiles, "bytes_per_tile": target.bytes_per_tile,
                    "clock_hz": target.clock_hz, "host_link_bytes_per_second": target.host_link_bytes_per_second,
                    "description": target.describe()},
-        "memory": _copy_memory(memory_part),
+        "memory": _copy(memory_part),
         "compute_sets": [{**c, "codelets": dict(c["codelets"])} for c in compute_part],
         "steps": steps,
         "steps_not_listed": max(len(run.steps) - MAX_STEPS, 0),
+        "program_tree": _copy(tree),
         "exchange_bytes": int(run.exchange_bytes),
         "host_transfers": host,
         "cycles": {"device": cycles, "host": int(program.host_cycles), "total": cycles + int(program.host_cycles)},

@@ -128,7 +128,7 @@ def parse(data: bytes):
 
 # Per program: (kind, name) -> (kind as users say it, exchange cycles, sync
 # cycles) of its steps, and its host streams; built once per program.
-_STEP_INFO: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_STEP_INFO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _step_info(program) -> tuple[dict, list]:

@@ -38,21 +38,29 @@ def plan_memory(target: Target, tensors: list[Tensor], steps: list, inputs: list
     returned = {v.tensor.id for v in outputs}
     n = len(steps)
     delta = np.zeros((n + 1, tiles), dtype=np.int64)
+    spans = []
     for t in tensors:
         if t.id in always or first[t.id] < 0:
             continue
         end = n - 1 if t.id in returned else max(last[t.id], first[t.id])
         delta[first[t.id]] += per_tile[t.id]
         delta[end + 1] -= per_tile[t.id]
+        spans.append((t, first[t.id], end))
     live = np.cumsum(delta[:n], axis=0)
-    if n:
-        live += np.stack(received)
+    exchange = np.stack(received) if n else np.zeros((0, tiles), dtype=np.int64)
+    live += exchange
     peak = live.max(axis=0) if n else np.zeros(tiles, dtype=np.int64)
+    liveness = live.sum(axis=1)
+    at = int(np.argmax(liveness)) if n else -1
+    max_tile = int(np.argmax(always_live + peak)) if tiles else 0
     return MemoryReport(
         bytes_per_tile=target.bytes_per_tile, always_live=always_live, not_always_live_peak=peak,
         code=code, argument_bytes=sum(t.nbytes for t in inputs),
         output_bytes=sum(v.size * v.dtype.itemsize for v in outputs), aliased_bytes=aliased_bytes,
-        temporary_bytes=int(peak.sum()))
+        temporary_bytes=int(peak.sum()), liveness=liveness, liveness_exchange=exchange.sum(axis=1),
+        liveness_on_max_tile=live[:, max_tile] if tiles else np.zeros(n, dtype=np.int64),
+        live_at_peak=tuple(t.id for t, start, end in sorted(spans, key=lambda s: -s[0].nbytes)
+                           if start <= at <= end))
 
 
 def check_fits(report: MemoryReport, tensors: list[Tensor], target: Target, program=None) -> None:
