@@ -126,8 +126,8 @@ def parse(data: bytes):
     return space
 
 
-# Per program: (kind, name) -> (kind as users say it, exchange cycles, sync
-# cycles) of its steps, and its host streams; built once per program.
+# Per program: (kind, name, cycles, exchanged bytes) -> (kind as users say
+# it, exchange cycles, sync cycles) of its steps, and its host streams; built once per program.
 _STEP_INFO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -139,7 +139,7 @@ def _step_info(program) -> tuple[dict, list]:
         streams = []
         for step in leaves(program.body):
             if isinstance(step, Execute) and isinstance(step.compute_set.kernel, codelets_collectives.COLLECTIVES):
-                key = ("Execute", step.compute_set.name)
+                key = ("Execute", step.compute_set.name, int(step.cycles), int(step.exchange_bytes))
                 info[key] = ("collective",) + info[key][1:]
             elif isinstance(step, (HostToDevice, DeviceToHost)):
                 streams.append(step)
@@ -200,7 +200,7 @@ class _Plane:
         found = self.steps.get(key)
         if found is None:
             kind, name, cycles, nbytes = step
-            what, exchange, sync = info.get((kind, name), (KINDS.get(kind, kind), 0, 0))
+            what, exchange, sync = info.get((kind, name, int(cycles), int(nbytes)), (KINDS.get(kind, kind), 0, 0))
             mid = self.metadata(name, kind=what, cycles=cycles, exchange_bytes=nbytes, program=program.name)
             phases = []
             if what != "host callback" and exchange + sync <= cycles:
