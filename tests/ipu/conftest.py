@@ -224,6 +224,17 @@ def with_specials(x):
     return x
 
 
+def matrix(shape, seed=0):
+    """A random float32 matrix (or batch of them)."""
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def spd(shape, seed=0):
+    """A random symmetric positive definite float32 matrix (or batch)."""
+    a = matrix(shape, seed)
+    return a @ np.swapaxes(a, -1, -2) + shape[-1] * np.eye(shape[-1], dtype=np.float32)
+
+
 def run_python(code: str, **env) -> "subprocess.CompletedProcess":
     """Runs `code` in a fresh interpreter with extra environment variables."""
     import subprocess
