@@ -12,7 +12,7 @@ from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.model import kernels, xla_chains
 from jax_ipu.model.engine import Engine
-from test_compiler import SMALL, compile_fn
+from conftest import SMALL, compile_fn
 
 
 @pytest.fixture(autouse=True)

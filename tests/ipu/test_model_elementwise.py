@@ -8,7 +8,7 @@ import pytest
 
 from jax_ipu.model import elementwise, kernels
 from jax_ipu.model.engine import Engine
-from test_compiler import SMALL, compile_fn
+from conftest import SMALL, compile_fn
 
 SHAPES = [((128, 512), (128, 512), ()), ((128, 512), (), (128, 512)), ((128, 512), (1, 512), (128, 1)),
           ((128, 512), (), ()), ((4000,), (4000,), (4000,)), ((7,), (7,), ()),
