@@ -1,13 +1,17 @@
-"""Shared fixtures and helpers, the one place tests import helpers from
-(`from conftest import ...`; test files do not import each other). The tests
+"""Shared fixtures and helpers: the one place tests import helpers from
+(`from conftest import ...`); test files do not import each other. The tests
 run against the installed plugin, as a user would: JAX discovers it through
 its jax_plugins entry point.
 
 Two ways to run a program on the IPU: `run_on(device, fn, ...)` goes through
-the plugin (jax.jit on an ipu device), `run_ipu(fn, ..., target=...)`
-compiles fn's StableHLO for a Target (say the 16-tile SMALL) and runs the
-Program on the IPU Model's Engine directly. `assert_matches_cpu` compares
-either with XLA:CPU."""
+the plugin (jax.jit on an ipu device); `run_ipu(fn, ..., target=...)`
+compiles fn's StableHLO for a Target (by default the 16-tile SMALL) and runs
+the Program on the IPU Model's Engine directly. `assert_matches_cpu`
+compares either with XLA:CPU, with the tolerances in TOLERANCE unless a test
+states its own. Inputs: random_array, values (with each dtype's edge cases),
+with_specials (NaN, infinities, signed zeros), matrix and spd.
+(collective_cases.py is no module of helpers: test_collectives.py runs it as
+a script in subprocesses.)"""
 import os
 
 # Two modelled IPUs, so that device-to-device copies and placement on a
@@ -47,8 +51,10 @@ def cpu():
 
 
 def run_on(device, fn, *args):
-    """fn jitted and run on `device`: its results as a pytree of numpy arrays."""
-    return jax.tree.map(np.asarray, jax.jit(fn)(*jax.device_put(args, device)))
+    """fn jitted and run on `device` (a program without arguments too): its
+    results as a pytree of numpy arrays."""
+    with jax.default_device(device):
+        return jax.tree.map(np.asarray, jax.jit(fn)(*jax.device_put(args, device)))
 
 
 def on_cpu(fn, *args):
@@ -114,7 +120,7 @@ def assert_matches_cpu(fn, *args, rtol=None, atol=None, scaled=False, exact=None
         Model's Engine (run_ipu); its results are a flat list of leaves.
     got: the IPU's results the test already has (say, of a program it
         compiled and inspected), compared leaf by leaf instead of running fn."""
-    want = jax.jit(fn)(*jax.device_put(args, CPU))
+    want = on_cpu(fn, *args)
     want_leaves, want_tree = jax.tree_util.tree_flatten_with_path(want)
     if got is None and target is None:
         got = run_on(device if device is not None else jax.devices("ipu")[0], fn, *args)
@@ -150,12 +156,12 @@ def _assert_leaf_matches(where, g, w, rtol, atol, scaled, exact):
         if exact == "bits":
             bits = f"u{w.dtype.itemsize}"
             bad = g.view(bits) != w.view(bits)
-            rule = "bit for bit"
+            rule = "bit for bit equal to"
         elif exact or not is_float:
             bad = g != w
             if is_float:
                 bad &= ~(np.isnan(g) & np.isnan(w))
-            rule = "exactly"
+            rule = "equal to"
         else:
             rtol, atol = _tolerance(rtol, w.dtype, 0), _tolerance(atol, w.dtype, 1)
             g64, w64 = g.astype(np.float64), w.astype(np.float64)
@@ -166,7 +172,7 @@ def _assert_leaf_matches(where, g, w, rtol, atol, scaled, exact):
             # Where XLA:CPU gives an infinity or NaN, the IPU must give the same.
             same = (g64 == w64) | (np.isnan(g64) & np.isnan(w64))
             bad = ~np.where(finite, within, same)
-            rule = f"within rtol={rtol:g}, atol={atol:g}"
+            rule = f"within rtol={rtol:g}, atol={atol:g} of"
         if not bad.any():
             return
         # The worst element: the largest difference (a NaN or an infinity the
@@ -178,8 +184,8 @@ def _assert_leaf_matches(where, g, w, rtol, atol, scaled, exact):
             diff = np.where(np.isnan(diff), np.inf, diff)
     worst = np.unravel_index(np.argmax(np.where(bad, diff, -1.0)), w.shape)
     raise AssertionError(
-        f"{where} ({w.dtype}{list(w.shape)}): {int(bad.sum())} of {w.size} elements differ from XLA:CPU's "
-        f"({rule}); the worst at index {tuple(int(i) for i in worst)}: IPU {g[worst]!r}, XLA:CPU {w[worst]!r}")
+        f"{where} ({w.dtype}{list(w.shape)}): {int(bad.sum())} of {w.size} elements are not {rule} XLA:CPU's; "
+        f"the worst at index {tuple(int(i) for i in worst)}: IPU {g[worst]!s}, XLA:CPU {w[worst]!s}")
 
 
 def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
