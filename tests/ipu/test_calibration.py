@@ -1,4 +1,4 @@
-"""Cycle estimates against the measured figures in docs/ipu.md.
+"""Cycle estimates against IPU.md's measured figures.
 
 AMP: tessellate-ipu's peak-flops notebook measured a per-tile fp16
 [N,16]x[16,16] matmul on a Bow IPU (1472 tiles, 1.85 GHz) at 55.5, 211,
@@ -22,7 +22,7 @@ import pytest
 
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.targets import get_target
-from test_compiler import compile_fn
+from conftest import compile_fn
 
 MEASURED_BOW_TFLOPS = {16: 55.5, 128: 211.0, 512: 299.8, 2048: 334.9}
 

@@ -14,7 +14,7 @@ from jax_ipu.graph.programs import Copy
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View, source_tiles
 
-from test_compiler import SMALL, assert_matches_cpu, compile_fn
+from conftest import SMALL, assert_matches_cpu, compile_fn
 
 RNG = np.random.default_rng(7)
 
@@ -57,7 +57,7 @@ def test_padded_patches_keep_one_index_array_with_padding_past_the_end():
         source_size = int(np.prod(view.tensor.shape))
         assert indices.dtype == np.int32 and indices.flags.c_contiguous
         assert indices.min() >= 0 and indices.max() == source_size     # padding reads the appended fill
-    assert_matches_cpu(conv, x, w, rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(conv, x, w, rtol=1e-5, atol=1e-5, target=SMALL)
 
 
 @pytest.mark.parametrize("fill", [np.float32(-2.5), None])
@@ -102,7 +102,7 @@ def test_outer_reduction_reads_are_int32_and_values_match():
     reads = [r.intervals for s in program.body.steps if isinstance(s, Execute)
              for v in s.compute_set.vertices if v.codelet.startswith("Reduce") for r in v.reads]
     assert reads and all(r.dtype == np.int32 for r in reads)
-    assert_matches_cpu(stats, x, rtol=1e-5, atol=1e-4)
+    assert_matches_cpu(stats, x, rtol=1e-5, atol=1e-4, target=SMALL)
 
 
 @pytest.mark.parametrize("chunk", [1, 4, 5, 1 << 18])

@@ -1,7 +1,7 @@
 """jax_ipu.compiler end to end on the IPU Model: real JAX programs, lowered
 and imported, compiled, validated and run, against JAX's CPU backend.
 
-The helpers here serve the other test_compiler_* files too."""
+The helpers (compile_fn, run_ipu, assert_matches_cpu) are conftest's."""
 from __future__ import annotations
 
 import jax
@@ -9,61 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax._src.lib import _jax
-from jaxlib.mlir.dialects import stablehlo
 
-from jax_ipu.compiler import CompileOptions, compile_module
+from conftest import SMALL, assert_matches_cpu, compile_fn, lower, run_ipu
+from jax_ipu.compiler import compile_module
 from jax_ipu.errors import IpuUnimplementedError
-from jax_ipu.graph.validate import validate
 from jax_ipu.model.engine import Engine
-from jax_ipu.targets import get_target
-from jax_ipu.stablehlo import import_module
-
-# A small IPU: tensors of a few hundred elements already spread over tiles.
-SMALL = get_target("ipu2", num_tiles=16)
-CPU = jax.devices("cpu")[0]
-
-
-def lower(f, *args):
-    """f as the IPU plugin receives it: JAX's portable artifact, in which
-    chlo ops are already rewritten (erf, for one, into a composite)."""
-    text = jax.jit(f).lower(*args).as_text(debug_info=True)
-    return import_module(_jax.mlir.serialize_portable_artifact(text, stablehlo.get_current_version()))
-
-
-def compile_fn(f, *args, target=SMALL, **options):
-    program = compile_module(lower(f, *args), target, CompileOptions(**options))
-    validate(program, target.num_tiles)
-    return program
-
-
-def run_ipu(f, *args, target=SMALL, **options) -> list[np.ndarray]:
-    program = compile_fn(f, *args, target=target, **options)
-    return Engine(target).run(program, [np.asarray(a) for a in args])
-
-
-def run_cpu(f, *args) -> list[np.ndarray]:
-    out = jax.jit(f)(*[jax.device_put(a, CPU) for a in args])
-    return [np.asarray(o) for o in (out if isinstance(out, (tuple, list)) else [out])]
-
-
-def tolerance(dtype) -> dict:
-    dtype = np.dtype(dtype)
-    if dtype == np.float16:
-        return {"rtol": 2e-3, "atol": 2e-3}
-    if dtype == np.float32:
-        return {"rtol": 2e-6, "atol": 1e-6}
-    return {"rtol": 0, "atol": 0}
-
-
-def assert_matches_cpu(f, *args, target=SMALL, rtol=None, atol=None) -> None:
-    got, want = run_ipu(f, *args, target=target), run_cpu(f, *args)
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, g.shape, w.dtype, w.shape)
-        tol = tolerance(w.dtype)
-        np.testing.assert_allclose(g, w, rtol=rtol if rtol is not None else tol["rtol"],
-                                   atol=atol if atol is not None else tol["atol"], equal_nan=True)
 
 
 def test_scale_and_shift_runs_as_one_compute_set():
@@ -95,7 +45,7 @@ def test_inlined_calls_and_identities():
     def f(x):
         y = lax.optimization_barrier(inner(x) * 2)
         return inner(y), jnp.where(x > 0, x, -x)
-    assert_matches_cpu(f, np.linspace(-3, 3, 11, dtype=np.float32), rtol=1e-5)
+    assert_matches_cpu(f, np.linspace(-3, 3, 11, dtype=np.float32), rtol=1e-5, target=SMALL)
 
 
 @pytest.mark.parametrize("shardy", [True, False], ids=["sdy", "gspmd"])
@@ -123,7 +73,7 @@ def test_composites_run_their_decomposition():
     x = np.linspace(-3, 3, 101, dtype=np.float32)
     assert {op.name for op in lower(jax.scipy.special.erf, x).main.body.ops} == {"composite"}
     assert_matches_cpu(lambda a: (jax.scipy.special.erf(a), jax.nn.gelu(a, approximate=False),
-                                  jnp.square(a)), x, rtol=1e-5, atol=1e-6)
+                                  jnp.square(a)), x, rtol=1e-5, atol=1e-6, target=SMALL)
 
 
 def test_outputs_that_are_inputs_or_repeated():
@@ -183,7 +133,7 @@ def test_argmax_and_argmin_reduce_two_operands(dtype):
     if np.dtype(dtype).kind == "f":
         x[3, 7] = np.nan
     assert_matches_cpu(lambda a: (jnp.argmax(a), jnp.argmax(a, axis=1), jnp.argmin(a, axis=0),
-                                  jnp.argmax(a[:5, :5])), x)
+                                  jnp.argmax(a[:5, :5])), x, target=SMALL)
 
 
 def test_unsupported_reduction_body_is_a_clear_error():
@@ -216,4 +166,4 @@ def test_mlp_training_step():
     def step(*args):
         value, grads = jax.value_and_grad(loss)(jax.tree.unflatten(tree, args[:-2]), *args[-2:])
         return [value] + [p - 0.1 * g for p, g in zip(args[:-2], jax.tree.leaves(grads))]
-    assert_matches_cpu(step, *leaves, x, y, rtol=1e-5, atol=1e-6)
+    assert_matches_cpu(step, *leaves, x, y, rtol=1e-5, atol=1e-6, target=SMALL)

@@ -14,7 +14,7 @@ from jax_ipu.graph.programs import (Copy, DeviceToHost, Execute, HostToDevice, I
                                     Switch, children, leaves)
 from jax_ipu.model.engine import Engine
 from jax_ipu.targets import get_target
-from test_compiler import SMALL, compile_fn
+from conftest import SMALL, compile_fn
 
 IPU2 = get_target("ipu2")
 

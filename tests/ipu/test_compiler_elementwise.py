@@ -9,7 +9,7 @@ from jax import lax
 from jax_ipu.compiler import compile_module
 from jax_ipu.ops import OPS, TRANSCENDENTAL
 from jax_ipu.model.engine import Engine
-from test_compiler import SMALL, assert_matches_cpu, compile_fn, lower
+from conftest import SMALL, assert_matches_cpu, compile_fn, lower, values
 
 FLOATS = [np.float32, np.float16]
 SIGNED = [np.int32, np.int16, np.int8]
@@ -17,30 +17,6 @@ UNSIGNED = [np.uint32, np.uint16, np.uint8]
 INTS = SIGNED + UNSIGNED
 NUMERIC = FLOATS + INTS
 ALL = NUMERIC + [np.bool_]
-
-
-def values(dtype, shape=(1001,), seed=0, positive=False) -> np.ndarray:
-    """Random values with the dtype's edge cases mixed in."""
-    rng = np.random.default_rng(seed)
-    dtype = np.dtype(dtype)
-    size = int(np.prod(shape))
-    if dtype == np.bool_:
-        return rng.random(shape) < 0.5
-    if dtype.kind == "f":
-        x = rng.standard_normal(size) * 4
-        edges = [0.0, -0.0, 0.5, -0.5, 1.5, -2.5, 1e-3, 60000.0, -60000.0]
-        if not positive:
-            edges += [np.inf, -np.inf, np.nan]
-    else:
-        info = np.iinfo(dtype)
-        x = rng.integers(max(info.min, -100), min(info.max, 100), size, endpoint=True)
-        edges = [0, 1, info.max, info.min, info.max - 1] + ([-1, info.min + 1] if info.min else [])
-    x = x.astype(dtype)
-    n = min(len(edges), size)
-    x[:n] = np.array(edges[:n]).astype(dtype)
-    if positive:
-        x = np.abs(x) if dtype.kind == "f" else x
-    return x.reshape(shape)
 
 
 # Ops with tests of their own below (attributes, several operands).
@@ -75,7 +51,7 @@ def _tol(name, dtype):
 def test_unary(name, dtype):
     fn, _ = UNARY[name]
     positive = name in ("sqrt", "rsqrt", "log", "log_plus_one")
-    assert_matches_cpu(fn, values(dtype, positive=positive), **_tol(name, dtype))
+    assert_matches_cpu(fn, values(dtype, positive=positive), **_tol(name, dtype), target=SMALL)
 
 
 def _second_operand(name, dtype):
@@ -88,14 +64,14 @@ def _second_operand(name, dtype):
 @pytest.mark.parametrize("name, dtype", _cases(BINARY))
 def test_binary(name, dtype):
     fn, _ = BINARY[name]
-    assert_matches_cpu(fn, values(dtype), _second_operand(name, dtype), **_tol(name, dtype))
+    assert_matches_cpu(fn, values(dtype), _second_operand(name, dtype), **_tol(name, dtype), target=SMALL)
 
 
 @pytest.mark.parametrize("dtype", ALL, ids=lambda d: np.dtype(d).name)
 def test_compare_every_direction(dtype):
     x, y = values(dtype), values(dtype, seed=1)
     y[::3] = x[::3]
-    assert_matches_cpu(lambda a, b: (a == b, a != b, a < b, a <= b, a > b, a >= b), x, y)
+    assert_matches_cpu(lambda a, b: (a == b, a != b, a < b, a <= b, a > b, a >= b), x, y, target=SMALL)
 
 
 def test_total_order_compare():
@@ -127,29 +103,29 @@ def test_integer_power_follows_xla():
 def test_select_with_array_and_scalar_predicate(dtype):
     x, y = values(dtype), values(dtype, seed=1)
     p = values(np.bool_, seed=2)
-    assert_matches_cpu(lax.select, p, x, y)
-    assert_matches_cpu(lambda p, a, b: lax.select(p, a, b), np.bool_(True), x[:5], y[:5])
+    assert_matches_cpu(lax.select, p, x, y, target=SMALL)
+    assert_matches_cpu(lambda p, a, b: lax.select(p, a, b), np.bool_(True), x[:5], y[:5], target=SMALL)
 
 
 @pytest.mark.parametrize("dtype", NUMERIC, ids=lambda d: np.dtype(d).name)
 def test_clamp(dtype):
     x = values(dtype)
     lo, hi = np.array(-3).astype(dtype) if np.dtype(dtype).kind != "u" else np.array(2, dtype), np.array(50, dtype)
-    assert_matches_cpu(lax.clamp, lo, x, hi)
-    assert_matches_cpu(lax.clamp, values(dtype, seed=3), x, values(dtype, seed=3) + np.array(5, dtype))
+    assert_matches_cpu(lax.clamp, lo, x, hi, target=SMALL)
+    assert_matches_cpu(lax.clamp, values(dtype, seed=3), x, values(dtype, seed=3) + np.array(5, dtype), target=SMALL)
 
 
 @pytest.mark.parametrize("src", ALL, ids=lambda d: np.dtype(d).name)
 def test_convert_to_every_type(src):
     """Float -> int truncates and saturates (NaN -> 0), as XLA:CPU."""
     x = values(src)
-    assert_matches_cpu(lambda a: tuple(lax.convert_element_type(a, dst) for dst in ALL), x)
+    assert_matches_cpu(lambda a: tuple(lax.convert_element_type(a, dst) for dst in ALL), x, target=SMALL)
 
 
 @pytest.mark.parametrize("src, dst", [(np.float32, np.int32), (np.int32, np.float32), (np.uint32, np.int32),
                                       (np.float16, np.int16), (np.int8, np.uint8)])
 def test_bitcast_convert(src, dst):
-    assert_matches_cpu(lambda a: lax.bitcast_convert_type(a, dst), values(src))
+    assert_matches_cpu(lambda a: lax.bitcast_convert_type(a, dst), values(src), target=SMALL)
 
 
 SHAPES = [(), (7,), (1001,), (2, 3, 4), (0,), (4, 0, 3)]
@@ -169,7 +145,7 @@ def test_fused_chain_over_shapes(shape, dtype):
         def f(a, b):
             return lax.max(a * b - a, b) + 1, a < b
     x, y = values(dtype, shape), values(dtype, shape, seed=1)
-    assert_matches_cpu(f, x, y, rtol=1e-5 if dtype == np.float32 else None)
+    assert_matches_cpu(f, x, y, rtol=1e-5 if dtype == np.float32 else None, target=SMALL)
 
 
 def test_chain_is_one_compute_set_with_one_vertex_per_tile():
@@ -191,7 +167,7 @@ def test_chains_split_where_a_value_is_read_outside_them():
     def f(a):
         s = (a * 2).sum()        # reads a*2: the first chain is sealed here
         return a * 2 + s, a * 3
-    assert_matches_cpu(f, x, rtol=1e-5)
+    assert_matches_cpu(f, x, rtol=1e-5, target=SMALL)
 
 
 @pytest.mark.parametrize("dtype", INTS, ids=lambda d: np.dtype(d).name)
@@ -203,4 +179,4 @@ def test_integer_division_edge_cases(dtype):
         pairs += [(-7, 0), (7, -1), (-7, 2), (7, -2), (-7, -2), (info.min, -1), (info.min, 0)]
     x = np.array([p[0] for p in pairs]).astype(dtype)
     y = np.array([p[1] for p in pairs]).astype(dtype)
-    assert_matches_cpu(lambda a, b: (lax.div(a, b), lax.rem(a, b)), x, y)
+    assert_matches_cpu(lambda a, b: (lax.div(a, b), lax.rem(a, b)), x, y, target=SMALL)

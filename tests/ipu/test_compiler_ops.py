@@ -11,8 +11,7 @@ from jax_ipu.compiler.planners.matmul import plan_matmul
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Copy, Execute, leaves
 from jax_ipu.targets import get_target
-from test_compiler import SMALL, assert_matches_cpu, compile_fn, run_ipu
-from test_compiler_elementwise import values
+from conftest import SMALL, assert_matches_cpu, compile_fn, run_ipu, values
 
 
 def rand(shape, dtype=np.float32, seed=0):
@@ -28,7 +27,7 @@ def test_layout_ops(dtype):
         return (a.reshape(6, 20), jnp.transpose(a, (2, 0, 1)), a[1:3, ::2, 1:],
                 jnp.concatenate([a, a[:, :2]], axis=1), jnp.broadcast_to(a[:, :1, :], (4, 3, 5)),
                 jnp.broadcast_to(a[0, 0, 0], (2, 3)), lax.broadcast_in_dim(a[0], (5, 6, 2, 5), (1, 3)))
-    assert_matches_cpu(f, x)
+    assert_matches_cpu(f, x, target=SMALL)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.int32, np.int16], ids=lambda d: np.dtype(d).name)
@@ -36,7 +35,7 @@ def test_constants_and_iota(dtype):
     def f(a):
         return (a + jnp.arange(7, dtype=dtype), a * jnp.array([1, 2, 3, 4, 5, 6, 7], dtype),
                 lax.broadcasted_iota(dtype, (3, 4), 1), jnp.full((2, 2), 3, dtype), jnp.zeros((0, 3), dtype))
-    assert_matches_cpu(f, values(dtype, (7,)))
+    assert_matches_cpu(f, values(dtype, (7,)), target=SMALL)
 
 
 def test_transpose_is_a_copy_with_exchange_cost():
@@ -65,16 +64,16 @@ def test_dot_general(name, dtype):
     a, b = rand(lhs, seed=1), rand(rhs, seed=2)
     if np.dtype(dtype).kind == "i":
         a, b = (a * 3).round(), (b * 3).round()
-    assert_matches_cpu(f, a.astype(dtype), b.astype(dtype),
+    assert_matches_cpu(f, a.astype(dtype), b.astype(dtype), target=SMALL,
                        rtol=1e-5 if dtype == np.float32 else None, atol=1e-5 if dtype == np.float32 else None)
 
 
 def test_preferred_element_type():
     a, b = rand((16, 32), np.float16), rand((32, 8), np.float16, seed=1)
     assert_matches_cpu(lambda a, b: lax.dot(a, b, preferred_element_type=jnp.float32), a, b,
-                       rtol=1e-5, atol=1e-5)
+                       rtol=1e-5, atol=1e-5, target=SMALL)
     ai, bi = values(np.int8, (6, 10)), values(np.int8, (10, 3), seed=1)
-    assert_matches_cpu(lambda a, b: lax.dot(a, b, preferred_element_type=jnp.int32), ai, bi)
+    assert_matches_cpu(lambda a, b: lax.dot(a, b, preferred_element_type=jnp.int32), ai, bi, target=SMALL)
 
 
 def test_matmul_splits_k_and_sums_partials_in_order():
@@ -128,14 +127,14 @@ def test_reduce(name, dtype, axis):
     elif name == "prod":
         x = x % 3
     f = lambda a: fn(a, axis=axis)  # noqa: E731
-    assert_matches_cpu(f, x, rtol=2e-5 if dtype == np.float32 else None)
+    assert_matches_cpu(f, x, rtol=2e-5 if dtype == np.float32 else None, target=SMALL)
 
 
 @pytest.mark.parametrize("shape", [(0,), (4, 0), (3000,), (1001, 3)], ids=str)
 def test_reduce_shapes(shape):
     x = rand(shape)
     assert_matches_cpu(lambda a: (jnp.sum(a, axis=0), jnp.max(a, axis=-1, initial=-5.0)), x,
-                       rtol=1e-5, atol=1e-5)
+                       rtol=1e-5, atol=1e-5, target=SMALL)
 
 
 def test_full_reduction_is_partitioned_over_tiles():

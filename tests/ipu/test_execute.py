@@ -7,20 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import IPU_DTYPES, on_cpu, random_array
+from conftest import IPU_DTYPES, assert_matches_cpu, random_array
 
 
-def assert_same(got, want, rtol=1e-6, atol=1e-6):
-    got_leaves, want_leaves = jax.tree.leaves(got), jax.tree.leaves(want)
-    assert len(got_leaves) == len(want_leaves)
-    for g, w in zip(got_leaves, want_leaves):
-        assert g.dtype == w.dtype and g.shape == w.shape
-        if np.dtype(g.dtype).kind == "f":
-            tol = 2e-3 if g.dtype == np.float16 else rtol
-            np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
-                                       rtol=tol, atol=max(atol, tol))
-        else:
-            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+# float32 within 1e-6 (float16 within 2e-3, the default); integers exact.
+TOL = dict(rtol={np.float32: 1e-6}, atol={np.float32: 1e-6})
 
 
 def test_committed_input_runs_on_its_ipu(ipu):
@@ -62,16 +53,14 @@ def test_several_outputs_and_pytrees(ipu):
     rng = np.random.default_rng(1)
     tree = {"a": rng.standard_normal((4, 5)).astype(np.float32),
             "bc": (rng.standard_normal((4, 5)).astype(np.float32), np.array([True, False]))}
-    got = jax.jit(f)(jax.device_put(tree, ipu))
-    assert_same(got, on_cpu(f, tree))
+    assert_matches_cpu(f, tree, device=ipu, **TOL)
 
 
 def test_scalars(ipu):
     f = lambda x, y: (x * y, x > y, jnp.float32(2.5) + x)  # noqa: E731
     args = (np.float32(3.0), np.float32(-1.5))
-    got = jax.jit(f)(*jax.device_put(args, ipu))
+    got = assert_matches_cpu(f, *args, device=ipu, **TOL)
     assert all(leaf.shape == () for leaf in got)
-    assert_same(got, on_cpu(f, *args))
 
 
 ELEMENTWISE = {
@@ -96,8 +85,7 @@ def test_elementwise_every_dtype(ipu, dtype, name):
     f = ELEMENTWISE[name]
     rng = np.random.default_rng(2)
     x, y = random_array(rng, (3, 7), dtype), random_array(rng, (3, 7), dtype)
-    got = jax.jit(f)(jax.device_put(x, ipu), jax.device_put(y, ipu))
-    assert_same(got, on_cpu(f, x, y))
+    assert_matches_cpu(f, x, y, device=ipu, **TOL)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.uint8], ids=lambda d: np.dtype(d).name)
@@ -109,7 +97,7 @@ def test_structural_ops(ipu, dtype):
         i = jnp.arange(5, dtype=x.dtype)
         return z, b, i, x.astype(jnp.float32), jax.lax.bitcast_convert_type(x.astype(jnp.int32), jnp.float32)
     x = random_array(np.random.default_rng(3), (2, 4, 3), dtype)
-    assert_same(jax.jit(f)(jax.device_put(x, ipu)), on_cpu(f, x))
+    assert_matches_cpu(f, x, device=ipu, **TOL)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32], ids=lambda d: np.dtype(d).name)
@@ -121,7 +109,8 @@ def test_dot_and_reductions(ipu, dtype):
     rng = np.random.default_rng(4)
     a, b = random_array(rng, (6, 5), dtype), random_array(rng, (5, 3), dtype)
     x = random_array(rng, (2, 3, 4), dtype)
-    assert_same(jax.jit(f)(*jax.device_put((a, b, x), ipu)), on_cpu(f, a, b, x), rtol=1e-5, atol=1e-4)
+    assert_matches_cpu(f, a, b, x, device=ipu, rtol={np.float32: 1e-5, np.float16: 2e-3},
+                       atol={np.float32: 1e-4, np.float16: 2e-3})
 
 
 def test_results_feed_further_programs(ipu):
@@ -144,9 +133,7 @@ EMPTY_PROGRAMS = {
 @pytest.mark.parametrize("name", list(EMPTY_PROGRAMS))
 def test_programs_of_empty_arrays(ipu, name):
     f = EMPTY_PROGRAMS[name]
-    with jax.default_device(ipu):
-        got = jax.jit(f)()
-    assert_same(got, on_cpu(f))
+    assert_matches_cpu(f, device=ipu, **TOL)
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.float32, np.bool_], ids=lambda d: np.dtype(d).name)

@@ -11,7 +11,7 @@ import pytest
 from jax_ipu.compiler.passes.fold_transposes import fold_result_transposes
 from jax_ipu.compiler.passes.legalize import legalize
 from jax_ipu.graph.programs import Copy, leaves
-from test_compiler import CPU, compile_fn, lower, run_ipu
+from conftest import SMALL, assert_matches_cpu, compile_fn, lower
 
 rng = np.random.default_rng(0)
 
@@ -30,13 +30,6 @@ def transposing_copies(program) -> list[tuple[int, ...]]:
             and any(op[0] == "transpose" for op in getattr(s.src, "ops", ()))]
 
 
-def check(f, *args, rtol=2e-5):
-    want = jax.tree.leaves(jax.jit(f)(*jax.device_put(args, CPU)))
-    got = run_ipu(f, *args)
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g, np.asarray(w), rtol=rtol, atol=1e-5)
-
-
 def test_weight_gradient_is_computed_in_the_weights_layout():
     x, g = f32(128, 784), f32(128, 512)
 
@@ -47,13 +40,13 @@ def test_weight_gradient_is_computed_in_the_weights_layout():
     # Only x^T (784 x 128) is rearranged: not g^T (512 x 128) and then the
     # 784 x 512 gradient.
     assert transposing_copies(compile_fn(weight_grad, x, g)) == [(784, 128)]
-    check(weight_grad, x, g)
+    assert_matches_cpu(weight_grad, x, g, target=SMALL, rtol=2e-5, atol=1e-5)
 
 
 def test_a_fold_that_would_move_more_is_not_made():
     a, b = f32(8, 64), f32(64, 8)
     assert "transpose" in folded_ops(lambda a, b: (a @ b).T, a, b)
-    check(lambda a, b: (a @ b).T + 1, a, b)
+    assert_matches_cpu(lambda a, b: (a @ b).T + 1, a, b, target=SMALL, rtol=2e-5, atol=1e-5)
     x, g = f32(128, 784), f32(128, 64)      # a narrow gradient: g^T and the result are small
     assert "transpose" in folded_ops(lambda x, g: (g.T @ x).T, x, g)
 
@@ -65,7 +58,7 @@ def test_batched_and_contracting_forms(spec):
     sizes = {"b": 3, "i": 40, "j": 24, "k": 56}
     a = f32(*[sizes[c] for c in lhs_spec])
     b = f32(*[sizes[c] for c in rhs_spec])
-    check(lambda a, b: jnp.einsum(spec, a, b), a, b)
+    assert_matches_cpu(lambda a, b: jnp.einsum(spec, a, b), a, b, target=SMALL, rtol=2e-5, atol=1e-5)
 
 
 def test_a_product_with_other_uses_is_kept():
@@ -76,7 +69,7 @@ def test_a_product_with_other_uses_is_kept():
         return p.T * 2, p.sum()
     ops = folded_ops(f, x, w)
     assert ops.count("dot_general") == 1 and "transpose" in ops
-    check(f, x, w)
+    assert_matches_cpu(f, x, w, target=SMALL, rtol=2e-5, atol=1e-5)
 
 
 def test_in_a_scan_body_and_through_the_plugin(ipu):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from jax.experimental import io_callback
 
+from conftest import compile_fn
 from jax_ipu.model.fast import helper
 
 pytestmark = pytest.mark.skipif(helper.spinner() is None, reason="needs libc spinlocks and 2 cores")
@@ -153,7 +154,6 @@ def test_a_straight_line_program_times_its_first_runs_then_follows_the_schedule(
     """Its steps' times come from its own first runs (TIMED_RUNS), donated
     or not; then the generated program wakes and rests the helper."""
     from jax_ipu.model import engine
-    from test_compiler import compile_fn
     monkeypatch.setattr(helper, "_spare_core", lambda: True)
     from jax_ipu.targets import get_target
     ipu2 = get_target("ipu2")

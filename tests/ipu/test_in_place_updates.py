@@ -12,7 +12,7 @@ from jax import lax
 
 from jax_ipu.graph import codelets_indexing as ci
 from jax_ipu.graph.programs import Copy, Execute, Repeat, leaves
-from test_compiler import CPU, compile_fn, run_ipu
+from conftest import SMALL, assert_matches_cpu, compile_fn
 
 rng = np.random.default_rng(0)
 
@@ -24,14 +24,6 @@ def updates(program) -> list[ci.DynamicUpdateSlice]:
 
 def in_place(kernel) -> bool:
     return kernel.out is kernel.operand.tensor
-
-
-def check(f, *args):
-    want = jax.tree.leaves(jax.jit(f)(*jax.device_put(args, CPU)))
-    got = run_ipu(f, *args)
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g, np.asarray(w), rtol=1e-6, atol=1e-6)
 
 
 def scan_stack(x):
@@ -49,7 +41,7 @@ def test_scan_outputs_are_stacked_in_place():
     # The loop body copies no [50, 300] buffer.
     [loop] = [s for s in program.body.steps if isinstance(s, Repeat)]
     assert not [s for s in leaves(loop.body) if isinstance(s, Copy) and s.dst.shape == (50, 300)]
-    check(scan_stack, x)
+    assert_matches_cpu(scan_stack, x, target=SMALL, rtol=1e-6, atol=1e-6)
 
 
 def test_through_the_plugin_many_iterations(ipu):
@@ -70,7 +62,7 @@ def test_operand_read_afterwards_is_kept():
         return z, y + 1, x - 1
     a = rng.standard_normal(20).astype(np.float32)
     assert not any(in_place(k) for k in updates(compile_fn(f, a)))
-    check(f, a)
+    assert_matches_cpu(f, a, target=SMALL, rtol=1e-6, atol=1e-6)
 
 
 def test_last_use_is_updated_in_place():
@@ -80,7 +72,7 @@ def test_last_use_is_updated_in_place():
     a = rng.standard_normal((6, 6)).astype(np.float32)
     i = np.int32(3)
     assert all(in_place(k) for k in updates(compile_fn(f, a, i)))
-    check(f, a, i)
+    assert_matches_cpu(f, a, i, target=SMALL, rtol=1e-6, atol=1e-6)
 
 
 def test_program_inputs_and_loop_invariants_are_never_written(ipu):
@@ -92,7 +84,7 @@ def test_program_inputs_and_loop_invariants_are_never_written(ipu):
     a = rng.standard_normal(8).astype(np.float32)
     base = rng.standard_normal(8).astype(np.float32)
     assert not any(in_place(k) for k in updates(compile_fn(f, a, base)))
-    check(f, a, base)
+    assert_matches_cpu(f, a, base, target=SMALL, rtol=1e-6, atol=1e-6)
     da, db = jax.device_put(a, ipu), jax.device_put(base, ipu)
     jax.block_until_ready(jax.jit(f)(da, db))
     np.testing.assert_array_equal(np.asarray(da), a)     # the inputs are untouched
@@ -107,13 +99,13 @@ def test_swapped_carried_values_keep_the_old_one():
         return lax.fori_loop(0, 6, body, (p, q))
     p = rng.standard_normal(8).astype(np.float32)
     q = rng.standard_normal(8).astype(np.float32)
-    check(f, p, q)
+    assert_matches_cpu(f, p, q, target=SMALL, rtol=1e-6, atol=1e-6)
 
     def g(c):
         def body(i, c):
             return lax.dynamic_update_slice(c, lax.dynamic_slice(c, (i,), (1,)) + 1.0, (i + 1,)) * 1.0 + c
         return lax.fori_loop(0, 5, body, c)
-    check(g, p)
+    assert_matches_cpu(g, p, target=SMALL, rtol=1e-6, atol=1e-6)
 
 
 def scatters(program) -> list[ci.Scatter]:
@@ -129,7 +121,7 @@ def test_scatter_accumulates_in_place_in_a_loop():
     xs = rng.integers(0, 16, 64).astype(np.int32)
     program = compile_fn(histogram, xs)
     assert scatters(program) and all(k.outs[0] is k.operands[0].tensor for k in scatters(program))
-    check(histogram, xs)
+    assert_matches_cpu(histogram, xs, target=SMALL, rtol=1e-6, atol=1e-6)
 
 
 def test_scatter_keeps_an_operand_read_later():
@@ -140,9 +132,9 @@ def test_scatter_keeps_an_operand_read_later():
     a = rng.standard_normal(10).astype(np.float32)
     idx, u = np.array([1, 3], np.int32), np.array([5.0, 6.0], np.float32)
     assert not any(k.outs[0] is k.operands[0].tensor for k in scatters(compile_fn(f, a, idx, u)))
-    check(f, a, idx, u)
+    assert_matches_cpu(f, a, idx, u, target=SMALL, rtol=1e-6, atol=1e-6)
 
     def g(a, idx, u):      # read after the scatter within one expression
         x = a * 3
         return lax.scatter_add(x, idx[:, None], u, lax.ScatterDimensionNumbers((), (0,), (0,))) + x
-    check(g, a, idx, u)
+    assert_matches_cpu(g, a, idx, u, target=SMALL, rtol=1e-6, atol=1e-6)

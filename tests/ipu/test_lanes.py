@@ -12,7 +12,7 @@ from jax_ipu.model import engine
 from jax_ipu.model.fast import helper, lanes
 from jax_ipu.model.engine import Engine
 from jax_ipu.targets import get_target
-from test_compiler import compile_fn, run_cpu
+from conftest import compile_fn, run_cpu
 
 IPU2 = get_target("ipu2")
 
@@ -157,7 +157,7 @@ _FIRST_RUN = """
 import numpy as np
 from jax_ipu.model.fast import helper
 from jax_ipu.model.engine import Engine
-from test_compiler import compile_fn
+from conftest import compile_fn
 from test_lanes import IPU2, _inputs, _step
 params, x = _inputs(1)
 program = compile_fn(_step, params, x, target=IPU2)

@@ -22,7 +22,7 @@ from jax_ipu.graph.programs import Copy, leaves
 from jax_ipu.model import engine
 from jax_ipu.model.engine import Engine, lazy_copies
 from jax_ipu.stablehlo import import_module
-from test_compiler import SMALL, compile_fn, run_cpu
+from conftest import SMALL, assert_matches_cpu, compile_fn
 
 rng = np.random.default_rng(0)
 
@@ -46,7 +46,10 @@ def same(a, b, exact=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
-def check(f, *args, exact=True):
+def check_lazy_copies(f, *args, exact=True):
+    """f's program skips copies, and gives the same results lazily and
+    eagerly (bit for bit, or within 1e-5 with exact=False), run after run,
+    and XLA:CPU's within 2e-5."""
     program = compile_fn(f, *args)
     skipped = lazy_copies(program)
     assert skipped
@@ -55,8 +58,7 @@ def check(f, *args, exact=True):
     for a, b, c in zip(lazy, eager, again):
         same(a, b, exact)
         np.testing.assert_array_equal(a, c)
-    for got, want in zip(lazy, run_cpu(f, *args)):
-        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    assert_matches_cpu(f, *args, got=lazy, rtol=2e-5, atol=2e-5)
     return program, skipped
 
 
@@ -66,14 +68,14 @@ def f32(*shape):
 
 def test_transposed_matmul_operands_are_read_in_place():
     x, w = f32(64, 96), f32(48, 96)
-    program, skipped = check(lambda x, w: (x.T @ x, x @ w.T), x, w, exact=False)
+    program, skipped = check_lazy_copies(lambda x, w: (x.T @ x, x @ w.T), x, w, exact=False)
     copies = [s for s in leaves(program.body) if isinstance(s, Copy)]
     assert copies and {s.dst.id for s in copies} <= set(skipped)
 
 
 def test_bias_broadcast_read_by_a_chain():
     x, b = f32(128, 40), f32(40)
-    check(lambda x, b: jax.nn.relu(x + b) * b[None, :], x, b)
+    check_lazy_copies(lambda x, b: jax.nn.relu(x + b) * b[None, :], x, b)
 
 
 def test_training_step_with_donation_matches_eager_copies():
@@ -99,7 +101,7 @@ def test_training_step_with_donation_matches_eager_copies():
 @pytest.mark.parametrize("dtype", [np.float32, np.int32, np.float16])
 def test_slices_and_transposes_in_chains(dtype):
     x = (rng.standard_normal((30, 20)) * 10).astype(dtype)
-    check(lambda x: (x[::2, 1:] * 2 + x.T[1:, ::2].T, jnp.broadcast_to(x[0], (5, 20)) - x[:5]), x)
+    check_lazy_copies(lambda x: (x[::2, 1:] * 2 + x.T[1:, ::2].T, jnp.broadcast_to(x[0], (5, 20)) - x[:5]), x)
 
 
 def test_inside_a_loop_body():
@@ -107,13 +109,14 @@ def test_inside_a_loop_body():
         def body(_, c):
             return jnp.tanh(c @ w.T + c.T[0][:, None] * 0.01)
         return lax.fori_loop(0, 5, body, x)
-    check(f, f32(16, 16), f32(16, 16), exact=False)
+    check_lazy_copies(f, f32(16, 16), f32(16, 16), exact=False)
 
 
 def test_copy_of_a_view_of_a_copy():
     """A copy read by another copy: the second reads the first's source."""
     x = f32(12, 10, 8)
-    check(lambda x: jnp.transpose(x, (2, 0, 1)).reshape(8, 120).T @ jnp.ones((8, 3), jnp.float32), x, exact=False)
+    check_lazy_copies(lambda x: jnp.transpose(x, (2, 0, 1)).reshape(8, 120).T @ jnp.ones((8, 3), jnp.float32), x,
+                      exact=False)
 
 
 def test_source_updated_in_place_before_the_read_keeps_the_copy():
@@ -130,8 +133,7 @@ def test_source_updated_in_place_before_the_read_keeps_the_copy():
     lazy, eager = both(program, [x])
     for a, b in zip(lazy, eager):
         np.testing.assert_array_equal(a, b)
-    for got, want in zip(lazy, run_cpu(f, x)):
-        np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert_matches_cpu(f, x, got=lazy, rtol=1e-6, atol=0)
 
 
 def test_outputs_and_other_readers_keep_their_copies():

@@ -13,31 +13,11 @@ import jax.scipy.linalg as jsl
 import numpy as np
 import pytest
 
+from conftest import assert_matches_cpu, matrix, on_cpu, run_on, spd
+
 TOL = 1e-4
-
-
-def run(f, *args):
-    ipu, cpu = jax.devices("ipu")[0], jax.devices("cpu")[0]
-    got = jax.tree.leaves(jax.jit(f)(*jax.device_put(args, ipu)))
-    want = jax.tree.leaves(jax.jit(f)(*jax.device_put(args, cpu)))
-    return [np.asarray(g) for g in got], [np.asarray(w) for w in want]
-
-
-def check(f, *args):
-    got, want = run(f, *args)
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and g.shape == w.shape
-        scale = max(1.0, float(np.abs(w).max(initial=0)))
-        np.testing.assert_allclose(g, w, rtol=TOL, atol=TOL * scale)
-
-
-def matrix(shape, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def spd(shape, seed=0):
-    a = matrix(shape, seed)
-    return a @ np.swapaxes(a, -1, -2) + shape[-1] * np.eye(shape[-1], dtype=np.float32)
+# The comparison: relative, and absolute relative to each result's scale.
+SCALED = dict(rtol=TOL, atol=TOL, scaled=True)
 
 
 SHAPES = [(4, 4), (3, 6, 6), (2, 2, 5, 5)]
@@ -46,7 +26,7 @@ shape_ids = ["x".join(map(str, s)) for s in SHAPES]
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"stablehlo.cholesky-{s}" for s in shape_ids])
 def test_cholesky(shape):
-    check(lambda a: (jnp.linalg.cholesky(a), jsl.cholesky(a, lower=False)), spd(shape))
+    assert_matches_cpu(lambda a: (jnp.linalg.cholesky(a), jsl.cholesky(a, lower=False)), spd(shape), **SCALED)
 
 
 @pytest.mark.parametrize("lower,trans,left", [(True, 0, True), (False, 1, True), (True, 1, False),
@@ -56,60 +36,62 @@ def test_cholesky(shape):
 def test_triangular_solve(lower, trans, left):
     a, b = spd((3, 5, 5)), matrix((3, 5, 4) if left else (3, 4, 5), 1)
     tri = np.tril(a) if lower else np.triu(a)
-    check(lambda a, b: jax.lax.linalg.triangular_solve(a, b, left_side=left, lower=lower,
-                                                       transpose_a=bool(trans)), tri, b)
+    assert_matches_cpu(lambda a, b: jax.lax.linalg.triangular_solve(a, b, left_side=left, lower=lower,
+                                                                    transpose_a=bool(trans)), tri, b, **SCALED)
     if left:
-        check(lambda a, b: jsl.solve_triangular(a, b, lower=lower, trans=trans, unit_diagonal=True), tri, b)
+        assert_matches_cpu(lambda a, b: jsl.solve_triangular(a, b, lower=lower, trans=trans, unit_diagonal=True),
+                           tri, b, **SCALED)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"custom_call.jax_ipu.lu-{s}" for s in shape_ids])
 def test_solve_inv_det(shape):
     a = matrix(shape)
-    check(lambda a: (jnp.linalg.solve(a, a[..., :1] + 1), jnp.linalg.inv(a)), a)
+    assert_matches_cpu(lambda a: (jnp.linalg.solve(a, a[..., :1] + 1), jnp.linalg.inv(a)), a, **SCALED)
     if len(shape) > 2:   # unbatched det: its stablehlo.case on the ipu device is a known engine bug
-        check(lambda a: (jnp.linalg.det(a), jnp.linalg.slogdet(a)), a)
+        assert_matches_cpu(lambda a: (jnp.linalg.det(a), jnp.linalg.slogdet(a)), a, **SCALED)
 
 
 @pytest.mark.parametrize("shape", [(5, 5), (6, 4), (4, 6)], ids=lambda s: "custom_call.jax_ipu.lu-" +
                          "x".join(map(str, s)))
 def test_lu(shape):
-    check(lambda a: (jsl.lu(a), jax.lax.linalg.lu(a)), matrix(shape))
+    assert_matches_cpu(lambda a: (jsl.lu(a), jax.lax.linalg.lu(a)), matrix(shape), **SCALED)
 
 
 @pytest.mark.parametrize("shape", [(5, 5), (6, 4), (4, 6), (2, 5, 3)],
                          ids=lambda s: "custom_call.Qr-" + "x".join(map(str, s)))
 def test_qr(shape):
-    check(lambda a: (jnp.linalg.qr(a), jnp.linalg.qr(a, mode="complete")), matrix(shape))
+    assert_matches_cpu(lambda a: (jnp.linalg.qr(a), jnp.linalg.qr(a, mode="complete")), matrix(shape), **SCALED)
 
 
 @pytest.mark.parametrize("shape", [(5, 5), (3, 6, 6)], ids=lambda s: "custom_call.jax_ipu.eigh-" +
                          "x".join(map(str, s)))
-def test_eigh(shape):
+def test_eigh(ipu, shape):
     a = spd(shape)
-    got, want = run(lambda a: jnp.linalg.eigh(a), a)
+    # Its own comparison: eigenvectors are unique up to sign.
+    got, want = run_on(ipu, jnp.linalg.eigh, a), on_cpu(jnp.linalg.eigh, a)
     np.testing.assert_allclose(got[0], want[0], rtol=TOL, atol=TOL * np.abs(want[0]).max())
     g, w = got[1], want[1]   # eigenvectors: up to sign
     np.testing.assert_allclose(np.abs(np.swapaxes(g, -1, -2) @ w), np.broadcast_to(np.eye(shape[-1]), g.shape),
                                atol=1e-3)
-    check(lambda a: jnp.linalg.eigvalsh(a), a)
+    assert_matches_cpu(lambda a: jnp.linalg.eigvalsh(a), a, **SCALED)
 
 
 @pytest.mark.parametrize("shape", [(5, 5), (6, 4), (2, 3, 5)], ids=lambda s: "custom_call.jax_ipu.svd-" +
                          "x".join(map(str, s)))
-def test_svd(shape):
+def test_svd(ipu, shape):
     a = matrix(shape)
-    check(lambda a: jnp.linalg.svd(a, compute_uv=False), a)
-    got, _ = run(lambda a: jnp.linalg.svd(a, full_matrices=False), a)
-    u, s, vt = got
+    assert_matches_cpu(lambda a: jnp.linalg.svd(a, compute_uv=False), a, **SCALED)
+    # Singular vectors are unique up to sign: their product against the input.
+    u, s, vt = run_on(ipu, lambda a: jnp.linalg.svd(a, full_matrices=False), a)
     np.testing.assert_allclose(u * s[..., None, :] @ vt, a, atol=1e-4)
-    got, _ = run(lambda a: jnp.linalg.svd(a, full_matrices=True), a)
+    got = run_on(ipu, lambda a: jnp.linalg.svd(a, full_matrices=True), a)
     assert got[0].shape[-1] == shape[-2] and got[2].shape[-2] == shape[-1]
 
 
 def test_scipy_solvers():
     a, b = spd((5, 5)), matrix((5, 3), 1)
-    check(lambda a, b: (jsl.cho_solve(jsl.cho_factor(a), b), jsl.lu_solve(jsl.lu_factor(a), b),
-                        jsl.solve(a, b, assume_a="pos"), jsl.inv(a), jnp.linalg.pinv(a)), a, b)
+    assert_matches_cpu(lambda a, b: (jsl.cho_solve(jsl.cho_factor(a), b), jsl.lu_solve(jsl.lu_factor(a), b),
+                                     jsl.solve(a, b, assume_a="pos"), jsl.inv(a), jnp.linalg.pinv(a)), a, b, **SCALED)
 
 
 def test_f16_is_a_clear_error():
@@ -141,7 +123,7 @@ EMPTY = {
 def test_empty_matrices(name):
     """0-sized matrices give the shapes (and identity factors) XLA:CPU gives."""
     f, shape = EMPTY[name]
-    check(f, matrix(shape))
+    assert_matches_cpu(f, matrix(shape), **SCALED)
 
 
 SINGULAR = np.array([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [0.0, 1.0, 1.0]], np.float32)
@@ -160,14 +142,8 @@ ZERO_DIAGONAL = np.array([[1.0, 0.0, 0.0], [2.0, 0.0, 0.0], [1.0, 3.0, 4.0]], np
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_singular_matrices_give_inf_and_nan_as_lapack(name, f, a):
     """No exception: the same inf/nan (and finite) entries as XLA:CPU."""
-    got, want = run(f, a)
-    for g, w in zip(got, want):
-        assert g.shape == w.shape and g.dtype == w.dtype
-        np.testing.assert_array_equal(np.isfinite(g), np.isfinite(w))
-        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
-        finite = np.isfinite(w)
-        np.testing.assert_allclose(g[finite], w[finite], rtol=TOL, atol=TOL * max(1.0, np.abs(w[finite]).max(initial=0)))
-    assert any(not np.isfinite(w).all() for w in want) or name in ("lu", "det-grad")
+    assert_matches_cpu(f, a, **SCALED)
+    assert any(not np.isfinite(w).all() for w in jax.tree.leaves(on_cpu(f, a))) or name in ("lu", "det-grad")
 
 
 @pytest.mark.parametrize("lower", [True, False])
@@ -176,7 +152,7 @@ def test_tridiagonal(shape, lower):
     """lax.linalg.tridiagonal (LAPACK sytrd, as XLA:CPU): the reduced matrix
     with its Householder vectors, the diagonals and the taus."""
     a = spd(shape)
-    check(lambda a: jax.lax.linalg.tridiagonal(a, lower=lower), a)
+    assert_matches_cpu(lambda a: jax.lax.linalg.tridiagonal(a, lower=lower), a, **SCALED)
 
 
 def test_tridiagonal_solve():
@@ -185,17 +161,15 @@ def test_tridiagonal_solve():
     dl[0] = du[-1] = 0
     d = (4 + rng.random(6)).astype(np.float32)
     b = rng.standard_normal((6, 3)).astype(np.float32)
-    check(lambda dl, d, du, b: jax.lax.linalg.tridiagonal_solve(dl, d, du, b), dl, d, du, b)
+    assert_matches_cpu(lambda dl, d, du, b: jax.lax.linalg.tridiagonal_solve(dl, d, du, b), dl, d, du, b, **SCALED)
 
 
 @pytest.mark.parametrize("shape", [(2, 2), (3, 5, 5)], ids=str)
 def test_boolean_matmul(shape):
     """dot_general of booleans is an OR of ANDs (jnp.linalg.matrix_power of bool)."""
     a = np.random.default_rng(2).random(shape) < 0.3
-    got, want = run(lambda a: (jnp.linalg.matrix_power(a, 3), a @ a), a)
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype == np.bool_
-        np.testing.assert_array_equal(g, w)
+    got = assert_matches_cpu(lambda a: (jnp.linalg.matrix_power(a, 3), a @ a), a)
+    assert all(g.dtype == np.bool_ for g in got)
 
 
 @pytest.mark.parametrize("shape", [(4, 4), (2, 7, 7)])
@@ -206,7 +180,7 @@ def test_slogdet_second_order_gradients(ipu, shape):
     a = matrix(shape, seed=5)
     with jax.default_device(ipu):
         check_grads(jnp.linalg.slogdet, (jax.device_put(a, ipu),), 2, atol=1e-1, rtol=2e-1)
-    check(lambda x: jax.hessian(lambda y: jnp.linalg.slogdet(y)[1])(x), a)
+    assert_matches_cpu(lambda x: jax.hessian(lambda y: jnp.linalg.slogdet(y)[1])(x), a, **SCALED)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf], ids=["nan", "inf"])

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from jax import lax
 
+from conftest import assert_matches_cpu
+
 WIDE = [np.uint32, np.int32, np.float32, np.uint16, np.int16, np.float16]
 NARROW = [np.uint16, np.int16, np.float16, np.uint8, np.int8]
 PAIRS = [(w, n) for w in WIDE for n in NARROW if np.dtype(w).itemsize > np.dtype(n).itemsize]
@@ -21,25 +23,17 @@ def bits(shape, dtype, seed=0):
     return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).view(dtype).reshape(shape)
 
 
-def check(f, x):
-    ipu, cpu = jax.devices("ipu")[0], jax.devices("cpu")[0]
-    got = np.asarray(jax.jit(f)(jax.device_put(x, ipu)))
-    want = np.asarray(jax.jit(f)(jax.device_put(x, cpu)))
-    assert got.dtype == want.dtype and got.shape == want.shape
-    assert got.tobytes() == want.tobytes()
-
-
 @pytest.mark.parametrize("shape", [(), (5,), (3, 4)], ids=str)
 @pytest.mark.parametrize("wide, narrow", PAIRS, ids=lambda d: np.dtype(d).name)
 def test_wide_to_narrow(wide, narrow, shape):
-    check(lambda a: lax.bitcast_convert_type(a, narrow), bits(shape, wide))
+    assert_matches_cpu(lambda a: lax.bitcast_convert_type(a, narrow), bits(shape, wide), exact="bits")
 
 
 @pytest.mark.parametrize("shape", [(), (5,), (3, 4)], ids=str)
 @pytest.mark.parametrize("wide, narrow", PAIRS, ids=lambda d: np.dtype(d).name)
 def test_narrow_to_wide(wide, narrow, shape):
     k = np.dtype(wide).itemsize // np.dtype(narrow).itemsize
-    check(lambda a: lax.bitcast_convert_type(a, wide), bits(shape + (k,), narrow))
+    assert_matches_cpu(lambda a: lax.bitcast_convert_type(a, wide), bits(shape + (k,), narrow), exact="bits")
 
 
 def test_round_trip_inside_a_loop_body():
@@ -49,7 +43,7 @@ def test_round_trip_inside_a_loop_body():
             halves = lax.bitcast_convert_type(v, np.uint16)
             return lax.bitcast_convert_type(halves[..., ::-1] + np.uint16(1), np.uint32)
         return lax.fori_loop(0, 3, body, x)
-    check(f, bits((6,), np.uint32))
+    assert_matches_cpu(f, bits((6,), np.uint32), exact="bits")
 
 
 @pytest.mark.parametrize("shape", [(), (1,), (4,)], ids=str)
@@ -57,9 +51,10 @@ def test_round_trip_inside_a_loop_body():
                                       (np.int8, np.uint8)], ids=lambda d: np.dtype(d).name)
 def test_same_width_keeps_the_shape(src, dst, shape):
     """A 0-d bitcast gave a (1,) array (random_test's key_data equality)."""
-    check(lambda a: lax.bitcast_convert_type(a, dst), bits(shape, src))
+    assert_matches_cpu(lambda a: lax.bitcast_convert_type(a, dst), bits(shape, src), exact="bits")
     x = bits(shape, src)
-    check(lambda a: lax.bitcast_convert_type(a, dst) == lax.bitcast_convert_type(a[None][0], dst), x)
+    assert_matches_cpu(lambda a: lax.bitcast_convert_type(a, dst) == lax.bitcast_convert_type(a[None][0], dst), x,
+                       exact="bits")
 
 
 @pytest.mark.parametrize("n", [7, 300_000], ids=lambda n: f"n{n}")
@@ -85,7 +80,7 @@ def test_arithmetic_on_a_same_width_bitcast_leaves_its_operand_alone(dtype, as_b
 def test_bit_tricks_next_to_other_uses(dtype):
     """jnp.spacing and nextafter are bitcasts plus integer arithmetic."""
     x = np.array([1, 2, -3.5, 100, 0, -0.0, 1e-3, 6e4 if dtype == np.float16 else 3e38], dtype)
-    check(lambda a: jnp.spacing(a), x)
+    assert_matches_cpu(lambda a: jnp.spacing(a), x, exact="bits")
     for f in (lambda a: (jnp.nextafter(a, a[::-1]), a - a[::-1]),
               lambda a: (lax.bitcast_convert_type(lax.bitcast_convert_type(a, np.uint32 if dtype == np.float32
                                                                            else np.uint16) | 1, dtype), a)):

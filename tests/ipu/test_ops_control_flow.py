@@ -11,26 +11,10 @@ from jax_ipu.graph.programs import If, Repeat, RepeatWhileTrue, Switch, leaves
 from jax_ipu.targets import get_target
 from jax_ipu.stablehlo import import_module
 
-from conftest import random_array
+from conftest import assert_matches_cpu, random_array
 
-TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float16): 2e-3}
-
-
-def run_both(ipu, f, *args):
-    want = jax.jit(f)(*jax.device_put(args, jax.devices("cpu")[0]))
-    got = jax.jit(f)(*jax.device_put(args, ipu))
-    return jax.tree.leaves(want), jax.tree.leaves(got)
-
-
-def check(ipu, f, *args):
-    want, got = run_both(ipu, f, *args)
-    assert len(want) == len(got)
-    for w, g in zip(want, got):
-        w, g = np.asarray(w), np.asarray(g)
-        assert w.dtype == g.dtype and w.shape == g.shape
-        tol = TOL.get(w.dtype, 0)
-        np.testing.assert_allclose(g.astype(np.float64) if tol else g, w.astype(np.float64) if tol else w,
-                                   rtol=tol, atol=tol)
+# Tolerances by dtype (integers exact).
+TOL = {np.float32: 1e-5, np.float16: 2e-3}
 
 
 def compiled(f, *args):
@@ -46,10 +30,11 @@ DTYPES = [np.float32, np.float16, np.int32, np.uint8]
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: f"stablehlo.while-fori-{np.dtype(d).name}")
 @pytest.mark.parametrize("shape", [(), (5,), (3, 4)], ids=str)
-def test_fori_loop(ipu, dtype, shape):
+def test_fori_loop(dtype, shape):
     x = random_array(np.random.default_rng(0), shape, dtype)
-    check(ipu, lambda x: lax.fori_loop(0, 4, lambda i, c: c + c // 3 + i.astype(c.dtype)
-                                       if np.dtype(dtype).kind != "f" else c * 0.5 + i.astype(c.dtype), x), x)
+    assert_matches_cpu(lambda x: lax.fori_loop(0, 4, lambda i, c: c + c // 3 + i.astype(c.dtype)
+                                               if np.dtype(dtype).kind != "f" else c * 0.5 + i.astype(c.dtype), x),
+                       x, rtol=TOL, atol=TOL)
 
 
 def test_while_loop_is_repeat_while_true_not_unrolled():
@@ -67,13 +52,13 @@ def test_while_loop_is_repeat_while_true_not_unrolled():
     lambda x: lax.fori_loop(3, 1003, lambda i, y: y * 1.001, x),
     lambda x: lax.scan(lambda c, _: (c * 1.001, None), x, None, length=1000)[0],
 ], ids=["while-counter", "fori_loop", "scan"])
-def test_counted_loop_is_repeat(ipu, f):
+def test_counted_loop_is_repeat(f):
     """A counter from a constant, below a constant, by one: Poplar's Repeat."""
     program = compiled(f, jnp.ones(8, jnp.float32))
     (loop,) = top_controls(program)
     assert isinstance(loop, Repeat) and loop.count == 1000
     assert len(list(leaves(loop.body))) < 10
-    check(ipu, f, np.ones(8, np.float32))
+    assert_matches_cpu(f, np.ones(8, np.float32), rtol=TOL, atol=TOL)
 
 
 def test_a_loop_whose_condition_does_more_stays_repeat_while_true():
@@ -83,28 +68,29 @@ def test_a_loop_whose_condition_does_more_stays_repeat_while_true():
 
 
 @pytest.mark.parametrize("n", [0, 1, 7], ids=lambda n: f"stablehlo.while-trips{n}")
-def test_while_data_dependent_trip_count(ipu, n):
+def test_while_data_dependent_trip_count(n):
     def f(x, n):
         return lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] * 2.0 - 1.0), (0, x))
-    check(ipu, f, np.arange(4, dtype=np.float32), np.int32(n))
+    assert_matches_cpu(f, np.arange(4, dtype=np.float32), np.int32(n), rtol=TOL, atol=TOL)
 
 
-def test_while_carried_values_of_different_dtypes_and_swap(ipu):
+def test_while_carried_values_of_different_dtypes_and_swap():
     def f(a, b, c):   # body swaps a and b: the copies back must not clobber each other
         return lax.while_loop(lambda s: s[0] < 5, lambda s: (s[0] + 1, s[2], s[1], s[3] ^ (s[1][0] > s[2][0])),
                               (0, a, b, c))
-    check(ipu, f, np.arange(3, dtype=np.float16), -np.arange(3, dtype=np.float16), np.array([True, False]))
+    assert_matches_cpu(f, np.arange(3, dtype=np.float16), -np.arange(3, dtype=np.float16), np.array([True, False]),
+                       rtol=TOL, atol=TOL)
 
 
-def test_nested_loops(ipu):
+def test_nested_loops():
     def f(x):
         def outer(i, c):
             return lax.fori_loop(0, i + 1, lambda j, d: d * 1.5 + j, c) - i
         return lax.fori_loop(0, 3, outer, x)
-    check(ipu, f, np.linspace(-1, 1, 6, dtype=np.float32))
+    assert_matches_cpu(f, np.linspace(-1, 1, 6, dtype=np.float32), rtol=TOL, atol=TOL)
 
 
-def test_loop_with_matmul_and_reduction(ipu):
+def test_loop_with_matmul_and_reduction():
     rng = np.random.default_rng(1)
     w = rng.standard_normal((16, 16)).astype(np.float32) / 4
 
@@ -113,36 +99,39 @@ def test_loop_with_matmul_and_reduction(ipu):
             h = jnp.tanh(c @ w)
             return h / (jnp.sum(h * h, axis=1, keepdims=True) + 1.0)
         return lax.fori_loop(0, 5, body, x)
-    check(ipu, f, rng.standard_normal((4, 16)).astype(np.float32), w)
+    assert_matches_cpu(f, rng.standard_normal((4, 16)).astype(np.float32), w, rtol=TOL, atol=TOL)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.int32], ids=lambda d: f"stablehlo.while-scan-{np.dtype(d).name}")
-def test_scan_with_stacked_outputs(ipu, dtype):
+def test_scan_with_stacked_outputs(dtype):
     def f(xs):
         def body(c, x):
             c = c + x
             return c, (c * 2, (c > 0).astype(jnp.int32))
         return lax.scan(body, jnp.zeros(xs.shape[1:], xs.dtype), xs)
-    check(ipu, f, random_array(np.random.default_rng(2), (6, 3), dtype))
+    assert_matches_cpu(f, random_array(np.random.default_rng(2), (6, 3), dtype), rtol=TOL, atol=TOL)
 
 
-def test_scan_reverse_and_map(ipu):
+def test_scan_reverse_and_map():
     xs = np.arange(12, dtype=np.float32).reshape(4, 3)
-    check(ipu, lambda xs: lax.scan(lambda c, x: (c * 0.5 + x, c), jnp.zeros(3), xs, reverse=True), xs)
-    check(ipu, lambda xs: lax.map(lambda r: jnp.sum(r * r) + r[0], xs), xs)
+    assert_matches_cpu(lambda xs: lax.scan(lambda c, x: (c * 0.5 + x, c), jnp.zeros(3), xs, reverse=True), xs,
+                       rtol=TOL, atol=TOL)
+    assert_matches_cpu(lambda xs: lax.map(lambda r: jnp.sum(r * r) + r[0], xs), xs, rtol=TOL, atol=TOL)
 
 
 @pytest.mark.parametrize("pred", [True, False], ids=lambda p: f"stablehlo.case-cond-{p}")
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-def test_cond(ipu, pred, dtype):
+def test_cond(pred, dtype):
     x = random_array(np.random.default_rng(3), (5,), dtype)
-    check(ipu, lambda p, x: lax.cond(p, lambda x: (x + x, x[0]), lambda x: (x, x[1]), x), np.bool_(pred), x)
+    assert_matches_cpu(lambda p, x: lax.cond(p, lambda x: (x + x, x[0]), lambda x: (x, x[1]), x), np.bool_(pred), x,
+                       rtol=TOL, atol=TOL)
 
 
 @pytest.mark.parametrize("index", [-3, 0, 1, 2, 9], ids=lambda i: f"stablehlo.case-switch-{i}")
-def test_switch_clamps_index(ipu, index):
+def test_switch_clamps_index(index):
     branches = [lambda x: x + 1, lambda x: x * 3, lambda x: -x]
-    check(ipu, lambda i, x: lax.switch(i, branches, x), np.int32(index), np.arange(4, dtype=np.float32))
+    assert_matches_cpu(lambda i, x: lax.switch(i, branches, x), np.int32(index), np.arange(4, dtype=np.float32),
+                       rtol=TOL, atol=TOL)
 
 
 def test_case_is_a_switch_with_last_branch_default():
@@ -152,22 +141,22 @@ def test_case_is_a_switch_with_last_branch_default():
     assert isinstance(switch, Switch) and sorted(switch.cases) == [0, 1]
 
 
-def test_cond_inside_loop_and_loop_inside_cond(ipu):
+def test_cond_inside_loop_and_loop_inside_cond():
     def f(x):
         body = lambda i, c: lax.cond(i % 2 == 0, lambda c: c + i, lambda c: c * 2.0, c)  # noqa: E731
         y = lax.fori_loop(0, 5, body, x)
         return lax.cond(y[0] > 0, lambda: lax.fori_loop(0, 3, lambda i, c: c - 1.0, y), lambda: y)
-    check(ipu, f, np.arange(3, dtype=np.float32))
+    assert_matches_cpu(f, np.arange(3, dtype=np.float32), rtol=TOL, atol=TOL)
 
 
-def test_function_called_in_loop_and_twice(ipu):
+def test_function_called_in_loop_and_twice():
     @jax.jit
     def g(v):
         return jnp.sin(v) + 1.0
 
     def f(x):
         return lax.fori_loop(0, 3, lambda i, c: g(c) * g(c + 1.0), x)
-    check(ipu, f, np.linspace(0, 1, 5, dtype=np.float32))
+    assert_matches_cpu(f, np.linspace(0, 1, 5, dtype=np.float32), rtol=TOL, atol=TOL)
 
 
 def test_fori_loop_with_traced_trip_count(ipu):

@@ -11,27 +11,14 @@ import numpy as np
 import pytest
 from jax import lax
 
+from conftest import assert_matches_cpu
+
 
 F16_TOL = 2e-2
 
 
 def rand(shape, dtype, seed):
     return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
-
-
-def check(f, *args, tol=None):
-    ipu = jax.devices("ipu")[0]
-    got = jax.jit(f)(*jax.device_put(args, ipu))
-    want = jax.jit(f)(*jax.device_put(args, jax.devices("cpu")[0]))
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-        g, w = np.asarray(g), np.asarray(w)
-        assert g.dtype == w.dtype and g.shape == w.shape
-        if w.dtype == np.float16:
-            scale = max(1.0, float(np.abs(w.astype(np.float32)).max()))
-            np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=0,
-                                       atol=F16_TOL * scale)
-        else:
-            np.testing.assert_allclose(g, w, rtol=tol or 1e-5, atol=tol or 1e-5)
 
 
 NHWC = ("NHWC", "HWIO", "NHWC")
@@ -68,20 +55,25 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES), ids=lambda c: f"stablehlo.convolution-{c}")
 def test_conv_general_dilated(case, dtype):
     lhs, rhs, kwargs = CASES[case]
-    check(lambda x, w: lax.conv_general_dilated(x, w, **kwargs), rand(lhs, dtype, 0), rand(rhs, dtype, 1))
+    # float16 within F16_TOL of the output's scale, float32 within 1e-5.
+    tol = dict(rtol=0, atol=F16_TOL, scaled=True) if dtype == np.float16 else dict(rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(lambda x, w: lax.conv_general_dilated(x, w, **kwargs), rand(lhs, dtype, 0), rand(rhs, dtype, 1),
+                       **tol)
 
 
 def test_conv_preferred_element_type():
     x, w = rand((2, 6, 6, 3), np.float16, 0), rand((3, 3, 3, 4), np.float16, 1)
-    check(lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=NHWC,
-                                                preferred_element_type=np.float32), x, w, tol=1e-4)
+    assert_matches_cpu(lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=NHWC,
+                                                             preferred_element_type=np.float32), x, w,
+                       rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("strides,padding", [((2, 2), "SAME"), ((1, 1), "VALID"), ((3, 2), ((1, 2), (0, 1)))],
                          ids=lambda p: str(p).replace(" ", ""))
 def test_conv_transpose(strides, padding):
     x, w = rand((2, 5, 6, 3), np.float32, 0), rand((3, 3, 3, 4), np.float32, 1)
-    check(lambda x, w: lax.conv_transpose(x, w, strides, padding, dimension_numbers=NHWC), x, w)
+    assert_matches_cpu(lambda x, w: lax.conv_transpose(x, w, strides, padding, dimension_numbers=NHWC), x, w,
+                       rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("groups", [1, 3], ids=lambda g: f"stablehlo.convolution-grad-groups{g}")
@@ -93,7 +85,7 @@ def test_conv_gradients(groups):
     def loss(x, w):
         y = lax.conv_general_dilated(x, w, (2, 2), "SAME", dimension_numbers=NHWC, feature_group_count=groups)
         return (y * y).sum()
-    check(jax.grad(loss, argnums=(0, 1)), x, w, tol=1e-4)
+    assert_matches_cpu(jax.grad(loss, argnums=(0, 1)), x, w, rtol=1e-4, atol=1e-4)
 
 
 def test_flax_style_cnn_training_step():
@@ -111,7 +103,7 @@ def test_flax_style_cnn_training_step():
     def step(params, x):
         grads = jax.grad(loss)(params, x)
         return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
-    check(step, params, x, tol=1e-4)
+    assert_matches_cpu(step, params, x, rtol=1e-4, atol=1e-4)
 
 
 def test_empty_input_padded_to_a_nonempty_output_and_its_gradients():
@@ -123,7 +115,7 @@ def test_empty_input_padded_to_a_nonempty_output_and_its_gradients():
         dimension_numbers=("NHWC", "OIHW", "NCHW"), batch_group_count=2)
     lhs, rhs = rand((2, 0, 4, 1), np.float32, 0), rand((4, 1, 1, 2), np.float32, 1)
     ct = rand((1, 4, 1, 2), np.float32, 2)
-    check(lambda l, r, c: (conv(l, r), *jax.vjp(conv, l, r)[1](c)), lhs, rhs, ct)
+    assert_matches_cpu(lambda l, r, c: (conv(l, r), *jax.vjp(conv, l, r)[1](c)), lhs, rhs, ct, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("shapes", [((3, 3), (3, 3)), ((2, 3, 7), (4, 3, 3))], ids=["0d", "1d"])

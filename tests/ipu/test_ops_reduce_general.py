@@ -10,15 +10,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-
-def check(f, *args, tol=1e-5):
-    ipu, cpu = jax.devices("ipu")[0], jax.devices("cpu")[0]
-    got = jax.tree.leaves(jax.jit(f)(*jax.device_put(args, ipu)))
-    want = jax.tree.leaves(jax.jit(f)(*jax.device_put(args, cpu)))
-    for g, w in zip(got, want):
-        g, w = np.asarray(g), np.asarray(w)
-        assert g.dtype == w.dtype and g.shape == w.shape
-        np.testing.assert_allclose(g, w, rtol=tol, atol=tol, equal_nan=True)
+from conftest import assert_matches_cpu
 
 
 def values(shape, dtype, seed=0):
@@ -31,14 +23,14 @@ def values(shape, dtype, seed=0):
                          "x".join(map(str, s)))
 def test_argmax_argmin(shape, dtype):
     x = values(shape, dtype)
-    check(lambda a: (jnp.argmax(a), jnp.argmin(a, axis=-1), jnp.argmax(a, axis=0), jnp.nanargmax(a)
-                     if a.dtype.kind == "f" else jnp.argmax(a)), x)
+    assert_matches_cpu(lambda a: (jnp.argmax(a), jnp.argmin(a, axis=-1), jnp.argmax(a, axis=0), jnp.nanargmax(a)
+                                  if a.dtype.kind == "f" else jnp.argmax(a)), x, rtol=1e-5, atol=1e-5)
 
 
 def test_argmax_with_nan():
     x = values((6, 40), np.float32)
     x[2, 5] = x[4, 0] = np.nan
-    check(lambda a: (jnp.argmax(a, axis=1), jnp.argmin(a, axis=1)), x)
+    assert_matches_cpu(lambda a: (jnp.argmax(a, axis=1), jnp.argmin(a, axis=1)), x, rtol=1e-5, atol=1e-5)
 
 
 def test_variadic_reduce_min_with_payload():
@@ -50,16 +42,19 @@ def test_variadic_reduce_min_with_payload():
     def body(a, b):
         take_a = a[0] <= b[0]
         return (jnp.where(take_a, a[0], b[0]), jnp.where(take_a, a[1], b[1]))
-    check(lambda x, p: lax.reduce((x, p), (np.float32(np.inf), np.int32(-1)), body, (1,)), x, p)
+    assert_matches_cpu(lambda x, p: lax.reduce((x, p), (np.float32(np.inf), np.int32(-1)), body, (1,)), x, p,
+                       rtol=1e-5, atol=1e-5)
 
 
 def test_body_of_several_ops():
     """Bodies that are not one op (associative, as XLA requires): max of
     |x|, and max + min (a sum)."""
     x = values((4, 33), np.float32) / 7
-    check(lambda a: lax.reduce(a, np.float32(0), lambda u, v: jnp.maximum(jnp.abs(u), jnp.abs(v)), (1,)), x)
+    assert_matches_cpu(lambda a: lax.reduce(a, np.float32(0), lambda u, v: jnp.maximum(jnp.abs(u), jnp.abs(v)),
+                                            (1,)), x, rtol=1e-5, atol=1e-5)
     y = values((9, 20), np.int32)
-    check(lambda a: lax.reduce(a, np.int32(0), lambda u, v: jnp.maximum(u, v) + jnp.minimum(u, v), (0,)), y)
+    assert_matches_cpu(lambda a: lax.reduce(a, np.int32(0), lambda u, v: jnp.maximum(u, v) + jnp.minimum(u, v),
+                                            (0,)), y, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("n", [4, 5, 33, 1000, 100_003])
@@ -73,7 +68,7 @@ def test_argmax_with_several_nans_takes_the_first(n):
         row[rng.choice(n, min(n - 1, 3 + n // 1000), replace=False)] = np.nan
     x[0, [1, 2]] = np.nan
     f = lambda a: (jnp.argmax(a, axis=1), jnp.argmin(a, axis=1), jnp.argmax(a.T, axis=0))
-    check(f, x)
+    assert_matches_cpu(f, x, rtol=1e-5, atol=1e-5)
     got = jax.jit(f)(jax.device_put(x, jax.devices("ipu")[0]))
     np.testing.assert_array_equal(np.asarray(got[0]), np.argmax(x, axis=1))
     np.testing.assert_array_equal(np.asarray(got[1]), np.argmin(x, axis=1))
@@ -84,9 +79,10 @@ def test_bodies_that_are_not_commutative_see_operands_in_order():
     commutative) as XLA:CPU's sequential reduction gives them."""
     x = np.array([[0, 0, 3, 0, 5, 7, 0, 2], [0, 4, 0, 0, 0, 0, 9, 0]] * 20, np.float32)
     x[5:, 3] = np.arange(35)
-    check(lambda a: (lax.reduce(a, np.float32(0), lambda p, q: jnp.where(p != 0, p, q), (1,)),
-                     lax.reduce(a, np.float32(0), lambda p, q: jnp.where(q != 0, q, p), (1,)),
-                     lax.reduce(a, np.float32(0), lambda p, q: jnp.where(p != 0, p, q), (0,))), x)
+    assert_matches_cpu(lambda a: (lax.reduce(a, np.float32(0), lambda p, q: jnp.where(p != 0, p, q), (1,)),
+                                  lax.reduce(a, np.float32(0), lambda p, q: jnp.where(q != 0, q, p), (1,)),
+                                  lax.reduce(a, np.float32(0), lambda p, q: jnp.where(p != 0, p, q), (0,))), x,
+                       rtol=1e-5, atol=1e-5)
 
 
 def test_bodies_written_with_jnp_operators():
@@ -96,6 +92,7 @@ def test_bodies_written_with_jnp_operators():
         return jnp.where((p > q) | (p != p), p, q)
     x = np.array([[1, np.nan, 3, 0, 2], [4, 1, 0, -2, 5]], np.float32)
     # (with a weakly typed init, as users write it; np.float32 inits give no broadcasts)
-    check(lambda a: (lax.reduce(a, -jnp.inf, nanmax, (1,)),
-                     lax.reduce_window(a, -jnp.inf, nanmax, (1, 2), (1, 1), "VALID")), x)
+    assert_matches_cpu(lambda a: (lax.reduce(a, -jnp.inf, nanmax, (1,)),
+                                  lax.reduce_window(a, -jnp.inf, nanmax, (1, 2), (1, 1), "VALID")), x,
+                       rtol=1e-5, atol=1e-5)
     assert "broadcast_in_dim" in jax.jit(lambda a: lax.reduce(a, -jnp.inf, nanmax, (1,))).lower(x).as_text()

@@ -15,7 +15,7 @@ from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Copy, Execute, leaves
 from jax_ipu.model.engine import Engine
 from jax_ipu.targets import get_target
-from test_compiler import SMALL, compile_fn, run_cpu
+from conftest import SMALL, assert_matches_cpu, compile_fn
 
 rng = np.random.default_rng(0)
 IPU2 = get_target("ipu2")
@@ -26,42 +26,40 @@ def partial_steps(program):
             and isinstance(s.compute_set.kernel, codelets.ReducePartials)]
 
 
-def check(f, x, target=SMALL, rtol=1e-5, atol=1e-5, outer=True):
+def check_outer_reduction(f, x, target=SMALL, rtol=1e-5, atol=1e-5, outer=True):
+    """f's reductions run as outer (or inner) partials with no transposing
+    copy, and its results match XLA:CPU's."""
     program = compile_fn(f, x, target=target)
     steps = partial_steps(program)
     assert steps and all(s.compute_set.kernel.outer == outer for s in steps)
     if outer:
         assert not [s for s in leaves(program.body) if isinstance(s, Copy)
                     and any(op[0] == "transpose" for op in getattr(s.src, "ops", ()))]
-    got = Engine(target).run(program, [x])
-    want = run_cpu(f, x)
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and g.shape == w.shape
-        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+    assert_matches_cpu(f, x, got=Engine(target).run(program, [x]), rtol=rtol, atol=atol)
     return program
 
 
 @pytest.mark.parametrize("op", [jnp.sum, jnp.max, jnp.min, jnp.mean])
 def test_over_the_batch(op):
     x = rng.standard_normal((128, 512)).astype(np.float32)
-    check(lambda x: op(x, axis=0), x)
+    check_outer_reduction(lambda x: op(x, axis=0), x)
 
 
 def test_product_and_integers():
     x = rng.uniform(0.9, 1.1, (40, 96)).astype(np.float32)
-    check(lambda x: jnp.prod(x, axis=0), x)
+    check_outer_reduction(lambda x: jnp.prod(x, axis=0), x)
     i = rng.integers(-1000, 1000, (50, 70)).astype(np.int32)
-    check(lambda x: (jnp.sum(x, axis=0), jnp.max(x, axis=0)), i, rtol=0, atol=0)
+    check_outer_reduction(lambda x: (jnp.sum(x, axis=0), jnp.max(x, axis=0)), i, rtol=0, atol=0)
 
 
 def test_boolean_any_and_all():
     b = rng.random((30, 100)) > 0.1
-    check(lambda x: (jnp.all(x, axis=0), jnp.any(~x, axis=0)), b, rtol=0, atol=0)
+    check_outer_reduction(lambda x: (jnp.all(x, axis=0), jnp.any(~x, axis=0)), b, rtol=0, atol=0)
 
 
 def test_float16_sums_accumulate_in_float32():
     x = rng.standard_normal((256, 64)).astype(np.float16)
-    check(lambda x: jnp.sum(x, axis=0), x, rtol=2e-3, atol=2e-3)
+    check_outer_reduction(lambda x: jnp.sum(x, axis=0), x, rtol=2e-3, atol=2e-3)
 
 
 def test_several_leading_dims_batch_norm_statistics():
@@ -70,14 +68,14 @@ def test_several_leading_dims_batch_norm_statistics():
     def stats(x):
         mean = jnp.mean(x, axis=(0, 1, 2))
         return mean, jnp.mean((x - mean) ** 2, axis=(0, 1, 2))
-    check(stats, x)
+    check_outer_reduction(stats, x)
 
 
 def test_many_chunks_on_a_full_ipu_read_each_row_once():
     """On 1472 tiles a 4096-row sum is split into chunks of rows per tile:
     every input element is read by exactly one vertex."""
     x = rng.standard_normal((4096, 96)).astype(np.float32)
-    program = check(lambda x: jnp.sum(x, axis=0), x, target=IPU2, rtol=1e-4, atol=1e-4)
+    program = check_outer_reduction(lambda x: jnp.sum(x, axis=0), x, target=IPU2, rtol=1e-4, atol=1e-4)
     [step] = partial_steps(program)
     chunks = step.compute_set.kernel.out.shape[1]
     assert chunks > 1
@@ -93,7 +91,7 @@ def test_narrow_outputs_keep_the_transposing_copy():
     along rows (numpy would add rows of a few elements at a time)."""
     x = rng.standard_normal((500, 8)).astype(np.float32)
     assert 8 < reduce_rule.OUTER_MIN_KEPT
-    check(lambda x: jnp.sum(x, axis=0), x, outer=False)
+    check_outer_reduction(lambda x: jnp.sum(x, axis=0), x, outer=False)
 
 
 def test_argmax_over_the_batch_keeps_its_tree():

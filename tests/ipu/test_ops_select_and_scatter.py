@@ -13,12 +13,8 @@ import numpy as np
 import pytest
 from jax import lax
 from jax._src.lax.windowed_reductions import _select_and_scatter, _select_and_scatter_add
-from test_ops_windows import ipu_and_cpu
 
-
-def same_bits(f, *args):
-    for g, w in ipu_and_cpu(f, *args):
-        np.testing.assert_array_equal(g.view(f"u{g.dtype.itemsize}"), w.view(f"u{w.dtype.itemsize}"))
+from conftest import assert_matches_cpu
 
 
 def awkward(shape, dtype, seed=0) -> np.ndarray:
@@ -55,14 +51,14 @@ def test_max_pool_gradient_is_bit_exact(pool, dtype, layout):
     def pool(a):
         return lax.reduce_window(a, -jnp.inf, lax.max, dims, steps, padding)
     cotangent = np.random.default_rng(1).standard_normal(jax.eval_shape(pool, x).shape).astype(dtype)
-    same_bits(lambda a, t: jax.vjp(pool, a)[1](t)[0], x, cotangent)
+    assert_matches_cpu(lambda a, t: jax.vjp(pool, a)[1](t)[0], x, cotangent, exact="bits")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: np.dtype(d).name)
 def test_min_pool_gradient_is_bit_exact(dtype):
     x = -awkward((2, 9, 9, 2), dtype, seed=1)
-    same_bits(jax.grad(lambda a: (lax.reduce_window(a, jnp.inf, lax.min, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
-                                  * jnp.arange(50, dtype=dtype).reshape(1, 5, 5, 2)).sum()), x)
+    assert_matches_cpu(jax.grad(lambda a: (lax.reduce_window(a, jnp.inf, lax.min, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
+                                           * jnp.arange(50, dtype=dtype).reshape(1, 5, 5, 2)).sum()), x, exact="bits")
 
 
 def test_windows_of_negative_infinity_over_the_edge():
@@ -70,16 +66,16 @@ def test_windows_of_negative_infinity_over_the_edge():
     pads with -inf there): the gradient of those elements is zero."""
     x = np.full((1, 4, 4, 1), -np.inf, np.float32)
     x[0, 3, 3, 0] = np.nan
-    same_bits(jax.grad(lambda a: lax.reduce_window(a, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 1, 1, 1),
-                                                   "SAME").sum()), x)
+    assert_matches_cpu(jax.grad(lambda a: lax.reduce_window(a, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 1, 1, 1),
+                                                            "SAME").sum()), x, exact="bits")
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int8, np.uint16], ids=lambda d: np.dtype(d).name)
 def test_select_and_scatter_add_of_integers(dtype):
     x = np.random.default_rng(2).integers(0, 3, (2, 6, 6, 2)).astype(dtype)
-    same_bits(lambda s, a: _select_and_scatter_add(s, a, lax.ge_p, (1, 3, 3, 1), (1, 2, 2, 1),
-                                                   ((0, 0), (1, 1), (1, 1), (0, 0))),
-              np.arange(2 * 3 * 3 * 2).reshape(2, 3, 3, 2).astype(dtype), x)
+    assert_matches_cpu(lambda s, a: _select_and_scatter_add(s, a, lax.ge_p, (1, 3, 3, 1), (1, 2, 2, 1),
+                                                            ((0, 0), (1, 1), (1, 1), (0, 0))),
+                       np.arange(2 * 3 * 3 * 2).reshape(2, 3, 3, 2).astype(dtype), x, exact="bits")
 
 
 def by_magnitude(a, b):
@@ -110,5 +106,5 @@ def test_select_and_scatter_with_other_bodies(case):
     window, strides = (3, 2), (2, 1)
     out = [(n + lo + hi - w) // s + 1 for n, (lo, hi), w, s in zip(x.shape, padding, window, strides)]
     source = np.random.default_rng(4).standard_normal(out).astype(np.float32)
-    same_bits(lambda a, s: _select_and_scatter(a, select, window, strides, padding, s, np.float32(init),
-                                               scatter), x, source)
+    assert_matches_cpu(lambda a, s: _select_and_scatter(a, select, window, strides, padding, s, np.float32(init),
+                                                        scatter), x, source, exact="bits")

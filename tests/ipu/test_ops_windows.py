@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from jax import lax
 
+from conftest import assert_matches_cpu
+
 
 def rand(shape, dtype, seed=0):
     rng = np.random.default_rng(seed)
@@ -19,22 +21,8 @@ def rand(shape, dtype, seed=0):
     return rng.integers(-20, 20, shape).astype(dtype)
 
 
-def ipu_and_cpu(f, *args) -> list[tuple[np.ndarray, np.ndarray]]:
-    """f's outputs on ipu and on the CPU backend, pair by pair, of one
-    dtype and shape."""
-    ipu, cpu = jax.devices("ipu")[0], jax.devices("cpu")[0]
-    got = jax.jit(f)(*jax.device_put(args, ipu))
-    want = jax.jit(f)(*jax.device_put(args, cpu))
-    pairs = [(np.asarray(g), np.asarray(w)) for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want))]
-    for g, w in pairs:
-        assert g.dtype == w.dtype and g.shape == w.shape
-    return pairs
-
-
-def check(f, *args):
-    for g, w in ipu_and_cpu(f, *args):
-        tol = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5}.get(w.dtype, 0)
-        np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
+# Tolerances by dtype (integers exact), as the docstring states.
+TOL = {np.float32: 1e-5, np.float16: 2e-3}
 
 
 NHWC_2x2 = ((1, 2, 2, 1), (1, 2, 2, 1))
@@ -56,14 +44,15 @@ def test_reduce_window(case, dtype):
     if np.dtype(dtype).kind != "f" and np.isinf(init):
         init = np.iinfo(dtype).min if init < 0 else np.iinfo(dtype).max
     x = rand((2, 7, 6, 3), dtype) * (np.asarray(0.5, dtype) if fn is lax.mul else np.asarray(1, dtype))
-    check(lambda a: lax.reduce_window(a, np.asarray(init, dtype), fn, window, strides, padding, **kwargs), x)
+    assert_matches_cpu(lambda a: lax.reduce_window(a, np.asarray(init, dtype), fn, window, strides, padding,
+                                                   **kwargs), x, rtol=TOL, atol=TOL)
 
 
 @pytest.mark.parametrize("fn", [jnp.cumsum, jnp.cumprod, lax.cummax, lax.cummin],
                          ids=lambda f: f"stablehlo.reduce_window-{f.__name__}")
 def test_cumulative(fn):
     x = rand((5, 9), np.float32) * 0.7
-    check(lambda a: (fn(a, axis=1), fn(a, axis=0)), x)
+    assert_matches_cpu(lambda a: (fn(a, axis=1), fn(a, axis=0)), x, rtol=TOL, atol=TOL)
 
 
 def test_avg_pool_and_its_gradient():
@@ -71,7 +60,7 @@ def test_avg_pool_and_its_gradient():
 
     def avg_pool(a):
         return lax.reduce_window(a, 0.0, lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "SAME") / 4
-    check(lambda a: (avg_pool(a), jax.grad(lambda b: (avg_pool(b) ** 2).sum())(a)), x)
+    assert_matches_cpu(lambda a: (avg_pool(a), jax.grad(lambda b: (avg_pool(b) ** 2).sum())(a)), x, rtol=TOL, atol=TOL)
 
 
 @pytest.mark.parametrize("window,strides,padding", [((1, 2, 2, 1), (1, 2, 2, 1), "VALID"),
@@ -84,28 +73,28 @@ def test_max_pool_gradient(window, strides, padding):
 
     def loss(a):
         return (lax.reduce_window(a, -jnp.inf, lax.max, window, strides, padding) ** 2).sum()
-    check(jax.grad(loss), x)
+    assert_matches_cpu(jax.grad(loss), x, rtol=TOL, atol=TOL)
 
 
 def test_max_pool_gradient_ties_go_to_the_first():
     x = np.zeros((1, 4, 4, 1), np.float32)
     x[0, 1, 1, 0] = x[0, 2, 3, 0] = 1.0
-    check(jax.grad(lambda a: lax.reduce_window(a, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 1, 1, 1), "SAME").sum()),
-          x)
+    assert_matches_cpu(jax.grad(lambda a: lax.reduce_window(a, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 1, 1, 1),
+                                                            "SAME").sum()), x, rtol=TOL, atol=TOL)
 
 
 def test_min_pool_gradient():
     x = rand((1, 6, 6, 2), np.float32)
-    check(jax.grad(lambda a: lax.reduce_window(a, jnp.inf, lax.min, (1, 2, 2, 1), (1, 2, 2, 1), "VALID").sum()),
-          x)
+    assert_matches_cpu(jax.grad(lambda a: lax.reduce_window(a, jnp.inf, lax.min, (1, 2, 2, 1), (1, 2, 2, 1),
+                                                            "VALID").sum()), x, rtol=TOL, atol=TOL)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.int8], ids=lambda d: np.dtype(d).name)
 def test_pad_and_reverse(dtype):
     x = rand((3, 4, 5), dtype)
-    check(lambda a: (jnp.pad(a, ((1, 2), (0, 1), (2, 0))),
-                     lax.pad(a, np.asarray(3, dtype), ((1, 2, 1), (-1, 0, 2), (0, -2, 0))),
-                     lax.rev(a, (0, 2))), x)
+    assert_matches_cpu(lambda a: (jnp.pad(a, ((1, 2), (0, 1), (2, 0))),
+                                  lax.pad(a, np.asarray(3, dtype), ((1, 2, 1), (-1, 0, 2), (0, -2, 0))),
+                                  lax.rev(a, (0, 2))), x, rtol=TOL, atol=TOL)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.uint8, np.bool_],
@@ -115,13 +104,14 @@ def test_pad_and_reverse(dtype):
 def test_pad_with_run_time_value(dtype, config):
     """The padding value is an argument (associative_scan pads so)."""
     x = rand((3, 4, 5), dtype) if dtype != np.bool_ else rand((3, 4, 5), np.int32) > 0
-    check(lambda a, v: lax.pad(a, v, config), x, np.asarray(7 if dtype != np.bool_ else True, dtype))
-    check(lambda a, v: lax.pad(a, v[1], config), x, np.asarray([3, 4], dtype))
+    assert_matches_cpu(lambda a, v: lax.pad(a, v, config), x, np.asarray(7 if dtype != np.bool_ else True, dtype),
+                       rtol=TOL, atol=TOL)
+    assert_matches_cpu(lambda a, v: lax.pad(a, v[1], config), x, np.asarray([3, 4], dtype), rtol=TOL, atol=TOL)
 
 
 def test_pad_with_run_time_value_of_empty_operand():
-    check(lambda a, v: lax.pad(a, v, ((1, 2, 0), (0, 1, 0))), np.zeros((0, 3), np.float32),
-          np.asarray(2.5, np.float32))
+    assert_matches_cpu(lambda a, v: lax.pad(a, v, ((1, 2, 0), (0, 1, 0))), np.zeros((0, 3), np.float32),
+                       np.asarray(2.5, np.float32), rtol=TOL, atol=TOL)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32], ids=lambda d: np.dtype(d).name)
@@ -138,8 +128,8 @@ def test_reduce_window_with_run_time_init(case, dtype):
     if case == "mul":
         init = 2     # no padding: any init value
     x = rand((2, 7, 6, 3), dtype) * (np.asarray(0.5, dtype) if fn is lax.mul else np.asarray(1, dtype))
-    check(lambda a, init: lax.reduce_window(a, init, fn, window, strides, padding, **kwargs),
-          x, np.asarray(init, dtype))
+    assert_matches_cpu(lambda a, init: lax.reduce_window(a, init, fn, window, strides, padding, **kwargs),
+                       x, np.asarray(init, dtype), rtol=TOL, atol=TOL)
 
 
 def test_variadic_reduce_window_with_run_time_inits():
@@ -148,7 +138,8 @@ def test_variadic_reduce_window_with_run_time_inits():
             pick = x[0] >= y[0]
             return lax.select(pick, x[0], y[0]), lax.select(pick, x[1], y[1])
         return lax.reduce_window((a, b), (ia, ib), body, (2, 3), (1, 2), ((1, 0), (1, 1)))
-    check(f, rand((5, 6), np.float32), rand((5, 6), np.int32, 1), np.float32(-1.5), np.int32(-7))
+    assert_matches_cpu(f, rand((5, 6), np.float32), rand((5, 6), np.int32, 1), np.float32(-1.5), np.int32(-7),
+                       rtol=TOL, atol=TOL)
 
 
 def _custom_max(x, y):
@@ -162,7 +153,7 @@ def test_jvp_of_reduce_window_with_a_custom_body(dtype, padding):
     it (lax_test's testReduceWindowCustomSameAsMonoid)."""
     x, t = rand((4, 6), dtype), rand((4, 6), dtype, 1)
     f = lambda a: lax.reduce_window(a, np.asarray(-np.inf, dtype), _custom_max, (2, 3), (1, 2), padding)
-    check(lambda a, b: jax.jvp(f, (a,), (b,)), x, t)
+    assert_matches_cpu(lambda a, b: jax.jvp(f, (a,), (b,)), x, t, rtol=TOL, atol=TOL)
 
 
 def test_pad_and_reverse_of_a_scalar_stay_scalars():
@@ -190,13 +181,14 @@ def test_pooling_many_windows_element_by_element(dtype, window):
     dims, strides = (1, *window, 1), (1, *window, 1)
     init_max = -np.inf if np.dtype(dtype).kind == "f" else np.iinfo(dtype).min
     init_min = np.inf if np.dtype(dtype).kind == "f" else np.iinfo(dtype).max
-    check(lambda x: (lax.reduce_window(x, np.array(init_max, dtype), lax.max, dims, strides, "VALID"),
-                     lax.reduce_window(x, np.array(init_min, dtype), lax.min, dims, strides, "SAME")), x)
+    assert_matches_cpu(lambda x: (lax.reduce_window(x, np.array(init_max, dtype), lax.max, dims, strides, "VALID"),
+                                  lax.reduce_window(x, np.array(init_min, dtype), lax.min, dims, strides, "SAME")), x,
+                       rtol=TOL, atol=TOL)
 
     def sums(x):
         return lax.reduce_window(x, np.array(0, dtype), lax.add, dims, (1, 1, 1, 1), "VALID")
     if np.dtype(dtype) != np.float16:
-        check(sums, x)
+        assert_matches_cpu(sums, x, rtol=TOL, atol=TOL)
         return
     # float16: the Model accumulates in float32 and rounds once; XLA:CPU
     # rounds every add to float16 (up to 0.008 apart over 9 elements).

@@ -19,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import assert_matches_cpu, run_python
+
 SAMPLERS = {
     "bits": lambda k: jax.random.bits(k, (7, 5)),
     "bits-u8": lambda k: jax.random.bits(k, (33,), dtype=jnp.uint8),
@@ -75,22 +77,11 @@ BETA = {"beta": lambda k: jax.random.beta(k, 0.8, 0.9, (10,)),
         "dirichlet": lambda k: jax.random.dirichlet(k, jnp.array([0.5, 0.6, 0.7]))}
 
 
-def _ipu_and_cpu(f, key):
-    ipu, cpu = jax.devices("ipu")[0], jax.devices("cpu")[0]
-    return (np.asarray(jax.jit(f)(jax.device_put(key, ipu))),
-            np.asarray(jax.jit(f)(jax.device_put(key, cpu))))
-
-
 @pytest.mark.parametrize("impl", ["rbg", "unsafe_rbg", "philox2x32", "philox4x32", "threefry4x32"])
 @pytest.mark.parametrize("name", list(SAMPLERS) + list(BETA))
 def test_other_key_impls_match_cpu(name, impl):
-    got, want = _ipu_and_cpu({**SAMPLERS, **BETA}[name], jax.random.key(42, impl=impl))
-    assert got.dtype == want.dtype and got.shape == want.shape
-    if want.dtype.kind == "f":
-        f32 = want.dtype == np.float32
-        np.testing.assert_allclose(got, want, rtol=1e-5 if f32 else 1e-3, atol=1e-6 if f32 else 2**-9)
-    else:
-        np.testing.assert_array_equal(got, want)
+    assert_matches_cpu({**SAMPLERS, **BETA}[name], jax.random.key(42, impl=impl),
+                       rtol={np.float32: 1e-5, np.float16: 1e-3}, atol={np.float32: 1e-6, np.float16: 2**-9})
 
 
 ALGORITHMS = [jax.lax.RandomAlgorithm.RNG_DEFAULT, jax.lax.RandomAlgorithm.RNG_PHILOX,
@@ -116,8 +107,7 @@ def test_rng_bit_generator_counter_carries(algorithm):
     128-bit counter carries into the key words, as in XLA."""
     f = lambda k: jnp.concatenate(jax.lax.rng_bit_generator(k, (1001,), algorithm=algorithm))  # noqa: E731
     key = np.array([3, 0xFFFFFFFF, 0xFFFFFFF0, 0xFFFFFFFF], np.uint32)
-    got, want = _ipu_and_cpu(f, key)
-    np.testing.assert_array_equal(got, want)
+    assert_matches_cpu(f, key)
 
 
 def test_rbg_is_the_default_prng_impl():
@@ -132,7 +122,6 @@ got, want = np.asarray(f(jax.device_put(key, ipu))), np.asarray(f(jax.device_put
 np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 print('ok')
 """
-    from conftest import run_python
     result = run_python(code)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
 

@@ -12,13 +12,11 @@ import numpy as np
 import pytest
 from jax import lax
 
-from conftest import random_array
+from conftest import assert_matches_cpu, compile_fn, random_array, with_specials
 from jax_ipu.compiler.lowering.sort import _merge_pairs
 from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.targets import get_target
-from test_compiler import compile_fn, run_cpu, run_ipu
-from test_ops_sort import check, with_specials
 
 # 64 tiles of 16 KiB: blocks of a few hundred elements.
 TINY = dataclasses.replace(get_target("ipu2", num_tiles=64), bytes_per_tile=16384)
@@ -27,14 +25,6 @@ TINY = dataclasses.replace(get_target("ipu2", num_tiles=64), bytes_per_tile=1638
 def sort_steps(program) -> list[str]:
     return [s.compute_set.name.split()[1] for s in leaves(program.body)
             if isinstance(s, Execute) and s.compute_set.name.startswith("sort")]
-
-
-def assert_exact(f, *args):
-    got, want = run_ipu(f, *args, target=TINY), run_cpu(f, *args)
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and g.shape == w.shape
-        np.testing.assert_array_equal(g, w)
 
 
 @pytest.mark.parametrize("blocks", [1, 2, 4, 8, 16, 32, 64])
@@ -69,9 +59,9 @@ def test_sort_and_argsort_match_cpu(dtype, n):
     program = compile_fn(jnp.sort, x, target=TINY)
     assert sort_steps(program)[0] == "blocks" and "merge" in sort_steps(program)
     assert program.memory.fits
-    assert_exact(jnp.sort, x)
-    assert_exact(lambda x: jnp.argsort(x, stable=True), x)
-    assert_exact(lambda x: jnp.argsort(x, descending=True, stable=True), x)
+    assert_matches_cpu(jnp.sort, x, target=TINY, exact=True)
+    assert_matches_cpu(lambda x: jnp.argsort(x, stable=True), x, target=TINY, exact=True)
+    assert_matches_cpu(lambda x: jnp.argsort(x, descending=True, stable=True), x, target=TINY, exact=True)
 
 
 @pytest.mark.parametrize("shape,axis", [((3, 1200), 1), ((1200, 2), 0), ((2, 3, 1200), 2), ((2, 1200, 3), 1)],
@@ -79,8 +69,8 @@ def test_sort_and_argsort_match_cpu(dtype, n):
 def test_several_rows_and_any_axis(shape, axis):
     x = with_specials(np.random.default_rng(1).standard_normal(shape).astype(np.float32))
     assert "blocks" in sort_steps(compile_fn(lambda x: jnp.sort(x, axis=axis), x, target=TINY))
-    assert_exact(lambda x: jnp.sort(x, axis=axis), x)
-    assert_exact(lambda x: jnp.argsort(x, axis=axis, stable=True), x)
+    assert_matches_cpu(lambda x: jnp.sort(x, axis=axis), x, target=TINY, exact=True)
+    assert_matches_cpu(lambda x: jnp.argsort(x, axis=axis, stable=True), x, target=TINY, exact=True)
 
 
 def test_ties_keep_their_order_and_carry_other_operands():
@@ -90,19 +80,20 @@ def test_ties_keep_their_order_and_carry_other_operands():
     values = rng.standard_normal(2000).astype(np.float32)
     f = lambda k, v: lax.sort((k, v, jnp.arange(2000, dtype=jnp.int32)), num_keys=1, is_stable=True)  # noqa: E731
     assert "blocks" in sort_steps(compile_fn(f, keys, values, target=TINY))
-    assert_exact(f, keys, values)
-    assert_exact(lambda k: lax.sort(-k.astype(jnp.float32)), keys)     # a key computed from the operand
+    assert_matches_cpu(f, keys, values, target=TINY, exact=True)
+    # A key computed from the operand.
+    assert_matches_cpu(lambda k: lax.sort(-k.astype(jnp.float32)), keys, target=TINY, exact=True)
 
 
 def test_statistics_built_on_sort():
     x = np.random.default_rng(3).standard_normal(2501).astype(np.float32)
-    assert_exact(jnp.median, x)
-    assert_exact(lambda x: jnp.quantile(x, jnp.array([0.0, 0.1, 0.5, 0.99, 1.0])), x)
+    assert_matches_cpu(jnp.median, x, target=TINY, exact=True)
+    assert_matches_cpu(lambda x: jnp.quantile(x, jnp.array([0.0, 0.1, 0.5, 0.99, 1.0])), x, target=TINY, exact=True)
 
 
 def test_sort_in_a_loop():
     x = np.random.default_rng(4).integers(-1000, 1000, 2400).astype(np.int32)
-    assert_exact(lambda x: lax.fori_loop(0, 3, lambda i, c: jnp.sort(i - c * 3), x), x)
+    assert_matches_cpu(lambda x: lax.fori_loop(0, 3, lambda i, c: jnp.sort(i - c * 3), x), x, target=TINY, exact=True)
 
 
 def test_merge_stages_exchange_only_partner_blocks():
@@ -121,14 +112,14 @@ def test_merge_stages_exchange_only_partner_blocks():
         assert max(reads) > max(writes) and max(writes) < 3 * 3000 // 4
 
 
-def test_long_rows_on_the_default_target(ipu):
+def test_long_rows_on_the_default_target():
     """A million floats (4 MB, over six tiles' memory) through JAX."""
     x = with_specials(np.random.default_rng(5).standard_normal(1 << 20).astype(np.float32))
     x[::1000] = 0.5                                   # ties
-    check(ipu, lambda x: (jnp.sort(x), jnp.argsort(x, stable=True)), x)
-    check(ipu, lambda x: jnp.median(x.reshape(2, -1), axis=1), x)
+    assert_matches_cpu(lambda x: (jnp.sort(x), jnp.argsort(x, stable=True)), x, exact=True)
+    assert_matches_cpu(lambda x: jnp.median(x.reshape(2, -1), axis=1), x, exact=True)
     ids = np.random.default_rng(6).integers(0, 5000, 300_000).astype(np.int32)
-    check(ipu, lambda i: jnp.unique(i, size=5001, fill_value=-1, return_counts=True), ids)
+    assert_matches_cpu(lambda i: jnp.unique(i, size=5001, fill_value=-1, return_counts=True), ids, exact=True)
 
 
 def test_a_comparator_without_one_key_fails_clearly():

@@ -18,17 +18,9 @@ from jax_ipu.compiler.planners.matmul import plan_matmul
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.targets import get_target
-from test_compiler import compile_fn
-from conftest import on_cpu, run_on
+from conftest import SMALL, assert_matches_cpu, compile_fn, run_on
 
 IPU2 = get_target("ipu2")
-
-
-def check(f, *args, tol=1e-4):
-    got, want = run_on(jax.devices("ipu")[0], f, *args), on_cpu(f, *args)
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-        assert g.dtype == w.dtype and g.shape == w.shape
-        np.testing.assert_allclose(g, w, rtol=tol, atol=tol, equal_nan=True)
 
 
 @pytest.mark.parametrize("reduced,kept,tiles,chunks,size,pad", [
@@ -63,7 +55,7 @@ PRIME = 30_011
 ], ids=["sum", "max", "min", "argmax", "prod", "mean", "any", "all", "int_sum", "f16_mean"])
 def test_prime_length_reductions_match_cpu(fn):
     x = np.random.default_rng(0).standard_normal(PRIME).astype(np.float32)
-    check(fn, x, tol=1e-2)      # (fp16's mean; the float32 ones agree to 1e-5 or better)
+    assert_matches_cpu(fn, x, rtol=1e-2, atol=1e-2)      # (fp16's mean; the float32 ones agree to 1e-5 or better)
 
 
 @pytest.mark.parametrize("shape,axes", [
@@ -74,22 +66,23 @@ def test_prime_length_reductions_match_cpu(fn):
 ])
 def test_prime_lengths_in_every_layout(shape, axes):
     x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
-    check(lambda a: (jnp.sum(a, axis=axes), jnp.max(a, axis=axes), jnp.argmin(a, axis=axes[-1])), x)
+    assert_matches_cpu(lambda a: (jnp.sum(a, axis=axes), jnp.max(a, axis=axes), jnp.argmin(a, axis=axes[-1])), x,
+                       rtol=1e-4, atol=1e-4)
 
 
 def test_init_value_computed_at_run_time():
     """The padding holds the init value however it is made (StableHLO lets
     a reduction apply it any number of times: an identity, as JAX passes)."""
     x = np.random.default_rng(2).standard_normal(PRIME).astype(np.float32)
-    check(lambda a, lo: lax.reduce(a, lo, lax.max, (0,)), x, np.float32(-np.inf))
-    check(lambda a, z: lax.reduce(a, z, lax.add, (0,)), x, np.float32(0.0))
+    assert_matches_cpu(lambda a, lo: lax.reduce(a, lo, lax.max, (0,)), x, np.float32(-np.inf), rtol=1e-4, atol=1e-4)
+    assert_matches_cpu(lambda a, z: lax.reduce(a, z, lax.add, (0,)), x, np.float32(0.0), rtol=1e-4, atol=1e-4)
     y = np.random.default_rng(3).integers(0, 1000, PRIME).astype(np.int32)
 
     def body(u, v):         # the largest value, the lowest index among equals (order-free)
         take = (u[0] > v[0]) | ((u[0] == v[0]) & (u[1] < v[1]))
         return jnp.where(take, u[0], v[0]), jnp.where(take, u[1], v[1])
-    check(lambda a, i: lax.reduce((a, i), (np.int32(-1), np.int32(PRIME)), body, (0,)), y,
-          np.arange(PRIME, dtype=np.int32))
+    assert_matches_cpu(lambda a, i: lax.reduce((a, i), (np.int32(-1), np.int32(PRIME)), body, (0,)), y,
+                       np.arange(PRIME, dtype=np.int32), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 100_003, 3), (4, 300_007, 1), (2, 50_021, 8)])
@@ -115,8 +108,8 @@ def test_products_over_a_long_prime_k_match_cpu(dtype):
     x = rng.standard_normal(300_007).astype(np.float32)
     if dtype == np.float16:     # exact small integers, sums within fp16's range
         a, b = a[:, :20_011] * 0 + a[:, :20_011] % 2, b[:20_011] % 2
-    check(lambda a, b: (a @ b, jnp.einsum("ik,kj->ij", a, b)), a, b, tol=0)
-    check(lambda x: jnp.dot(x, x), x, tol=1e-4)
+    assert_matches_cpu(lambda a, b: (a @ b, jnp.einsum("ik,kj->ij", a, b)), a, b, rtol=0, atol=0)
+    assert_matches_cpu(lambda x: jnp.dot(x, x), x, rtol=1e-4, atol=1e-4)
 
 
 def test_gradient_through_a_padded_product():
@@ -131,7 +124,6 @@ def test_gradient_through_a_padded_product():
 # Products too big for one plan on the tiles at once: rows or columns in
 # blocks computed one after the other (PopLibs' serial splits).
 from jax_ipu.compiler.lowering import matmul as compiler_matmul      # noqa: E402
-from test_compiler import run_cpu, run_ipu           # noqa: E402
 
 
 @pytest.mark.parametrize("m,k,n", [(512, 768, 50257), (4096, 1024, 4096), (8192, 768, 3072), (3072, 3072, 3072)])
@@ -155,8 +147,7 @@ def test_a_product_too_big_for_one_plan_runs_in_serial_steps():
     products = [s for s in leaves(program.body) if isinstance(s, Execute)
                 and isinstance(s.compute_set.kernel, codelets.MatMulPartials)]
     assert len(products) >= 2
-    got, want = run_ipu(lambda a, w: a @ w, a, w), run_cpu(lambda a, w: a @ w, a, w)
-    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-3)
+    assert_matches_cpu(lambda a, w: a @ w, a, w, target=SMALL, rtol=1e-4, atol=1e-3)
 
 
 def test_gradients_through_serial_products():
@@ -167,8 +158,7 @@ def test_gradients_through_serial_products():
     def loss(w, x):
         return jnp.mean(jax.nn.log_softmax(x @ w) ** 2)
     grad = jax.grad(loss)
-    got, want = run_ipu(grad, w, x), run_cpu(grad, w, x)
-    np.testing.assert_allclose(got[0], want[0], rtol=1e-3, atol=1e-6)
+    assert_matches_cpu(grad, w, x, target=SMALL, rtol=1e-3, atol=1e-6)
 
 
 def test_an_lm_head_too_big_for_one_plan_fits_the_ipu():

@@ -21,24 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import assert_matches_cpu, on_cpu, run_on
+
 EXACT = dict(rtol=0, atol=0)
-
-
-def run(f, *args, **jit_kwargs):
-    ipu, cpu = jax.devices("ipu")[0], jax.devices("cpu")[0]
-    got = jax.jit(f, **jit_kwargs)(*jax.device_put(args, ipu))
-    want = jax.jit(f, **jit_kwargs)(*jax.device_put(args, cpu))
-    return got, want
-
-
-def check(f, *args, rtol=1e-5, atol=1e-5):
-    got, want = run(f, *args)
-    assert jax.tree.structure(got) == jax.tree.structure(want)
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-        g, w = np.asarray(g), np.asarray(w)
-        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, g.shape, w.dtype, w.shape)
-        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
-    return got
 
 
 def normal(*shape, seed=0, scale=1.0):
@@ -75,9 +60,10 @@ def test_transformer_block_with_causal_mask_and_dropout():
              wo=normal(d, d, seed=1, scale=0.1), g2=np.ones(d, np.float32), b2=np.zeros(d, np.float32),
              w1=normal(d, 4 * d, seed=2, scale=0.1), w2=normal(4 * d, d, seed=3, scale=0.1))
     x, key = normal(2, 7, d, seed=4), jax.random.key(0)
-    check(transformer_block, p, x, key, rtol=1e-4, atol=1e-4)        # matmuls: planned partial order
+    assert_matches_cpu(transformer_block, p, x, key, rtol=1e-4, atol=1e-4)        # matmuls: planned partial order
     loss = lambda p, x, key: jnp.sum(transformer_block(p, x, key) ** 2)
-    check(jax.value_and_grad(loss), p, x, key, rtol=1e-3, atol=1e-3)  # gradients of a 2x7x32 sum of squares
+    # gradients of a 2x7x32 sum of squares
+    assert_matches_cpu(jax.value_and_grad(loss), p, x, key, rtol=1e-3, atol=1e-3)
 
 
 def lstm(params, xs):
@@ -96,9 +82,10 @@ def lstm(params, xs):
 def test_lstm_with_scan_forward_and_gradient():
     params = (normal(5, 64, scale=0.3), normal(16, 64, seed=1, scale=0.3), np.zeros(64, np.float32))
     xs = normal(11, 3, 5, seed=2)
-    check(lstm, params, xs, rtol=1e-4, atol=1e-5)
-    check(jax.grad(lambda p, xs: jnp.mean(lstm(p, xs) ** 2)), params, xs, rtol=1e-3, atol=1e-5)
-    check(lambda xs: jax.lax.scan(lambda c, x: (c * 0.9 + x, c), 0.0, xs, reverse=True, unroll=2), xs[:, 0, 0])
+    assert_matches_cpu(lstm, params, xs, rtol=1e-4, atol=1e-5)
+    assert_matches_cpu(jax.grad(lambda p, xs: jnp.mean(lstm(p, xs) ** 2)), params, xs, rtol=1e-3, atol=1e-5)
+    assert_matches_cpu(lambda xs: jax.lax.scan(lambda c, x: (c * 0.9 + x, c), 0.0, xs, reverse=True, unroll=2),
+                       xs[:, 0, 0], rtol=1e-5, atol=1e-5)
 
 
 def conv_net(p, x):
@@ -120,7 +107,7 @@ def test_conv_net_with_batch_norm_training_step():
         loss = lambda p: -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(conv_net(p, x)), y[:, None], 1))
         value, grads = jax.value_and_grad(loss)(p)
         return value, jax.tree.map(lambda a, g: a - 0.1 * g, p, grads)
-    check(step, p, x, y, rtol=1e-3, atol=1e-4)   # two convolutions and their gradients
+    assert_matches_cpu(step, p, x, y, rtol=1e-3, atol=1e-4)   # two convolutions and their gradients
 
 
 def test_flax_cnn_with_optax_adamw_step():
@@ -149,8 +136,8 @@ def test_flax_cnn_with_optax_adamw_step():
         changes, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, changes), updates["batch_stats"], opt_state, value
     # Adam divides by sqrt(v): a gradient's last bits move the update by ~1e-4 of lr
-    check(step, variables["params"], variables["batch_stats"], tx.init(variables["params"]), x, y,
-          jax.random.key(3), rtol=1e-3, atol=1e-4)
+    assert_matches_cpu(step, variables["params"], variables["batch_stats"], tx.init(variables["params"]), x, y,
+                       jax.random.key(3), rtol=1e-3, atol=1e-4)
 
 
 def test_language_model_step_with_embedding_and_large_vocabulary_sampling():
@@ -163,22 +150,24 @@ def test_language_model_step_with_embedding_and_large_vocabulary_sampling():
         logits = jax.nn.log_softmax((x @ p["emb"].T)[:, :-1])
         return -jnp.mean(jnp.take_along_axis(logits, tokens[:, 1:, None], -1))
     p = {"emb": normal(vocab, d, scale=0.1), "w": normal(d, d, seed=1, scale=0.1)}
-    check(jax.value_and_grad(loss), p, integers(0, vocab, (b, t)), rtol=1e-3, atol=1e-5)  # scatter-add grads
+    # scatter-add grads
+    assert_matches_cpu(jax.value_and_grad(loss), p, integers(0, vocab, (b, t)), rtol=1e-3, atol=1e-5)
     # Top-k sampling over a GPT-2-sized vocabulary: rows longer than one tile holds.
     logits = normal(3, 50257, seed=2)
-    check(lambda l: jax.lax.top_k(l, 40), logits, **EXACT)
-    check(lambda l, k: jax.random.categorical(k, jnp.where(l >= jax.lax.top_k(l, 40)[0][:, -1:], l, -jnp.inf)),
-          logits, jax.random.key(5), **EXACT)
+    assert_matches_cpu(lambda l: jax.lax.top_k(l, 40), logits, **EXACT)
+    assert_matches_cpu(lambda l, k: jax.random.categorical(k,
+                                                           jnp.where(l >= jax.lax.top_k(l, 40)[0][:, -1:], l,
+                                                                     -jnp.inf)), logits, jax.random.key(5), **EXACT)
 
 
 # --- autodiff tools, vmap, control flow ---------------------------------------------------------
 
 def test_per_example_gradients_jacobians_and_hessians():
     loss = lambda w, x, y: (jnp.tanh(x @ w).sum() - y) ** 2
-    check(jax.vmap(jax.grad(loss), in_axes=(None, 0, 0)), normal(6, 3), normal(13, 6, seed=1), normal(13, seed=2),
-          rtol=1e-4, atol=1e-5)
-    check(jax.vmap(jax.jacfwd(lambda x: jnp.sin(x) * x.sum())), normal(5, 4))
-    check(jax.hessian(lambda x: jnp.sum(jnp.exp(x) * x[::-1])), normal(5), rtol=1e-4)
+    assert_matches_cpu(jax.vmap(jax.grad(loss), in_axes=(None, 0, 0)), normal(6, 3), normal(13, 6, seed=1),
+                       normal(13, seed=2), rtol=1e-4, atol=1e-5)
+    assert_matches_cpu(jax.vmap(jax.jacfwd(lambda x: jnp.sin(x) * x.sum())), normal(5, 4), rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(jax.hessian(lambda x: jnp.sum(jnp.exp(x) * x[::-1])), normal(5), rtol=1e-4, atol=1e-5)
 
 
 def test_while_loop_training_with_cond_switch_and_fori():
@@ -189,17 +178,22 @@ def test_while_loop_training_with_cond_switch_and_fori():
             w = jax.lax.cond(value > 1.0, lambda w: w - 0.05 * g, lambda w: w - 0.01 * g, w)
             return i + 1, w, value
         return jax.lax.while_loop(lambda s: (s[0] < 50) & (s[2] > 1e-3), body, (0, w, jnp.float32(1e9)))
-    steps, _, _ = check(train, normal(4, 1), normal(20, 4, seed=1), normal(20, 1, seed=2), rtol=1e-4, atol=1e-5)
+    steps, _, _ = assert_matches_cpu(train, normal(4, 1), normal(20, 4, seed=1), normal(20, 1, seed=2), rtol=1e-4,
+                                     atol=1e-5)
     assert int(steps) == 50
     branches = [jnp.sin, jnp.cos, lambda x: -x, jnp.exp]
     for index in (2, 7, -1):    # out-of-range indices clamp
-        check(lambda i, x: jax.lax.switch(i, branches, x), np.int32(index), normal(7))
-    check(lambda n, x: jax.lax.fori_loop(0, n, lambda i, x: x * 1.1 + i, x), np.int32(5), normal(3))
-    check(jax.vmap(lambda p, x: jax.lax.cond(p, jnp.sin, jnp.cos, x)), np.array([True, False, True]), normal(3))
-    check(jax.grad(lambda x: jax.lax.fori_loop(0, 5, lambda i, c: jnp.sin(c) * (i + 1), x).sum()), normal(6))
+        assert_matches_cpu(lambda i, x: jax.lax.switch(i, branches, x), np.int32(index), normal(7),
+                           rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(lambda n, x: jax.lax.fori_loop(0, n, lambda i, x: x * 1.1 + i, x), np.int32(5), normal(3),
+                       rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(jax.vmap(lambda p, x: jax.lax.cond(p, jnp.sin, jnp.cos, x)), np.array([True, False, True]),
+                       normal(3), rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(jax.grad(lambda x: jax.lax.fori_loop(0, 5, lambda i, c: jnp.sin(c) * (i + 1), x).sum()),
+                       normal(6), rtol=1e-5, atol=1e-5)
     state = {"n": 0, "v": (normal(4), jnp.int32(0))}
-    check(lambda s: jax.lax.while_loop(lambda s: s["n"] < 10, lambda s: {
-        "n": s["n"] + 1, "v": (s["v"][0] * 1.1, s["v"][1] + s["n"])}, s), state)
+    assert_matches_cpu(lambda s: jax.lax.while_loop(lambda s: s["n"] < 10, lambda s: {
+                     "n": s["n"] + 1, "v": (s["v"][0] * 1.1, s["v"][1] + s["n"])}, s), state, rtol=1e-5, atol=1e-5)
 
 
 def test_adam_by_hand_in_a_scanned_training_loop():
@@ -225,7 +219,8 @@ def test_adam_by_hand_in_a_scanned_training_loop():
     p = dict(layers=[dict(w=normal(8, 16, scale=0.3), b=np.zeros(16, np.float32)),
                      dict(w=normal(16, 16, seed=1, scale=0.3), b=np.zeros(16, np.float32))],
              out=normal(16, 1, seed=2, scale=0.3))
-    _, losses = check(train, p, normal(32, 8, seed=3), normal(32, 1, seed=4), rtol=1e-3, atol=1e-4)  # 20 Adam steps
+    # 20 Adam steps
+    _, losses = assert_matches_cpu(train, p, normal(32, 8, seed=3), normal(32, 1, seed=4), rtol=1e-3, atol=1e-4)
     assert losses[-1] < losses[0]
 
 
@@ -235,13 +230,13 @@ def test_remat_custom_vjp_and_custom_jvp():
         for w in ws:
             x = layer(x, w)
         return x.sum()
-    check(jax.grad(deep), [normal(8, 8, seed=s, scale=0.5) for s in range(4)], normal(3, 8, seed=9),
-          rtol=1e-4, atol=1e-5)
+    assert_matches_cpu(jax.grad(deep), [normal(8, 8, seed=s, scale=0.5) for s in range(4)], normal(3, 8, seed=9),
+                       rtol=1e-4, atol=1e-5)
     saved = jax.checkpoint(lambda w, x: jnp.sum(jnp.tanh(x @ w) @ w), policy=jax.checkpoint_policies.dots_saveable)
-    check(jax.grad(saved), normal(8, 8), normal(3, 8, seed=1), rtol=1e-4, atol=1e-5)
+    assert_matches_cpu(jax.grad(saved), normal(8, 8), normal(3, 8, seed=1), rtol=1e-4, atol=1e-5)
     scanned = lambda w, xs: jax.lax.scan(jax.checkpoint(lambda c, x: (jnp.tanh(c @ w + x), None)),
                                          jnp.zeros(4), xs)[0].sum()
-    check(jax.grad(scanned), normal(4, 4), normal(10, 4, seed=1), rtol=1e-4, atol=1e-5)
+    assert_matches_cpu(jax.grad(scanned), normal(4, 4), normal(10, 4, seed=1), rtol=1e-4, atol=1e-5)
 
     @jax.custom_vjp
     def clip_gradient(x):
@@ -257,13 +252,14 @@ def test_remat_custom_vjp_and_custom_jvp():
     def softplus(x):
         return jnp.log1p(jnp.exp(x))
     softplus.defjvp(lambda p, t: (softplus(p[0]), t[0] * jax.nn.sigmoid(p[0])))
-    check(jax.grad(lambda x: jnp.sum(clip_gradient(x) ** 2) + safe_norm(x) + softplus(x).sum()), normal(9))
-    check(jax.grad(safe_norm), np.zeros(3, np.float32))
+    assert_matches_cpu(jax.grad(lambda x: jnp.sum(clip_gradient(x) ** 2) + safe_norm(x) + softplus(x).sum()), normal(9),
+                       rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(jax.grad(safe_norm), np.zeros(3, np.float32), rtol=1e-5, atol=1e-5)
 
 
 def test_pytrees_static_argnums_and_donation():
-    check(lambda d: {"a": d["x"] + d["y"]["z"], "b": [d["x"].sum(), (d["y"]["z"] * 2,)]},
-          {"x": normal(3), "y": {"z": normal(3, seed=1)}})
+    assert_matches_cpu(lambda d: {"a": d["x"] + d["y"]["z"], "b": [d["x"].sum(), (d["y"]["z"] * 2,)]},
+                       {"x": normal(3), "y": {"z": normal(3, seed=1)}}, rtol=1e-5, atol=1e-5)
     ipu = jax.devices("ipu")[0]
     power = jax.jit(lambda x, n, mode: x ** n if mode == "pow" else x * n, static_argnums=(1, 2))
     x = jax.device_put(normal(4), ipu)
@@ -280,17 +276,17 @@ def test_pytrees_static_argnums_and_donation():
 # --- linear algebra ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("n", [1, 7, 64])
-def test_linalg_small_and_medium(n):
+def test_linalg_small_and_medium(ipu, n):
     a = normal(n, n) + n * np.eye(n, dtype=np.float32)
     spd = a @ a.T
     # LAPACK's algorithms in f32 on both sides; results scale with n
     tol = dict(rtol=1e-3, atol=1e-3)
-    check(lambda a, b: (jnp.linalg.solve(a, b), jnp.linalg.inv(a), jnp.linalg.slogdet(a)), a, normal(n, 2, seed=1),
-          **tol)
-    check(lambda s: (jnp.linalg.cholesky(s), jnp.linalg.eigh(s)[0]), spd, rtol=1e-3, atol=1e-3 * n)
-    q, r = check(jnp.linalg.qr, a, **tol) if n == 1 else run(jnp.linalg.qr, a)[0]
+    assert_matches_cpu(lambda a, b: (jnp.linalg.solve(a, b), jnp.linalg.inv(a), jnp.linalg.slogdet(a)), a,
+                       normal(n, 2, seed=1), **tol)
+    assert_matches_cpu(lambda s: (jnp.linalg.cholesky(s), jnp.linalg.eigh(s)[0]), spd, rtol=1e-3, atol=1e-3 * n)
+    q, r = assert_matches_cpu(jnp.linalg.qr, a, **tol) if n == 1 else run_on(ipu, jnp.linalg.qr, a)
     np.testing.assert_allclose(np.asarray(q) @ np.asarray(r), a, rtol=1e-4, atol=1e-4 * n)
-    u, s, vt = run(lambda a: jnp.linalg.svd(a, full_matrices=False), a)[0]
+    u, s, vt = run_on(ipu, lambda a: jnp.linalg.svd(a, full_matrices=False), a)
     np.testing.assert_allclose(s, np.linalg.svd(a, compute_uv=False), **tol)
     np.testing.assert_allclose((np.asarray(u) * s) @ np.asarray(vt), a, rtol=1e-4, atol=1e-4 * n)
 
@@ -298,84 +294,94 @@ def test_linalg_small_and_medium(n):
 def test_linalg_least_squares_gradients_and_batches():
     a = normal(20, 5)
     tol = dict(rtol=1e-3, atol=1e-4)
-    check(lambda a, b: (jnp.linalg.lstsq(a, b)[0], jnp.linalg.pinv(a), jnp.linalg.norm(a, 2),
-                        jnp.linalg.norm(a, "nuc")), a, normal(20, seed=1), **tol)
+    assert_matches_cpu(lambda a, b: (jnp.linalg.lstsq(a, b)[0], jnp.linalg.pinv(a), jnp.linalg.norm(a, 2),
+                                     jnp.linalg.norm(a, "nuc")), a, normal(20, seed=1), **tol)
     s = (lambda m: m @ m.T / 200 + np.eye(200, dtype=np.float32))(normal(200, 200, seed=2))
-    check(lambda s, b: (jnp.linalg.eigh(s)[0], jnp.linalg.solve(s, b)), s, normal(200, 3, seed=3), **tol)
-    check(jax.grad(lambda s: jnp.linalg.slogdet(s)[1] + jnp.trace(jnp.linalg.inv(s)) + jnp.linalg.eigh(s)[0].sum()),
-          s[:10, :10], **tol)
-    check(jnp.linalg.solve, normal(3, 5, 5) + 5 * np.eye(5, dtype=np.float32), normal(3, 5, 1, seed=1), **tol)
-    check(jax.scipy.linalg.expm, normal(4, 4, scale=0.3), rtol=1e-4, atol=1e-4)
+    assert_matches_cpu(lambda s, b: (jnp.linalg.eigh(s)[0], jnp.linalg.solve(s, b)), s, normal(200, 3, seed=3), **tol)
+    assert_matches_cpu(jax.grad(lambda s: jnp.linalg.slogdet(s)[1] + jnp.trace(jnp.linalg.inv(s))
+                                + jnp.linalg.eigh(s)[0].sum()), s[:10, :10], **tol)
+    assert_matches_cpu(jnp.linalg.solve, normal(3, 5, 5) + 5 * np.eye(5, dtype=np.float32), normal(3, 5, 1, seed=1),
+                       **tol)
+    assert_matches_cpu(jax.scipy.linalg.expm, normal(4, 4, scale=0.3), rtol=1e-4, atol=1e-4)
 
 
 # --- sorting, scans, indexing --------------------------------------------------------------------
 
 def test_sort_argsort_top_k_with_nans_and_ties():
     x = normal(7, 1023)
-    check(lambda x: (jnp.sort(x), jnp.argsort(x), jnp.sort(x, axis=0), jnp.argsort(-x, stable=True),
-                     jax.lax.top_k(x, 5), jnp.median(x, 1), jnp.quantile(x, 0.3)), x, **EXACT)
+    assert_matches_cpu(lambda x: (jnp.sort(x), jnp.argsort(x), jnp.sort(x, axis=0), jnp.argsort(-x, stable=True),
+                                  jax.lax.top_k(x, 5), jnp.median(x, 1), jnp.quantile(x, 0.3)), x, **EXACT)
     ints = integers(-5, 5, (3, 33))
-    check(lambda x: (jnp.argsort(x, stable=True), jnp.argsort(x, descending=True, stable=True),
-                     jax.lax.top_k(x, 3), jnp.lexsort((x[0], x[1])), jnp.unique(x[0], size=10, fill_value=-1)),
-          ints, **EXACT)
+    assert_matches_cpu(lambda x: (jnp.argsort(x, stable=True), jnp.argsort(x, descending=True, stable=True),
+                                  jax.lax.top_k(x, 3), jnp.lexsort((x[0], x[1])),
+                                  jnp.unique(x[0], size=10, fill_value=-1)), ints, **EXACT)
     nans = np.array([[3, np.nan, -1, np.inf, -np.inf, 0, -0.0, np.nan], [1, 1, 1, -2, -2, 5, 5, 0]], np.float32)
-    check(lambda x: (jnp.sort(x), jnp.argsort(x, descending=True), jax.lax.top_k(x, 4), jnp.max(x, 1),
-                     jnp.argmax(x, 1), jnp.argmin(x, 1)), nans, **EXACT)
+    assert_matches_cpu(lambda x: (jnp.sort(x), jnp.argsort(x, descending=True), jax.lax.top_k(x, 4), jnp.max(x, 1),
+                                  jnp.argmax(x, 1), jnp.argmin(x, 1)), nans, **EXACT)
     keys, values = integers(0, 3, 17), normal(17)
-    check(lambda k, v: (jax.lax.sort((k, v), num_keys=1), jnp.searchsorted(jnp.sort(v), v[:5])), keys, values,
-          **EXACT)
+    assert_matches_cpu(lambda k, v: (jax.lax.sort((k, v), num_keys=1), jnp.searchsorted(jnp.sort(v), v[:5])), keys,
+                       values, **EXACT)
 
 
 def test_top_k_of_rows_longer_than_a_tile_holds():
     x = normal(1 << 20)
     x[::97] = np.nan
-    check(lambda x: jax.lax.top_k(x, 10), x, **EXACT)
-    check(lambda x: jax.lax.top_k(x, 2000), integers(-3, 3, 9000), **EXACT)     # ties, k near the chunk size
-    check(lambda x: jax.lax.top_k(x, 3, axis=0), normal(9000, 2), **EXACT)
+    assert_matches_cpu(lambda x: jax.lax.top_k(x, 10), x, **EXACT)
+    # ties, k near the chunk size
+    assert_matches_cpu(lambda x: jax.lax.top_k(x, 2000), integers(-3, 3, 9000), **EXACT)
+    assert_matches_cpu(lambda x: jax.lax.top_k(x, 3, axis=0), normal(9000, 2), **EXACT)
 
 
 def test_cumulative_ops_short_long_and_1m():
     x = normal(5, 1023)
     # the IPU's associative scan sums as XLA:CPU's; cumprod of 20 factors and logsumexp round a little
-    check(lambda x: (jnp.cumsum(x, 1), jnp.cumprod(x[:, :20] * 0.5 + 1, 1), jax.lax.cummax(x, 1),
-                     jax.lax.cummin(x, 0), jax.lax.cumlogsumexp(x, 1), jax.lax.cummax(x, 1, reverse=True)),
-          x, rtol=1e-5, atol=1e-4)
-    check(lambda x: (jnp.cumsum(x), jnp.cumsum(x > 0), jnp.cumprod(x, 1)), integers(-5, 5, (3, 33)), **EXACT)
-    check(lambda x: jnp.cumsum(x, 1), normal(5, 4096), rtol=1e-5, atol=1e-4)   # did not fit a tile before
+    assert_matches_cpu(lambda x: (jnp.cumsum(x, 1), jnp.cumprod(x[:, :20] * 0.5 + 1, 1), jax.lax.cummax(x, 1),
+                                  jax.lax.cummin(x, 0), jax.lax.cumlogsumexp(x, 1), jax.lax.cummax(x, 1, reverse=True)),
+                       x, rtol=1e-5, atol=1e-4)
+    assert_matches_cpu(lambda x: (jnp.cumsum(x), jnp.cumsum(x > 0), jnp.cumprod(x, 1)), integers(-5, 5, (3, 33)),
+                       **EXACT)
+    assert_matches_cpu(lambda x: jnp.cumsum(x, 1), normal(5, 4096), rtol=1e-5, atol=1e-4)   # did not fit a tile before
     big = normal(1 << 20)
-    check(lambda x: (jnp.cumsum(x)[::4096], jax.lax.cummax(x), jnp.cumsum(x > 0)), big, rtol=1e-5, atol=1e-3)
+    assert_matches_cpu(lambda x: (jnp.cumsum(x)[::4096], jax.lax.cummax(x), jnp.cumsum(x > 0)), big, rtol=1e-5,
+                       atol=1e-3)
 
 
 def test_segment_sum_one_hot_take_along_axis_and_scatter_modes():
     idx, vals = integers(0, 10, 40), normal(40)
-    check(lambda d, i: (jax.ops.segment_sum(d, i, 10), jax.ops.segment_max(d, i, 10), jax.ops.segment_min(d, i, 10),
-                        jax.ops.segment_prod(d, i, 10), jax.nn.one_hot(i, 10), jnp.bincount(i, length=12)),
-          vals, idx)
+    assert_matches_cpu(lambda d, i: (jax.ops.segment_sum(d, i, 10), jax.ops.segment_max(d, i, 10),
+                                     jax.ops.segment_min(d, i, 10),
+                                     jax.ops.segment_prod(d, i, 10), jax.nn.one_hot(i, 10), jnp.bincount(i, length=12)),
+                       vals, idx, rtol=1e-5, atol=1e-5)
     ones = np.ones(10, np.float32)
-    check(lambda z, i, v: (z.at[i].add(v), z.at[i].min(v), z.at[i].max(v), z.at[i].mul(v), z.at[i].set(1.0),
-                           z.at[i + 5].get(mode="fill", fill_value=-7.0), z.at[i + 3].add(v, mode="drop"),
-                           z.at[i - 10].get()), ones, idx, vals)
-    check(lambda z, i, v: z.at[i, 2:5].add(v[:, None]).at[:, ::2].multiply(2.0).at[-1].set(3.0),
-          normal(10, 7), idx, vals)
-    check(lambda x, i: (jnp.take_along_axis(x, i, axis=1), jnp.take(x[0], i * 3 - 10, mode="clip"),
-                        jnp.take(x[0], i * 3 - 10, mode="wrap")), normal(5, 9), integers(0, 9, (5, 4)))
-    check(lambda x: (x[jnp.array([0, 2, 4]), :, jnp.array([1, 1, 0])], jnp.nonzero(x[:, 0, 0] > 0, size=4, fill_value=-1)),
-          normal(5, 3, 2))
-    check(jax.grad(lambda table, i: jnp.sum(table[i] ** 2)), normal(10, 4), idx)
-    check(lambda x, i: jnp.zeros(1000).at[i].add(x), normal(1 << 20), integers(0, 1000, 1 << 20),
-          rtol=1e-4, atol=1e-3)     # ~1000 f32 additions per bucket, in another order
+    assert_matches_cpu(lambda z, i, v: (z.at[i].add(v), z.at[i].min(v), z.at[i].max(v), z.at[i].mul(v),
+                                        z.at[i].set(1.0),
+                                        z.at[i + 5].get(mode="fill", fill_value=-7.0), z.at[i + 3].add(v, mode="drop"),
+                                        z.at[i - 10].get()), ones, idx, vals, rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(lambda z, i, v: z.at[i, 2:5].add(v[:, None]).at[:, ::2].multiply(2.0).at[-1].set(3.0),
+                       normal(10, 7), idx, vals, rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(lambda x, i: (jnp.take_along_axis(x, i, axis=1), jnp.take(x[0], i * 3 - 10, mode="clip"),
+                                     jnp.take(x[0], i * 3 - 10, mode="wrap")), normal(5, 9), integers(0, 9, (5, 4)),
+                       rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(lambda x: (x[jnp.array([0, 2, 4]), :, jnp.array([1, 1, 0])],
+                                  jnp.nonzero(x[:, 0, 0] > 0, size=4, fill_value=-1)),
+                       normal(5, 3, 2), rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(jax.grad(lambda table, i: jnp.sum(table[i] ** 2)), normal(10, 4), idx, rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(lambda x, i: jnp.zeros(1000).at[i].add(x), normal(1 << 20), integers(0, 1000, 1 << 20),
+                       rtol=1e-4, atol=1e-3)     # ~1000 f32 additions per bucket, in another order
 
 
 def test_where_and_nan_handling():
     x = np.array([1.0, np.nan, -np.inf, np.inf, 0.0, -0.0, 3.0], np.float32)
-    check(lambda x: (jnp.where(jnp.isnan(x), 0.0, x), jnp.nan_to_num(x), jnp.nanmean(x), jnp.nansum(x),
-                     jnp.nanmax(x), jnp.nanargmax(x), jnp.isfinite(x), jnp.max(x), jnp.fmax(x, 1.0),
-                     jnp.maximum(x, 1.0), jnp.sign(x), jax.nn.relu(x), jnp.clip(x, 0, 1), 1 / x), x)
-    check(jax.grad(lambda x: jnp.sum(jnp.where(x > 0, jnp.log(jnp.where(x > 0, x, 1.0)), 0.0))), normal(9))
-    check(lambda x: (x / x, jnp.log(x), jnp.sqrt(x - 1), jnp.arctan2(x, x), x ** 0.5),
-          np.array([0.0, -1.0, 2.0, -0.0], np.float32))
-    check(lambda z: (jax.nn.logsumexp(z, 1), jax.nn.softmax(z, where=jnp.isfinite(z))),
-          np.array([[-np.inf, -np.inf], [0.0, -np.inf]], np.float32))
+    assert_matches_cpu(lambda x: (jnp.where(jnp.isnan(x), 0.0, x), jnp.nan_to_num(x), jnp.nanmean(x), jnp.nansum(x),
+                                  jnp.nanmax(x), jnp.nanargmax(x), jnp.isfinite(x), jnp.max(x), jnp.fmax(x, 1.0),
+                                  jnp.maximum(x, 1.0), jnp.sign(x), jax.nn.relu(x), jnp.clip(x, 0, 1), 1 / x), x,
+                       rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(jax.grad(lambda x: jnp.sum(jnp.where(x > 0, jnp.log(jnp.where(x > 0, x, 1.0)), 0.0))), normal(9),
+                       rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(lambda x: (x / x, jnp.log(x), jnp.sqrt(x - 1), jnp.arctan2(x, x), x ** 0.5),
+                       np.array([0.0, -1.0, 2.0, -0.0], np.float32), rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(lambda z: (jax.nn.logsumexp(z, 1), jax.nn.softmax(z, where=jnp.isfinite(z))),
+                       np.array([[-np.inf, -np.inf], [0.0, -np.inf]], np.float32), rtol=1e-5, atol=1e-5)
 
 
 # --- integers, float16, booleans, einsum, jax.nn ----------------------------------------------------
@@ -384,21 +390,24 @@ def test_integer_arithmetic_and_bit_ops():
     a = np.random.default_rng(1).integers(-2 ** 31, 2 ** 31 - 1, 64, dtype=np.int64).astype(np.int32)
     b = integers(-50, 50, 64, seed=2)
     b[b == 0] = 3
-    check(lambda a, b: (a + b, a * b, a // b, a % b, jnp.abs(a), -a, jax.lax.div(a, b), jax.lax.rem(a, b), a ** 2,
-                        jnp.gcd(b, b[::-1]), jnp.lcm(a % 100, b), jnp.sum(a), jnp.cumsum(a), jnp.mean(b)),
-          a, b, **EXACT)
-    check(lambda a, b: (a & b, a | b, a ^ b, ~a, a << (b & 31), a >> (b & 31), jax.lax.shift_right_logical(a, b & 31),
-                        jax.lax.population_count(a), jax.lax.clz(a), jnp.left_shift(a, 33), jnp.right_shift(a, -1)),
-          a, b, **EXACT)
-    check(lambda a, b: (a + b, a * b, a // (b | 1), a % (b | 1), a >> 3, jnp.maximum(a, b), a.astype(jnp.float32)),
-          a.view(np.uint32), b.view(np.uint32), **EXACT)
-    check(lambda a, b: (a + b, a * b, a.astype(jnp.int16) * 300, (a * b).astype(jnp.uint8)),
-          (b * 3).astype(np.int8), b.astype(np.int8), **EXACT)
+    assert_matches_cpu(lambda a, b: (a + b, a * b, a // b, a % b, jnp.abs(a), -a, jax.lax.div(a, b), jax.lax.rem(a, b),
+                                     a ** 2,
+                                     jnp.gcd(b, b[::-1]), jnp.lcm(a % 100, b), jnp.sum(a), jnp.cumsum(a), jnp.mean(b)),
+                       a, b, **EXACT)
+    assert_matches_cpu(lambda a, b: (a & b, a | b, a ^ b, ~a, a << (b & 31), a >> (b & 31),
+                                     jax.lax.shift_right_logical(a, b & 31),
+                                     jax.lax.population_count(a), jax.lax.clz(a), jnp.left_shift(a, 33),
+                                     jnp.right_shift(a, -1)), a, b, **EXACT)
+    assert_matches_cpu(lambda a, b: (a + b, a * b, a // (b | 1), a % (b | 1), a >> 3, jnp.maximum(a, b),
+                                     a.astype(jnp.float32)), a.view(np.uint32), b.view(np.uint32), **EXACT)
+    assert_matches_cpu(lambda a, b: (a + b, a * b, a.astype(jnp.int16) * 300, (a * b).astype(jnp.uint8)),
+                       (b * 3).astype(np.int8), b.astype(np.int8), **EXACT)
     edge_a, edge_b = np.array([7, -7, 0, 2 ** 31 - 1, -2 ** 31, 5], np.int32), np.array([0, 0, 0, -1, -1, 2], np.int32)
-    check(lambda a, b: (jax.lax.div(a, b), jax.lax.rem(a, b)), edge_a, edge_b, **EXACT)   # XLA's x/0 and MIN/-1
+    # XLA's x/0 and MIN/-1
+    assert_matches_cpu(lambda a, b: (jax.lax.div(a, b), jax.lax.rem(a, b)), edge_a, edge_b, **EXACT)
     f = np.array([np.nan, np.inf, -np.inf, 3e9, -3e9, 2.5, -2.5, 255.7, -1.0], np.float32)
-    check(lambda x: (x.astype(jnp.int32), x.astype(jnp.uint8), x.astype(jnp.int8), jnp.round(x), jnp.rint(x)),
-          f, **EXACT)
+    assert_matches_cpu(lambda x: (x.astype(jnp.int32), x.astype(jnp.uint8), x.astype(jnp.int8), jnp.round(x),
+                                  jnp.rint(x)), f, **EXACT)
 
 
 def test_float16_programs():
@@ -406,12 +415,13 @@ def test_float16_programs():
     w = normal(64, 32, seed=1, scale=0.1).astype(np.float16)
     # f16 keeps 11 bits: 1e-2 covers a 64-term product and the transcendentals
     tol = dict(rtol=1e-2, atol=1e-2)
-    check(lambda x, w: jax.nn.relu(x @ w).sum(0), h, w, **tol)
-    check(lambda x: (jax.nn.softmax(x), x.mean(-1), x.var(-1), jax.nn.logsumexp(x, -1), jnp.tanh(x),
-                     jnp.sort(x, 1), (x.astype(jnp.float32) * 3).astype(jnp.float16)), h, **tol)
-    check(jax.grad(lambda w, x: jnp.sum((x @ w).astype(jnp.float32) ** 2)), w[:, :4], h, rtol=2e-2, atol=2e-2)
+    assert_matches_cpu(lambda x, w: jax.nn.relu(x @ w).sum(0), h, w, **tol)
+    assert_matches_cpu(lambda x: (jax.nn.softmax(x), x.mean(-1), x.var(-1), jax.nn.logsumexp(x, -1), jnp.tanh(x),
+                                  jnp.sort(x, 1), (x.astype(jnp.float32) * 3).astype(jnp.float16)), h, **tol)
+    assert_matches_cpu(jax.grad(lambda w, x: jnp.sum((x @ w).astype(jnp.float32) ** 2)), w[:, :4], h, rtol=2e-2,
+                       atol=2e-2)
     big = (np.random.default_rng(3).random(1 << 20) * 0.01).astype(np.float16)
-    check(lambda x: (jnp.sum(x), jnp.mean(x), jnp.max(x)), big, rtol=1e-2)
+    assert_matches_cpu(lambda x: (jnp.sum(x), jnp.mean(x), jnp.max(x)), big, rtol=1e-2, atol=1e-5)
     # Overflow as IEEE f16 rounds each op (numpy); XLA:CPU folds (x*1000)*1000 into x*1e6, inf in f16.
     got = jax.jit(lambda x: x * 1000 * 1000)(jax.device_put(h, jax.devices("ipu")[0]))
     with np.errstate(over="ignore"):
@@ -421,35 +431,48 @@ def test_float16_programs():
 
 def test_bool_reductions_and_masks():
     b = np.random.default_rng(0).random((7, 33)) < 0.3
-    check(lambda b: (b.any(), b.all(), b.any(0), b.all(1), b.sum(), b.sum(1), jnp.count_nonzero(b, 0), b.mean(),
-                     jnp.logical_xor(b, b[::-1]), ~b, b.argmax(1), jnp.cumsum(b, 1), b.max(0), b.min(1)), b, **EXACT)
-    check(lambda b, x: (b * x, jnp.where(b, x, -x), (x * b).sum()), b, normal(7, 33))
+    assert_matches_cpu(lambda b: (b.any(), b.all(), b.any(0), b.all(1), b.sum(), b.sum(1), jnp.count_nonzero(b, 0),
+                                  b.mean(),
+                                  jnp.logical_xor(b, b[::-1]), ~b, b.argmax(1), jnp.cumsum(b, 1), b.max(0), b.min(1)),
+                       b, **EXACT)
+    assert_matches_cpu(lambda b, x: (b * x, jnp.where(b, x, -x), (x * b).sum()), b, normal(7, 33), rtol=1e-5, atol=1e-5)
 
 
 def test_einsum_variants():
     a, b, c = normal(3, 4, 5), normal(5, 6, seed=1), normal(3, 6, seed=2)
-    check(lambda a, b, c: (jnp.einsum("ijk,kl->ijl", a, b), jnp.einsum("ijk,kl,il->j", a, b, c),
-                           jnp.einsum("ijk->", a), jnp.einsum("ijk,ijk->ik", a, a), jnp.einsum("i,j->ij", c[0], c[1]),
-                           jnp.einsum("bij,bjk->bik", a, a.transpose(0, 2, 1)), jnp.einsum("...k,kl->...l", a, b),
-                           jnp.einsum("ii->i", b[:5, :5]), jnp.einsum("ii", b[:5, :5]),
-                           jnp.tensordot(a, b, axes=([2], [0])), jnp.kron(b[:2, :2], c[:2, :2])), a, b, c)
-    check(lambda x, y: jnp.einsum("ij,jk->ik", x, y), integers(-9, 9, (3, 4)), integers(-9, 9, (4, 3), seed=1), **EXACT)
+    assert_matches_cpu(lambda a, b, c: (jnp.einsum("ijk,kl->ijl", a, b), jnp.einsum("ijk,kl,il->j", a, b, c),
+                                        jnp.einsum("ijk->", a), jnp.einsum("ijk,ijk->ik", a, a),
+                                        jnp.einsum("i,j->ij", c[0], c[1]),
+                                        jnp.einsum("bij,bjk->bik", a, a.transpose(0, 2, 1)),
+                                        jnp.einsum("...k,kl->...l", a, b),
+                                        jnp.einsum("ii->i", b[:5, :5]), jnp.einsum("ii", b[:5, :5]),
+                                        jnp.tensordot(a, b, axes=([2], [0])), jnp.kron(b[:2, :2], c[:2, :2])), a, b, c,
+                       rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(lambda x, y: jnp.einsum("ij,jk->ik", x, y), integers(-9, 9, (3, 4)),
+                       integers(-9, 9, (4, 3), seed=1), **EXACT)
 
 
 def test_jax_nn_functions_and_their_gradients():
     z = normal(4, 9, scale=3)
-    check(lambda z: (jax.nn.softmax(z), jax.nn.log_softmax(z), jax.nn.logsumexp(z, 1), jax.nn.relu6(z),
-                     jax.nn.silu(z), jax.nn.log_sigmoid(z), jax.nn.elu(z), jax.nn.selu(z), jax.nn.leaky_relu(z),
-                     jax.nn.softplus(z), jax.nn.gelu(z), jax.nn.gelu(z, approximate=False), jax.nn.glu(z[:, :8]),
-                     jax.nn.standardize(z), jax.nn.mish(z), jax.nn.hard_swish(z), jax.nn.sigmoid(z)), z)
-    check(jax.grad(lambda z: jnp.sum(jax.nn.relu6(z) + jax.nn.silu(z) + jax.nn.log_sigmoid(z) + jax.nn.gelu(z)
-                                     + jax.nn.logsumexp(z, 1, keepdims=True))), z)
+    assert_matches_cpu(lambda z: (jax.nn.softmax(z), jax.nn.log_softmax(z), jax.nn.logsumexp(z, 1), jax.nn.relu6(z),
+                                  jax.nn.silu(z), jax.nn.log_sigmoid(z), jax.nn.elu(z), jax.nn.selu(z),
+                                  jax.nn.leaky_relu(z),
+                                  jax.nn.softplus(z), jax.nn.gelu(z), jax.nn.gelu(z, approximate=False),
+                                  jax.nn.glu(z[:, :8]),
+                                  jax.nn.standardize(z), jax.nn.mish(z), jax.nn.hard_swish(z), jax.nn.sigmoid(z)), z,
+                       rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(jax.grad(lambda z: jnp.sum(jax.nn.relu6(z) + jax.nn.silu(z) + jax.nn.log_sigmoid(z)
+                                                  + jax.nn.gelu(z) + jax.nn.logsumexp(z, 1, keepdims=True))), z,
+                       rtol=1e-5, atol=1e-5)
     q, k, v = (normal(2, 7, 4, 8, seed=s) for s in range(3))
-    check(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True), q, k, v, rtol=1e-4)
+    assert_matches_cpu(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True), q, k, v, rtol=1e-4,
+                       atol=1e-5)
     x = normal(50)
-    check(lambda x: (jax.scipy.special.erf(x), jax.lax.lgamma(jnp.abs(x) + 0.1), jax.lax.digamma(jnp.abs(x) + 0.1),
-                     jax.scipy.special.erfinv(jnp.tanh(x)), jnp.expm1(x), jnp.log1p(jnp.abs(x)), jnp.cbrt(x)),
-          x, rtol=1e-4)   # polynomial approximations, evaluated in another order
+    assert_matches_cpu(lambda x: (jax.scipy.special.erf(x), jax.lax.lgamma(jnp.abs(x) + 0.1),
+                                  jax.lax.digamma(jnp.abs(x) + 0.1),
+                                  jax.scipy.special.erfinv(jnp.tanh(x)), jnp.expm1(x), jnp.log1p(jnp.abs(x)),
+                                  jnp.cbrt(x)),
+                       x, rtol=1e-4, atol=1e-5)   # polynomial approximations, evaluated in another order
 
 
 # --- jax.random ---------------------------------------------------------------------------------
@@ -466,10 +489,10 @@ def test_random_distributions():
                     folded=jax.random.normal(jax.random.fold_in(key, 7), (3,)))
     # The same random bits; normal's erfinv polynomial may round its last bit differently. Integer
     # samples (categorical, permutation, choice, randint) differ by at least 1 if the bits do.
-    check(sample, jax.random.key(42), rtol=1e-6, atol=1e-6)
-    check(lambda k: (jax.random.bits(k, (4,)), jax.random.split(k, 3)), jax.random.PRNGKey(0), **EXACT)
-    check(lambda k: jax.vmap(lambda k: jax.random.uniform(k, (3,)))(jax.random.split(k, 5)), jax.random.key(1),
-          rtol=1e-6, atol=1e-6)
+    assert_matches_cpu(sample, jax.random.key(42), rtol=1e-6, atol=1e-6)
+    assert_matches_cpu(lambda k: (jax.random.bits(k, (4,)), jax.random.split(k, 3)), jax.random.PRNGKey(0), **EXACT)
+    assert_matches_cpu(lambda k: jax.vmap(lambda k: jax.random.uniform(k, (3,)))(jax.random.split(k, 5)),
+                       jax.random.key(1), rtol=1e-6, atol=1e-6)
 
 
 def test_random_samplers_with_loops_and_transcendentals():
@@ -477,7 +500,7 @@ def test_random_samplers_with_loops_and_transcendentals():
         k = jax.random.split(key, 4)
         return (jax.random.gamma(k[0], 2.0, (20,)), jax.random.poisson(k[1], 3.0, (20,)),
                 jax.random.truncated_normal(k[2], -1.0, 1.0, (40,)), jax.random.orthogonal(k[3], 4))
-    check(sample, jax.random.key(3), rtol=1e-5, atol=1e-5)   # rejection loops on log/exp of the same bits
+    assert_matches_cpu(sample, jax.random.key(3), rtol=1e-5, atol=1e-5)   # rejection loops on log/exp of the same bits
 
 
 # --- sizes: 1M elements, empty, tiny, odd ------------------------------------------------------------
@@ -485,37 +508,46 @@ def test_random_samplers_with_loops_and_transcendentals():
 def test_large_arrays():
     x = normal(1 << 20)
     # sums of 1M f32 in different orders differ in the last bits of a ~1e3 total
-    check(lambda x: (jnp.tanh(x) * 2 + 1, jnp.sum(x), jnp.max(x), jnp.argmax(x), jax.lax.top_k(x, 10)), x,
-          rtol=1e-5, atol=1e-3)
-    check(lambda x: x.reshape(1024, 1024) @ x.reshape(1024, 1024)[:, :7], x, rtol=1e-4, atol=1e-3)
-    check(lambda x: jax.lax.scan(lambda c, _: (jnp.sin(c) * 0.9, c[:3]), x, None, length=8), x)
+    assert_matches_cpu(lambda x: (jnp.tanh(x) * 2 + 1, jnp.sum(x), jnp.max(x), jnp.argmax(x), jax.lax.top_k(x, 10)), x,
+                       rtol=1e-5, atol=1e-3)
+    assert_matches_cpu(lambda x: x.reshape(1024, 1024) @ x.reshape(1024, 1024)[:, :7], x, rtol=1e-4, atol=1e-3)
+    assert_matches_cpu(lambda x: jax.lax.scan(lambda c, _: (jnp.sin(c) * 0.9, c[:3]), x, None, length=8), x,
+                       rtol=1e-5, atol=1e-5)
 
 
 def test_zero_size_tiny_and_odd_shapes():
     z = np.zeros((0, 5), np.float32)
-    check(lambda z: (z.sum(0), z.sum(), z @ np.ones((5, 2), np.float32), jnp.sort(z, 0), jnp.cumsum(z, 0),
-                     z.max(initial=-1.0), jnp.concatenate([z, z]), z.mean(1), z.mean(0), jax.nn.softmax(z),
-                     jnp.argsort(z, 0)), z)
-    check(lambda z: jax.lax.scan(lambda c, x: (c + x.sum(), x), 0.0, z), z)
-    check(lambda a, b: a @ b, np.zeros((3, 0), np.float32), np.zeros((0, 4), np.float32))
-    check(lambda a, b: (a + b, a * b, jnp.sin(a), jnp.where(a > b, a, b)), np.float32(3), np.float32(4))
-    check(lambda x: (x.sum(), x @ x.T, jax.nn.softmax(x), jnp.linalg.inv(x)), normal(1, 1))
-    check(lambda a, b: (a @ b, jnp.sort(a, 1), jnp.cumsum(a, 0), jnp.transpose(a)[::3]), normal(7, 1023),
-          normal(1023, 1, seed=1), rtol=1e-4, atol=1e-4)
+    assert_matches_cpu(lambda z: (z.sum(0), z.sum(), z @ np.ones((5, 2), np.float32), jnp.sort(z, 0), jnp.cumsum(z, 0),
+                                  z.max(initial=-1.0), jnp.concatenate([z, z]), z.mean(1), z.mean(0), jax.nn.softmax(z),
+                                  jnp.argsort(z, 0)), z, rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(lambda z: jax.lax.scan(lambda c, x: (c + x.sum(), x), 0.0, z), z, rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(lambda a, b: a @ b, np.zeros((3, 0), np.float32), np.zeros((0, 4), np.float32),
+                       rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(lambda a, b: (a + b, a * b, jnp.sin(a), jnp.where(a > b, a, b)), np.float32(3), np.float32(4),
+                       rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(lambda x: (x.sum(), x @ x.T, jax.nn.softmax(x), jnp.linalg.inv(x)), normal(1, 1),
+                       rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(lambda a, b: (a @ b, jnp.sort(a, 1), jnp.cumsum(a, 0), jnp.transpose(a)[::3]), normal(7, 1023),
+                       normal(1023, 1, seed=1), rtol=1e-4, atol=1e-4)
 
 
 def test_numpy_api_assortment():
     a = normal(6, 7)
-    check(lambda a: (jnp.roll(a, 3, 1), jnp.tile(a, (2, 1)), jnp.repeat(a, 2, 0), jnp.diff(a, axis=1), jnp.triu(a),
-                     jnp.flip(a), jnp.rot90(a), jnp.pad(a, 2, mode="reflect"), jnp.pad(a, 2, mode="wrap"),
-                     jnp.interp(a, jnp.linspace(-2, 2, 5), jnp.arange(5.0)), jnp.convolve(a[0], a[1]),
-                     jnp.cov(a), jnp.corrcoef(a), jnp.cross(a[:, :3], a[:, 3:6]), jnp.round(a, 2), jnp.fmod(a, 0.3),
-                     jnp.nextafter(a, 0), jnp.frexp(a)[0], jnp.ldexp(a, 2), jnp.spacing(a)), a)
-    check(lambda x: (jax.image.resize(x, (2, 13, 9, 3), "bilinear"), jax.image.resize(x, (2, 10, 10, 3), "cubic")),
-          normal(2, 6, 5, 3), rtol=1e-4)
-    check(lambda x: jax.lax.associative_scan(lambda a, b: (a[0] * b[0], a[1] * b[0] + b[1]), (x[0], x[1])),
-          normal(2, 33, scale=0.5))
-    check(lambda x: jax.lax.map(lambda r: jnp.sort(r) * r.sum(), x, batch_size=3), normal(10, 5))
+    assert_matches_cpu(lambda a: (jnp.roll(a, 3, 1), jnp.tile(a, (2, 1)), jnp.repeat(a, 2, 0), jnp.diff(a, axis=1),
+                                  jnp.triu(a),
+                                  jnp.flip(a), jnp.rot90(a), jnp.pad(a, 2, mode="reflect"), jnp.pad(a, 2, mode="wrap"),
+                                  jnp.interp(a, jnp.linspace(-2, 2, 5), jnp.arange(5.0)), jnp.convolve(a[0], a[1]),
+                                  jnp.cov(a), jnp.corrcoef(a), jnp.cross(a[:, :3], a[:, 3:6]), jnp.round(a, 2),
+                                  jnp.fmod(a, 0.3),
+                                  jnp.nextafter(a, 0), jnp.frexp(a)[0], jnp.ldexp(a, 2), jnp.spacing(a)), a,
+                       rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(lambda x: (jax.image.resize(x, (2, 13, 9, 3), "bilinear"),
+                                  jax.image.resize(x, (2, 10, 10, 3), "cubic")),
+                       normal(2, 6, 5, 3), rtol=1e-4, atol=1e-5)
+    assert_matches_cpu(lambda x: jax.lax.associative_scan(lambda a, b: (a[0] * b[0], a[1] * b[0] + b[1]), (x[0], x[1])),
+                       normal(2, 33, scale=0.5), rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(lambda x: jax.lax.map(lambda r: jnp.sort(r) * r.sum(), x, batch_size=3), normal(10, 5),
+                       rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("n", [9, 200_000], ids=lambda n: f"n{n}")
@@ -525,28 +557,28 @@ def test_signed_zeros_keep_their_sign(dtype, n):
     decompositions multiply by sign(x): seen through 1/x. Compared bit for
     bit with the CPU's (sign), and as 1/x (the others)."""
     x = np.resize(np.array([-0.0, 0.0, -1e-3, 2.5, -np.inf, np.nan, -7, 1e-4, -0.0], dtype), n)
-    got, want = run(lambda a: (jnp.sign(a), 1 / jnp.sign(a), 1 / jnp.arcsinh(a),
-                               1 / jax.scipy.special.i1e(a)), x)
-    assert np.asarray(got[0]).tobytes() == np.asarray(want[0]).tobytes()
-    for g, w in zip(got[1:], want[1:]):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-3, equal_nan=True)
-    assert np.isneginf(np.asarray(got[2])[0]) and np.isneginf(np.asarray(got[3])[0])
+    assert_matches_cpu(jnp.sign, x, exact="bits")
+    got = assert_matches_cpu(lambda a: (1 / jnp.sign(a), 1 / jnp.arcsinh(a), 1 / jax.scipy.special.i1e(a)), x,
+                             rtol=2e-3, atol=0)
+    assert np.isneginf(got[1][0]) and np.isneginf(got[2][0])
 
 
 @pytest.mark.parametrize("n", [9, 4096, 300_000], ids=lambda n: f"n{n}")
-def test_square_root_as_a_power_of_one_half(n):
+def test_square_root_as_a_power_of_one_half(ipu, n):
     """x ** 0.5 is pow, not sqrt: pow(-inf, 0.5) = +inf and pow(-0.0, 0.5) =
     +0.0 (numpy's float32 loop turns a scalar 0.5 into sqrt: NaN, -0.0).
     Equal to the CPU's, zeros' signs included, with the exponent a literal, a scalar
     argument, a row broadcast along columns, and an array."""
     x = np.resize(np.array([-np.inf, -0.0, 0.0, 4.0, np.inf, np.nan, -2.0, 1e-30, 3e38], np.float32), n)
     half = np.float32(0.5)
-    got, want = run(lambda a, p, rows, full: (a ** 0.5, jax.lax.pow(a, p),
-                                              jax.lax.pow(a.reshape(-1, 1), jnp.broadcast_to(rows, (n, 1))),
-                                              jax.lax.pow(a, full)),
-                    x, half, np.full((1, 1), half), np.full(n, half))
-    for g, w in zip(got, want):
-        g, w = np.asarray(g).reshape(-1), np.asarray(w).reshape(-1)
+    def f(a, p, rows, full):
+        return (a ** 0.5, jax.lax.pow(a, p), jax.lax.pow(a.reshape(-1, 1), jnp.broadcast_to(rows, (n, 1))),
+                jax.lax.pow(a, full))
+    args = x, half, np.full((1, 1), half), np.full(n, half)
+    # Its own comparison: values exact and zeros' signs as the CPU's, but a
+    # NaN's sign free (assert_matches_cpu's exact="bits" would compare it).
+    for g, w in zip(run_on(ipu, f, *args), on_cpu(f, *args)):
+        g, w = g.reshape(-1), w.reshape(-1)
         np.testing.assert_array_equal(g, w)                        # NaNs where the CPU's are (any sign)
         np.testing.assert_array_equal(np.signbit(g[~np.isnan(g)]), np.signbit(w[~np.isnan(w)]))
 

@@ -10,13 +10,12 @@ import numpy as np
 import pytest
 from jax import lax
 
-from conftest import on_cpu
+from conftest import SMALL, compile_fn, on_cpu
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.model import executors
 from jax_ipu.model.fast import xla_chains
 from jax_ipu.model.engine import Engine
-from test_compiler import SMALL, compile_fn
 
 N = xla_chains.MIN_ELEMENTS + 3
 
