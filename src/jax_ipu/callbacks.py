@@ -19,6 +19,9 @@ from jax_ipu.model.targets import AS_32
 
 TARGET = "jax_ipu.host_callback"
 _registry: dict[int, object] = {}
+# This process, for saved programs: a program calling the host names its
+# callbacks by their ids here, which mean nothing in another process.
+PROCESS = __import__("uuid").uuid4().hex
 _ids = itertools.count()
 _lock = threading.Lock()
 

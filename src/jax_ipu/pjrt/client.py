@@ -80,7 +80,12 @@ class Client:
         name = module.main.name if module.entry == "main" else module.entry
         policy = b"f64_as_f32" if self.f64_as_f32 else b""
         return Executable(self, program, name, fingerprint(code + policy, options, self.target),
-                          assignment, serialized)
+                          assignment, serialized, code)
+
+    def deserialize(self, data: bytes, options: bytes | None) -> Executable:
+        """An executable saved by Executable.serialize (PJRT_Executable_DeserializeAndLoad)."""
+        from jax_ipu.pjrt.executable import from_bytes
+        return from_bytes(self, data, options)
 
     def buffer_from_host(self, array: np.ndarray, device_id: int) -> DeviceBuffer:
         check_ipu_dtype(array.dtype, self.f64_as_f32)

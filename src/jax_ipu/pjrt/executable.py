@@ -67,11 +67,14 @@ def device_assignment_ids(serialized: bytes) -> list[list[int]]:
 
 class Executable:
     def __init__(self, client, program, name: str, fingerprint: bytes,
-                 assignment: list[list[int]], serialized_assignment: bytes):
+                 assignment: list[list[int]], serialized_assignment: bytes, code: bytes = b""):
         self.client = client
+        self.code = code               # the StableHLO it was compiled from (for as_text)
         self.program = program
         self.name = name
         self.fingerprint = fingerprint
+        self.assignment = assignment
+        self._text = None
         self.num_replicas = len(assignment)
         self.num_partitions = len(assignment[0])
         self.logical_ids = [(r, p) for r in range(self.num_replicas) for p in range(self.num_partitions)]
@@ -97,6 +100,31 @@ class Executable:
         # so a failed run's error goes to its outputs only, as on XLA:CPU,
         # not to an event that would re-raise it ever after.
         self.own_completion = bool(self.output_specs) and _calls_host(program.body)
+
+    # -- saved and loaded (PJRT_Executable_Serialize, DeserializeAndLoad) --
+    def serialize(self) -> bytes:
+        """The program in graph.serialize's format, with what loading it
+        needs besides: name, fingerprint, device assignment, the StableHLO
+        (for as_text) and, for programs calling the host, the process whose
+        callbacks they name."""
+        from jax_ipu import callbacks
+        from jax_ipu.graph import serialize
+
+        meta = {"kind": EXECUTABLE_KIND, "name": self.name, "fingerprint": self.fingerprint,
+                "assignment": [[int(d) for d in row] for row in self.assignment],
+                "device_assignment": self.serialized_device_assignment, "stablehlo": self.code,
+                "callbacks": callbacks.PROCESS if _calls_host(self.program.body) else None}
+        return serialize.dumps(self.program, meta)
+
+    def optimized_program(self) -> tuple[bytes, bytes]:
+        """(format, text) for PJRT_Executable_OptimizedProgram, which XLA
+        turns into the HLO text of compiled.as_text()."""
+        if self._text is None:
+            from jax_ipu.stablehlo import text
+            if not self.code:
+                raise NotImplementedError(f"{self.name} keeps no StableHLO to show")
+            self._text = text.annotated(self.code, self.program.summary()).encode()
+        return b"mlir", self._text
 
     # -- execution --
     def execute(self, args: list[list[DeviceBuffer]], device_id: int | None,
@@ -217,6 +245,58 @@ def _check_donations(row: list[DeviceBuffer], donated: frozenset) -> None:
             raise IpuInvalidArgument(
                 f"the same array is arguments {j} and {i} of one call and is {what}; pass a copy "
                 f"(e.g. jnp.copy(x)) for one of them, or do not donate it")
+
+
+EXECUTABLE_KIND = "jax-ipu executable"
+
+
+def from_bytes(client, data: bytes, options: bytes | None) -> Executable:
+    """An Executable from Executable.serialize's bytes, for `client`.
+    `options`: a serialized CompileOptionsProto whose device assignment
+    replaces the saved one (JAX's execution_devices)."""
+    from jax_ipu import callbacks
+    from jax_ipu.graph import serialize
+
+    try:
+        program, meta = serialize.loads(data)
+    except serialize.ProgramFormatError as exc:
+        raise IpuInvalidArgument(f"cannot load this IPU executable: {exc}") from None
+    fields = {"kind": str, "name": str, "fingerprint": bytes, "assignment": list, "device_assignment": bytes,
+              "stablehlo": bytes, "callbacks": (str, type(None))}
+    if set(meta) != set(fields) or meta["kind"] != EXECUTABLE_KIND or not all(
+            isinstance(meta[k], t) for k, t in fields.items()):
+        raise IpuInvalidArgument("cannot load this IPU executable: it holds a program, not an executable")
+    assignment = meta["assignment"]
+    if not assignment or not all(type(row) is list and len(row) == len(assignment[0]) and row
+                                 and all(type(d) is int for d in row) for row in assignment):
+        raise IpuInvalidArgument("cannot load this IPU executable: malformed device assignment")
+    target = client.target
+    if (program.target_name, program.num_tiles) != (target.name, target.num_tiles):
+        raise IpuInvalidArgument(
+            f"{meta['name']} was compiled for {program.target_name} with {program.num_tiles} tiles; these IPUs "
+            f"are {target.describe()} (JAX_IPU_TARGET, JAX_IPU_MODEL_NUM_TILES): compile it again")
+    if meta["callbacks"] is not None and meta["callbacks"] != callbacks.PROCESS:
+        raise IpuInvalidArgument(
+            f"{meta['name']} calls host callbacks (jax.debug.print, pure_callback, io_callback or feeds) of the "
+            "process that compiled it; Python functions are not saved with a program, so it runs only there. "
+            "Compile it again in this process")
+    serialized = meta["device_assignment"]
+    if options:
+        from jaxlib._jax import CompileOptions
+        proto = CompileOptions.ParseFromString(options).executable_build_options.device_assignment
+        if proto is not None:
+            serialized = proto.serialize()
+            assignment = device_assignment_ids(serialized)
+            if (len(assignment), len(assignment[0]) if assignment else 0) != (len(meta["assignment"]),
+                                                                                  len(meta["assignment"][0])):
+                raise IpuInvalidArgument(
+                    f"{meta['name']} runs on {len(meta['assignment'])}x{len(meta['assignment'][0])} IPUs "
+                    "(replicas x partitions), not on the devices given")
+    for row in assignment:
+        for device_id in row:
+            client.device(device_id)
+    return Executable(client, program, meta["name"], meta["fingerprint"], assignment, serialized,
+                      meta["stablehlo"])
 
 
 # Programs up to this many elements in all their tensors (and no loops) run
