@@ -308,6 +308,11 @@ def _calls_host(step) -> bool:
     return isinstance(step, p.HostCall) or any(_calls_host(child) for child in p.children(step))
 
 
+def calls_host(program) -> bool:
+    """Whether the program calls host callbacks (its feeds among them)."""
+    return _calls_host(program.body)
+
+
 def is_quick(program, num_devices: int) -> bool:
     """Whether the program's runs are quick and cannot block: one device, no
     host calls (a callback or feed may wait for the host), no loops, and
