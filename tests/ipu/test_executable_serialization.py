@@ -60,8 +60,10 @@ def test_as_text_shows_the_program_and_what_it_compiled_to(ipu):
     compiled = jax.jit(step).lower(*jax.device_put(_data(), ipu)).compile()
     text = compiled.as_text()
     assert text.startswith("HloModule jit_step")
-    assert "tanh" in text and "dot" in text                        # the program
-    assert "ipu_program=" in text and "compute sets" in text and "estimated" in text   # the IPU's
+    assert "f32[16,8]" in text and "f32[4,16]" in text             # its signature
+    # What the IPU runs: compute sets named after the ops, cycles, memory.
+    assert "ipu_program=" in text and "compute sets" in text and "estimated" in text
+    assert "tanh" in text and "dot_general" in text and "memory: peak" in text
     assert _round_trip(compiled, [ipu]).as_text() == text
 
 

@@ -80,7 +80,7 @@ class Client:
         name = module.main.name if module.entry == "main" else module.entry
         policy = b"f64_as_f32" if self.f64_as_f32 else b""
         executable = Executable(self, program, name, fingerprint(code + policy, options, self.target),
-                                assignment, serialized, code)
+                                assignment, serialized)
         if key is not None:
             self.cache.store(key, executable)
         return executable

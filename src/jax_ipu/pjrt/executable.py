@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 
 import numpy as np
@@ -67,9 +68,8 @@ def device_assignment_ids(serialized: bytes) -> list[list[int]]:
 
 class Executable:
     def __init__(self, client, program, name: str, fingerprint: bytes,
-                 assignment: list[list[int]], serialized_assignment: bytes, code: bytes = b""):
+                 assignment: list[list[int]], serialized_assignment: bytes):
         self.client = client
-        self.code = code               # the StableHLO it was compiled from (for as_text)
         self.program = program
         self.name = name
         self.fingerprint = fingerprint
@@ -104,26 +104,26 @@ class Executable:
     # -- saved and loaded (PJRT_Executable_Serialize, DeserializeAndLoad) --
     def serialize(self) -> bytes:
         """The program in graph.serialize's format, with what loading it
-        needs besides: name, fingerprint, device assignment, the StableHLO
-        (for as_text) and, for programs calling the host, the process whose
-        callbacks they name."""
+        needs besides: name, fingerprint, device assignment and, for
+        programs calling the host, the process whose callbacks they name."""
         from jax_ipu import callbacks
         from jax_ipu.graph import serialize
 
         meta = {"kind": EXECUTABLE_KIND, "name": self.name, "fingerprint": self.fingerprint,
                 "assignment": [[int(d) for d in row] for row in self.assignment],
-                "device_assignment": self.serialized_device_assignment, "stablehlo": self.code,
+                "device_assignment": self.serialized_device_assignment,
                 "callbacks": callbacks.PROCESS if _calls_host(self.program.body) else None}
         return serialize.dumps(self.program, meta)
 
     def optimized_program(self) -> tuple[bytes, bytes]:
-        """(format, text) for PJRT_Executable_OptimizedProgram, which XLA
-        turns into the HLO text of compiled.as_text()."""
+        """(format, text) for PJRT_Executable_OptimizedProgram: XLA reads
+        it for the executable's layouts at every compile, and prints it as
+        HLO for compiled.as_text(). So it is small: the program's signature
+        (results as zeros) and, as the module's frontend attribute
+        `ipu_program`, what the IPU runs: compute sets, copies, cycles,
+        memory (the StableHLO itself is lowered.as_text())."""
         if self._text is None:
-            from jax_ipu.stablehlo import text
-            if not self.code:
-                raise NotImplementedError(f"{self.name} keeps no StableHLO to show")
-            self._text = text.annotated(self.code, self.program.summary()).encode()
+            self._text = program_text(self.program.name, self.program).encode()
         return b"mlir", self._text
 
     # -- execution --
@@ -250,6 +250,43 @@ def _check_donations(row: list[DeviceBuffer], donated: frozenset) -> None:
 EXECUTABLE_KIND = "jax-ipu executable"
 
 
+def _mlir_string(text: str) -> str:
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif " " <= ch <= "~":
+            out.append(ch)
+        else:
+            out.extend(f"\\{b:02X}" for b in ch.encode())
+    return '"' + "".join(out) + '"'
+
+
+def program_text(name: str, program) -> str:
+    """MLIR text of the program's signature, returning zeros, with its
+    summary as the module's frontend attribute `ipu_program`."""
+    from jax_ipu import ir
+
+    def type_of(t) -> str:
+        return str(ir.TensorType(tuple(t.shape), t.dtype))
+
+    def zero(t) -> str:
+        kind = t.dtype.kind
+        value = {"b": "false", "f": "0.0", "c": "(0.0, 0.0)"}.get(kind, "0")
+        return f"stablehlo.constant dense<{value}> : {type_of(t)}"
+
+    args = ", ".join(f"%arg{i}: {type_of(t)}" for i, t in enumerate(program.input_types))
+    results = [type_of(t) for t in program.output_types]
+    symbol = name if re.fullmatch(r"[A-Za-z_][\w$.]*", name) else _mlir_string(name)
+    lines = [f"module @{symbol} attributes {{mhlo.frontend_attributes = "
+             f"{{ipu_program = {_mlir_string(program.summary())}}}}} {{",
+             f"  func.func public @main({args}) -> ({', '.join(results)}) {{"]
+    lines += [f"    %{i} = {zero(t)}" for i, t in enumerate(program.output_types)]
+    lines += [f"    return {', '.join(f'%{i}' for i in range(len(results)))}"
+              f"{' : ' + ', '.join(results) if results else ''}", "  }", "}"]
+    return "\n".join(lines)
+
+
 def from_bytes(client, data: bytes, options: bytes | None) -> Executable:
     """An Executable from Executable.serialize's bytes, for `client`.
     `options`: a serialized CompileOptionsProto whose device assignment
@@ -262,7 +299,7 @@ def from_bytes(client, data: bytes, options: bytes | None) -> Executable:
     except serialize.ProgramFormatError as exc:
         raise IpuInvalidArgument(f"cannot load this IPU executable: {exc}") from None
     fields = {"kind": str, "name": str, "fingerprint": bytes, "assignment": list, "device_assignment": bytes,
-              "stablehlo": bytes, "callbacks": (str, type(None))}
+              "callbacks": (str, type(None))}
     if set(meta) != set(fields) or meta["kind"] != EXECUTABLE_KIND or not all(
             isinstance(meta[k], t) for k, t in fields.items()):
         raise IpuInvalidArgument("cannot load this IPU executable: it holds a program, not an executable")
@@ -295,8 +332,7 @@ def from_bytes(client, data: bytes, options: bytes | None) -> Executable:
     for row in assignment:
         for device_id in row:
             client.device(device_id)
-    return Executable(client, program, meta["name"], meta["fingerprint"], assignment, serialized,
-                      meta["stablehlo"])
+    return Executable(client, program, meta["name"], meta["fingerprint"], assignment, serialized)
 
 
 # Programs up to this many elements in all their tensors (and no loops) run
