@@ -96,6 +96,18 @@ def _dtype(name, where: str) -> np.dtype:
 
 # ---------------------------------------------------------------- arrays --
 
+def _narrow_size(values: np.ndarray) -> int:
+    """The item size _narrow would give."""
+    if values.size == 0:
+        return 1
+    low, high = int(values.min()), int(values.max())
+    for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32):
+        info = np.iinfo(t)
+        if info.min <= low and high <= info.max:
+            return np.dtype(t).itemsize
+    return 8
+
+
 def _narrow(values: np.ndarray) -> np.ndarray:
     """An integer array in the smallest integer type holding its values."""
     if values.size == 0:
@@ -141,21 +153,40 @@ class _Writer:
                 rows = wide.reshape(-1, array.shape[-1])
                 found.append(("row-runs", np.diff(rows, axis=0, prepend=np.zeros((1, rows.shape[1]), np.int64))
                               .reshape(-1)))
-            best = None
+            # Each candidate's bytes before zlib: the smallest is stored, a
+            # coded one only if it is much smaller (decoding short runs
+            # costs more than inflating the plain indices).
+            plain = _narrow_size(wide) * flat.size
+            best = ("narrow", plain / 2, None)
             for codec, steps in found:
                 cuts = np.flatnonzero(steps[1:] != steps[:-1]) + 1
-                if best is None or len(cuts) < len(best[2]):
-                    best = (codec, steps, cuts)
-            codec, steps, cuts = best
-            if 4 * (len(cuts) + 1) < flat.size:
+                size = (len(cuts) + 1) * (_narrow_size(steps) + 4)
+                if size < best[1]:
+                    best = (codec, size, (steps, cuts))
+            # Gathers whose positions are mostly padding (the read of a
+            # dilated or strided convolution's gradient): which positions
+            # are padding (the largest index), then the other indices as
+            # differences.
+            fill = int(wide.max())
+            padding = wide == fill
+            if padding.mean() > 0.1:
+                steps = np.diff(wide[~padding], prepend=np.int64(0))
+                size = flat.size // 8 + _narrow_size(steps) * len(steps)
+                if size < best[1]:
+                    best = ("masked", size, (padding, steps))
+            codec, _, parts = best
+            entry["codec"] = codec
+            if codec == "narrow":
+                entry["parts"] = [self._part(_narrow(wide) if array.dtype != np.uint64 else flat)]
+            elif codec == "masked":
+                padding, steps = parts
+                entry["fill"] = fill
+                entry["parts"] = [self._part(np.packbits(padding)), self._part(_narrow(steps))]
+            else:
+                steps, cuts = parts
                 starts = np.concatenate(([0], cuts))
                 counts = np.diff(np.append(starts, flat.size))
-                entry["codec"] = codec
                 entry["parts"] = [self._part(_narrow(steps[starts])), self._part(_narrow(counts))]
-                self.table.append(entry)
-                return len(self.table) - 1
-            entry["codec"] = "narrow"
-            entry["parts"] = [self._part(_narrow(wide) if array.dtype != np.uint64 else flat)]
         else:
             entry["codec"] = "raw"
             entry["parts"] = [self._part(flat)]
@@ -169,7 +200,8 @@ def _read_arrays(table, data: memoryview) -> list[np.ndarray]:
     out = []
     for i, entry in enumerate(table):
         where = f"array {i}"
-        if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "codec", "parts"}:
+        if not isinstance(entry, dict) or set(entry) - {"fill"} != {"dtype", "shape", "codec", "parts"} \
+                or ("fill" in entry) != (entry.get("codec") == "masked"):
             _fail(f"{where}: malformed entry")
         dtype = _dtype(entry["dtype"], where)
         shape = entry["shape"]
@@ -178,7 +210,7 @@ def _read_arrays(table, data: memoryview) -> list[np.ndarray]:
         size = int(np.prod(shape, dtype=np.int64))
         parts = entry["parts"]
         codec = entry["codec"]
-        expected = {"raw": 1, "narrow": 1, "runs": 2, "row-runs": 2}.get(codec)
+        expected = {"raw": 1, "narrow": 1, "runs": 2, "row-runs": 2, "masked": 2}.get(codec)
         if expected is None or not isinstance(parts, list) or len(parts) != expected:
             _fail(f"{where}: unknown codec {codec!r} or wrong parts")
         arrays = []
@@ -202,14 +234,32 @@ def _read_arrays(table, data: memoryview) -> list[np.ndarray]:
                 if arrays[0].size != size:
                     _fail(f"{where}: holds {arrays[0].size} elements, not {size}")
                 array = arrays[0].astype(dtype)
+            elif codec == "masked":
+                bits, steps = arrays
+                fill = entry["fill"]
+                if bits.dtype != np.uint8 or bits.size != -(-size // 8) or type(fill) is not int \
+                        or not np.iinfo(dtype).min <= fill <= np.iinfo(dtype).max:
+                    _fail(f"{where}: malformed padding mask")
+                padding = np.unpackbits(bits, count=size).view(bool)
+                if int(size - np.count_nonzero(padding)) != steps.size:
+                    _fail(f"{where}: {steps.size} indices for {size - np.count_nonzero(padding)} places")
+                array = np.full(size, fill, dtype)
+                array[~padding] = np.cumsum(steps.astype(dtype), dtype=dtype)
             else:
                 steps, counts = arrays
                 if steps.size != counts.size or (counts.size and int(counts.min()) < 1) \
                         or int(counts.sum(dtype=np.int64)) != size:
                     _fail(f"{where}: runs do not add up to {size} elements")
-                # Summed in the array's own type: every partial sum is one of
-                # its elements (wrapping steps of unsigned types wrap back).
-                array = np.repeat(steps.astype(dtype), counts.astype(np.intp))
+                # Without np.repeat (slow for short runs): the change of step
+                # at each run's start, summed twice, in the array's own type
+                # (every partial sum of the second is one of its elements;
+                # wrapping differences wrap back).
+                values = steps.astype(dtype)
+                counts = counts.astype(np.int64)
+                array = np.zeros(size, dtype)
+                if size:
+                    array[np.cumsum(counts) - counts] = np.diff(values, prepend=values[:1] * 0)
+                    np.cumsum(array, out=array)
                 if codec == "runs":
                     np.cumsum(array, out=array)
                 else:
