@@ -34,7 +34,8 @@ class ExecutableCache:
         self.stats = {"hits": 0, "misses": 0, "stored": 0, "rejected": 0}
         self._lock = threading.Lock()
 
-    def key(self, code: bytes, compile_options, assignment, target) -> str:
+    def key(self, code: bytes, settings, assignment, target) -> str:
+        """`settings`: the compiler options and policies, in a stable repr."""
         import jax
         import jaxlib
 
@@ -42,7 +43,7 @@ class ExecutableCache:
 
         digest = hashlib.sha256()
         for part in (b"jax-ipu executable cache 1", serialize.plugin_version(), serialize.FORMAT_VERSION,
-                     jax.__version__, jaxlib.__version__, repr(compile_options), repr(assignment),
+                     jax.__version__, jaxlib.__version__, repr(settings), repr(assignment),
                      repr(target)):
             digest.update(str(part).encode() + b"\0")
         digest.update(code)

@@ -39,26 +39,29 @@ class Client:
 
     def compile(self, code: bytes, fmt: str, options: bytes) -> Executable:
         from jaxlib._jax import CompileOptions
-        from jax_ipu.compiler import CompileOptions as IpuCompileOptions, compile_module
-        from jax_ipu.stablehlo import import_module
 
         if fmt != "mlir":
             raise IpuInvalidArgument(f"jax-ipu compiles StableHLO ('mlir') programs, not {fmt!r}")
         parsed = CompileOptions.ParseFromString(options)
-        compile_options = _compile_options(
-            dict(parsed.env_option_overrides),
-            IpuCompileOptions(allow_out_of_memory=self.config.allow_out_of_memory,
-                              f64_policy="as_f32" if self.f64_as_f32 else "error"))
+        overrides = dict(parsed.env_option_overrides)
         assignment, serialized = _assignment(parsed)
         for row in assignment:
             for device_id in row:
                 self.device(device_id)
         key = None
         if self.cache is not None:
-            key = self.cache.key(fmt.encode() + b"\0" + code, compile_options, assignment, self.target)
+            # Before the compiler is imported: a hit never needs it.
+            settings = (sorted(overrides.items()), self.config.allow_out_of_memory, self.f64_as_f32)
+            key = self.cache.key(fmt.encode() + b"\0" + code, settings, assignment, self.target)
             executable = self.cache.load(self, key)
             if executable is not None:
                 return executable
+        from jax_ipu.compiler import CompileOptions as IpuCompileOptions, compile_module
+        from jax_ipu.stablehlo import import_module
+
+        compile_options = _compile_options(
+            overrides, IpuCompileOptions(allow_out_of_memory=self.config.allow_out_of_memory,
+                                         f64_policy="as_f32" if self.f64_as_f32 else "error"))
         module = import_module(code)
         try:
             program = compile_module(module, self.target, compile_options)
