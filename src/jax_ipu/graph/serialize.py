@@ -25,6 +25,7 @@ indices, interval starts) as runs of equal differences.
 """
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import hashlib
 import json
@@ -273,14 +274,16 @@ def _read_arrays(table, data: memoryview) -> list[np.ndarray]:
 
 # ---------------------------------------------------------------- schema --
 # Per class, its fields and what each holds: "int", "float" (int too),
-# "str", "bool", "tensor", "array", "view", "viewlike" (View or Concat),
-# "seq" (a Sequence), "obj" (any object here), "any" (plain data: numbers,
-# strings, tuples, dicts, arrays, dtypes, objects here); "?x": x or None;
-# "*x": a tuple of x; "[x": a list of x.
+# "str", "bool", "tensor", "array", "dtype", "view", "viewlike" (View or
+# Concat), "seq" (a Sequence), "step" (a program step), "computeset",
+# "kernel" (a graph.codelets* kernel), "instruction", "dimensions" (gather
+# or scatter dimension numbers), "type" (ir.TensorType), "memory",
+# "exchange", "any" (plain data: numbers, strings, tuples, dicts, arrays,
+# dtypes, objects here); "?x": x or None; "*x": a tuple of x; "[x": a list.
 
 _SCHEMA: dict[type, dict[str, str]] = {
-    p.Sequence: {"steps": "[obj"},
-    p.Execute: {"compute_set": "obj", "cycles": "int", "exchange_bytes": "int", "exchange_cycles": "int",
+    p.Sequence: {"steps": "[step"},
+    p.Execute: {"compute_set": "computeset", "cycles": "int", "exchange_bytes": "int", "exchange_cycles": "int",
                 "sync_cycles": "int"},
     p.Copy: {"src": "viewlike", "dst": "tensor", "cycles": "int", "exchange_bytes": "int",
              "exchange_cycles": "int", "sync_cycles": "int"},
@@ -301,14 +304,14 @@ _SCHEMA: dict[type, dict[str, str]] = {
                    "temporary_bytes": "int"},
     ir.TensorType: {"shape": "*int", "dtype": "dtype"},
     codelets.Instruction: {"op": "str", "args": "*int", "dtype": "dtype", "attrs": "any"},
-    codelets.ElementwiseChain: {"inputs": "any", "instructions": "*obj", "outputs": "any", "shape": "*int"},
+    codelets.ElementwiseChain: {"inputs": "any", "instructions": "*instruction", "outputs": "any", "shape": "*int"},
     codelets.Fill: {"out": "tensor", "value": "array"},
     codelets.MatMulPartials: {"lhs": "view", "rhs": "view", "out": "tensor"},
     codelets.ReducePartials: {"input": "view", "op": "str", "out": "tensor", "outer": "bool", "init": "any"},
     codelets.ReduceCombine: {"partials": "view", "axis": "int", "op": "str", "init": "any", "out": "tensor"},
-    codelets.TreeReduce: {"inputs": "*view", "axis": "int", "body": "*obj", "results": "*int", "init": "any",
+    codelets.TreeReduce: {"inputs": "*view", "axis": "int", "body": "*instruction", "results": "*int", "init": "any",
                           "outs": "*tensor"},
-    codelets.WindowSelect: {"values": "view", "padding": "?view", "select": "*obj", "result": "int",
+    codelets.WindowSelect: {"values": "view", "padding": "?view", "select": "*instruction", "result": "int",
                             "out": "tensor"},
     codelets_collectives.AllReduce: {"input": "view", "op": "str", "groups": "any", "out": "tensor"},
     codelets_collectives.ReduceScatter: {"input": "view", "op": "str", "dim": "int", "groups": "any",
@@ -320,15 +323,15 @@ _SCHEMA: dict[type, dict[str, str]] = {
     codelets_collectives.ReplicaIndex: {"which": "str", "out": "tensor"},
     codelets_indexing.DynamicSlice: {"operand": "view", "starts": "any", "out": "tensor"},
     codelets_indexing.DynamicUpdateSlice: {"operand": "view", "update": "view", "starts": "any", "out": "tensor"},
-    codelets_indexing.Gather: {"operand": "view", "indices": "view", "dimension_numbers": "obj",
+    codelets_indexing.Gather: {"operand": "view", "indices": "view", "dimension_numbers": "dimensions",
                                "slice_sizes": "*int", "out": "tensor"},
     codelets_indexing.Scatter: {"operands": "*view", "indices": "view", "updates": "*view",
-                                "dimension_numbers": "obj", "combiner": "?str", "body": "*obj",
+                                "dimension_numbers": "dimensions", "combiner": "?str", "body": "*instruction",
                                 "results": "*int", "outs": "*tensor"},
-    codelets_indexing.Sort: {"inputs": "*view", "body": "*obj", "result": "int", "key": "any", "outs": "*tensor"},
-    codelets_indexing.BlockSort: {"inputs": "*view", "body": "*obj", "key": "any", "blocks": "int", "block": "int",
+    codelets_indexing.Sort: {"inputs": "*view", "body": "*instruction", "result": "int", "key": "any", "outs": "*tensor"},
+    codelets_indexing.BlockSort: {"inputs": "*view", "body": "*instruction", "key": "any", "blocks": "int", "block": "int",
                                   "outs": "*tensor", "index": "tensor"},
-    codelets_indexing.MergeSplit: {"sources": "*tensor", "targets": "*tensor", "body": "*obj", "key": "any",
+    codelets_indexing.MergeSplit: {"sources": "*tensor", "targets": "*tensor", "body": "*instruction", "key": "any",
                                    "n": "int", "block": "int", "lo": "*int", "hi": "*int"},
     codelets_indexing.TopK: {"input": "view", "values": "tensor", "indices": "tensor"},
     codelets_linalg.Factorize: {"op": "str", "inputs": "*view", "outs": "*tensor", "attrs": "any"},
@@ -338,8 +341,13 @@ _SCHEMA: dict[type, dict[str, str]] = {
 _LATE = {"GatherDimensionNumbers": "jax_ipu.stablehlo.attributes",
          "ScatterDimensionNumbers": "jax_ipu.stablehlo.attributes"}
 _BY_NAME = {cls.__name__: cls for cls in _SCHEMA}
+_STEPS = (p.Sequence, p.Execute, p.Copy, p.Repeat, p.RepeatWhileTrue, p.If, p.Switch, p.Call, p.HostToDevice,
+          p.DeviceToHost, p.HostCall)
+_KERNELS = tuple(cls for cls in _SCHEMA if cls.__module__ in (
+    codelets.__name__, codelets_collectives.__name__, codelets_indexing.__name__, codelets_linalg.__name__)
+    and cls is not codelets.Instruction)
 # The fields written by the vertex table, not the tree.
-_COMPUTE_SET_FIELDS = {"name": "str", "kernel": "obj", "exchange": "?obj"}
+_COMPUTE_SET_FIELDS = {"name": "str", "kernel": "kernel", "exchange": "?exchange"}
 # Values of string fields that select behaviour: anything else is refused.
 _CHOICES = {(codelets_collectives.ReplicaIndex, "which"): ("replica", "partition")}
 
@@ -436,7 +444,7 @@ class _Encoder:
         self.num_vertices += len(vertices)
 
     def tensors(self) -> dict:
-        meta, runs, tiles, starts, constants = [], [], [], [], []
+        meta, runs, tiles, starts = [], [], [], []
         for t in self.program.tensors:
             m = t.mapping
             meta.append([t.name, t.dtype.name, list(t.shape),
@@ -507,21 +515,49 @@ class LoadedComputeSet(ComputeSet):
     """A compute set read from bytes: its vertices are built from the
     vertex table when first read. The engine never reads them (it runs the
     kernel); profiles and checks do, and building a large program's
-    hundreds of thousands of vertex objects would take seconds of a load."""
+    hundreds of thousands of vertex objects would take seconds of a load.
+    Their count and tiles come from the table without building them (the
+    summary that compiled.as_text() and PJRT's layouts read lists both)."""
 
-    def __init__(self, name: str, build, kernel, exchange=None):
+    def __init__(self, name: str, table, kernel, exchange=None):
         self.name, self.kernel, self.exchange = name, kernel, exchange
-        self._build, self._vertices = build, None
+        self._table, self._vertices = table, None
 
     @property
-    def vertices(self) -> list:
+    def vertices(self):
         if self._vertices is None:
-            self._vertices = self._build()
+            self._vertices = _LazyVertices(self._table)
         return self._vertices
 
     @vertices.setter
     def vertices(self, value) -> None:
         self._vertices = value
+
+    def tiles(self) -> np.ndarray:
+        if isinstance(self._vertices, list):
+            return super().tiles()
+        return self._table.tiles()
+
+
+class _LazyVertices(collections.abc.Sequence):
+    """A compute set's vertices, built on first use but for their count."""
+
+    def __init__(self, table):
+        self._table, self._built = table, None
+
+    def __len__(self) -> int:
+        return self._table.count
+
+    def _list(self) -> list:
+        if self._built is None:
+            self._built = self._table.build()
+        return self._built
+
+    def __getitem__(self, i):
+        return self._list()[i]
+
+    def __iter__(self):
+        return iter(self._list())
 
 
 class _Decoder:
@@ -652,7 +688,11 @@ class _Decoder:
               "tensor": lambda y: type(y) is Tensor, "array": lambda y: type(y) is np.ndarray,
               "dtype": lambda y: isinstance(y, np.dtype), "view": lambda y: type(y) is View,
               "viewlike": lambda y: type(y) in (View, Concat), "seq": lambda y: type(y) is p.Sequence,
-              "obj": lambda y: type(y) in _SCHEMA or type(y) is LoadedComputeSet or type(y).__name__ in _LATE,
+              "step": lambda y: type(y) in _STEPS, "kernel": lambda y: type(y) in _KERNELS,
+              "instruction": lambda y: type(y) is codelets.Instruction,
+              "computeset": lambda y: type(y) is LoadedComputeSet,
+              "dimensions": lambda y: type(y).__name__ in _LATE, "type": lambda y: type(y) is ir.TensorType,
+              "memory": lambda y: type(y) is MemoryReport, "exchange": lambda y: type(y) is DataDependentExchange,
               "any": lambda y: True}[spec]
         if not ok(x):
             _fail(f"{where}: expected {spec}, got {type(x).__name__}")
@@ -665,7 +705,20 @@ class _Decoder:
         table = self.vertices
         if first < 0 or count < 0 or first + count > table["count"]:
             _fail(f"{where}: vertices {first}..{first + count} out of the table")
-        return lambda: table["build"](first, count)
+        return _VertexSpan(table, first, count)
+
+
+class _VertexSpan:
+    """Vertices first..first+count of the vertex table."""
+
+    def __init__(self, table: dict, first: int, count: int):
+        self._table, self._first, self.count = table, first, count
+
+    def build(self) -> list:
+        return self._table["build"](self._first, self.count)
+
+    def tiles(self) -> np.ndarray:
+        return np.unique(self._table["tile"][self._first:self._first + self.count]).astype(np.int64)
 
 
 def _check_view(tensor: Tensor, ops, shape, where: str) -> None:
@@ -776,7 +829,7 @@ def _vertex_builder(header, arrays, tensors, where="vertices"):
             r += n
             out.append(Vertex(codelet_names[v], tiles[v], regions[:reads[v]], regions[reads[v]:], cycles[v]))
         return out
-    return {"count": n, "build": build}
+    return {"count": n, "build": build, "tile": cols["tile"]}
 
 
 def _tensors(header, arrays) -> list[Tensor]:
@@ -870,8 +923,8 @@ def loads(data: bytes) -> tuple[Program, dict]:
 
 def _program(h, dec: _Decoder, tensors: list[Tensor]) -> Program:
     fields = {"name": "str", "target_name": "str", "num_tiles": "int", "body": "seq", "inputs": None,
-              "outputs": None, "input_types": "*obj", "output_types": "*obj", "aliases": None, "in_place": None,
-              "cycles": "int", "unknown_trip_loops": "[any", "host_cycles": "int", "memory": "?obj",
+              "outputs": None, "input_types": "*type", "output_types": "*type", "aliases": None, "in_place": None,
+              "cycles": "int", "unknown_trip_loops": "[any", "host_cycles": "int", "memory": "?memory",
               "flops": "float", "shardings": "any", "bytes_accessed": "float", "transcendentals": "float",
               "token_outputs": None}
     if type(h) is not dict or set(h) != set(fields):
