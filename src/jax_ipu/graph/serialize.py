@@ -234,7 +234,7 @@ def _read_arrays(table, data: memoryview) -> list[np.ndarray]:
             if codec == "narrow":
                 if arrays[0].size != size:
                     _fail(f"{where}: holds {arrays[0].size} elements, not {size}")
-                array = arrays[0].astype(dtype)
+                array = arrays[0].astype(dtype, copy=False)
             elif codec == "masked":
                 bits, steps = arrays
                 fill = entry["fill"]
