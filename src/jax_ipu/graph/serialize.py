@@ -99,9 +99,11 @@ def _dtype(name, where: str) -> np.dtype:
 
 def _narrow_size(values: np.ndarray) -> int:
     """The item size _narrow would give."""
-    if values.size == 0:
-        return 1
-    low, high = int(values.min()), int(values.max())
+    return _width(int(values.min()), int(values.max())) if values.size else 1
+
+
+def _width(low: int, high: int) -> int:
+    """Bytes of the smallest integer type holding low..high."""
     for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32):
         info = np.iinfo(t)
         if info.min <= low and high <= info.max:
@@ -138,6 +140,17 @@ class _Writer:
         self.size = offset + len(data)
         return [array.dtype.name, offset, len(data)]
 
+    @staticmethod
+    def _steps(values: np.ndarray, shape, codec: str):
+        """Differences along the elements ("runs") or between rows
+        ("row-runs", of a matrix of rows, as im2col indices are)."""
+        if codec == "runs":
+            return np.diff(values, prepend=values.dtype.type(0))
+        if len(shape) < 2 or not 1 < shape[-1] < values.size:
+            return None
+        rows = values.reshape(-1, shape[-1])
+        return np.diff(rows, axis=0, prepend=np.zeros((1, rows.shape[1]), values.dtype)).reshape(-1)
+
     def add(self, array: np.ndarray) -> int:
         array = np.asarray(array)
         if array.dtype.name not in _DTYPES:
@@ -146,46 +159,46 @@ class _Writer:
         flat = array.reshape(-1)
         if array.dtype.kind in "iu" and array.dtype.itemsize <= 8 and flat.size >= 64 \
                 and not (array.dtype == np.uint64 and int(flat.max()) > np.iinfo(np.int64).max):
-            wide = flat.astype(np.int64)
-            # Runs of equal differences, along the elements or (for a
-            # matrix of rows, as im2col indices are) between rows.
-            found = [("runs", np.diff(wide, prepend=np.int64(0)))]
-            if array.ndim >= 2 and 1 < array.shape[-1] < flat.size:
-                rows = wide.reshape(-1, array.shape[-1])
-                found.append(("row-runs", np.diff(rows, axis=0, prepend=np.zeros((1, rows.shape[1]), np.int64))
-                              .reshape(-1)))
-            # Each candidate's bytes before zlib: the smallest is stored, a
-            # coded one only if it is much smaller (decoding short runs
-            # costs more than inflating the plain indices).
-            plain = _narrow_size(wide) * flat.size
-            best = ("narrow", plain / 2, None)
-            for codec, steps in found:
-                cuts = np.flatnonzero(steps[1:] != steps[:-1]) + 1
-                size = (len(cuts) + 1) * (_narrow_size(steps) + 4)
-                if size < best[1]:
-                    best = (codec, size, (steps, cuts))
+            low, high = int(flat.min()), int(flat.max())
+            # Differences of values within half int32's range fit in int32:
+            # large index arrays are never widened (a ResNet's hold 10^8).
+            half = 1 << 30
+            values = flat.astype(np.int32 if -half <= low and high < half else np.int64, copy=False)
+            plain = _width(low, high) * flat.size
+            # Each candidate's bytes before zlib, one at a time: the
+            # smallest is stored, a coded one only if at most half the
+            # plain size (decoding costs more than inflating plain bytes).
+            best, best_size = "narrow", plain / 2
+            for codec in ("runs", "row-runs"):
+                steps = self._steps(values, array.shape, codec)
+                if steps is None:
+                    continue
+                changes = 1 + int(np.count_nonzero(steps[1:] != steps[:-1]))
+                size = changes * (_narrow_size(steps) + 4)
+                if size < best_size:
+                    best, best_size = codec, size
+                del steps
             # Gathers whose positions are mostly padding (the read of a
             # dilated or strided convolution's gradient): which positions
             # are padding (the largest index), then the other indices as
             # differences.
-            fill = int(wide.max())
-            padding = wide == fill
-            if padding.mean() > 0.1:
-                steps = np.diff(wide[~padding], prepend=np.int64(0))
-                size = flat.size // 8 + _narrow_size(steps) * len(steps)
-                if size < best[1]:
-                    best = ("masked", size, (padding, steps))
-            codec, _, parts = best
-            entry["codec"] = codec
-            if codec == "narrow":
-                entry["parts"] = [self._part(_narrow(wide) if array.dtype != np.uint64 else flat)]
-            elif codec == "masked":
-                padding, steps = parts
-                entry["fill"] = fill
-                entry["parts"] = [self._part(np.packbits(padding)), self._part(_narrow(steps))]
-            else:
-                steps, cuts = parts
-                starts = np.concatenate(([0], cuts))
+            padding = values == high
+            padded = int(np.count_nonzero(padding))
+            if padded > 0.1 * flat.size:
+                valid = values[~padding]
+                steps = np.diff(valid, prepend=valid.dtype.type(0))
+                if flat.size // 8 + _narrow_size(steps) * len(steps) < best_size:
+                    best = "masked"
+                    entry["fill"] = high
+                    entry["parts"] = [self._part(np.packbits(padding)), self._part(_narrow(steps))]
+                del valid, steps
+            del padding
+            entry["codec"] = best
+            if best == "narrow":
+                entry["parts"] = [self._part(_narrow(values) if array.dtype != np.uint64 else flat)]
+            elif best != "masked":
+                steps = self._steps(values, array.shape, best)
+                starts = np.concatenate(([0], np.flatnonzero(steps[1:] != steps[:-1]) + 1))
                 counts = np.diff(np.append(starts, flat.size))
                 entry["parts"] = [self._part(_narrow(steps[starts])), self._part(_narrow(counts))]
         else:
