@@ -10,6 +10,8 @@ JAX_IPU_ALLOW_OUT_OF_MEMORY=1 compile programs that do not fit (Poplar's
 JAX_IPU_PROFILE=DIR           write a profile of every executed program to DIR
 JAX_IPU_F64_AS_F32=1          run 64-bit types as 32-bit ones (f64 as f32, i64/u64 as
                               i32/u32), as PopTorch does; JAX still sees 64-bit arrays
+JAX_IPU_EXECUTABLE_CACHE=DIR  load compiled programs from DIR and save new ones there
+                              (TF_POPLAR_FLAGS=--executable_cache_path=DIR, Poplar's spelling)
 JAX_IPU_MODEL_XLA_CHAINS=0    run all element-wise compute sets on numpy, none on XLA:CPU
 JAX_IPU_DUMP_TO=DIR           write each compiled program's IR after every compiler pass to DIR
                               (read by jax_ipu.model.fast.xla_chains when it is imported)
@@ -38,6 +40,7 @@ class Config:
     profile_directory: str | None = None
     f64_as_f32: bool = False
     dump_to: str | None = None
+    executable_cache: str | None = None
 
 
 def _int(name: str, text: str, minimum: int) -> int:
@@ -109,4 +112,5 @@ def from_environment(env=None, overrides: dict | None = None) -> Config:
         profile_directory=_profile_directory(env, engine),
         f64_as_f32=_flag("JAX_IPU_F64_AS_F32", env.get("JAX_IPU_F64_AS_F32", "0")),
         dump_to=env.get("JAX_IPU_DUMP_TO") or None,
+        executable_cache=env.get("JAX_IPU_EXECUTABLE_CACHE") or poplar.get("executable_cache_path") or None,
     )

@@ -443,6 +443,17 @@ cdef extern from "pjrt_decls.h" nogil:
         size_t serialized_bytes_size
         PJRT_Blob* blob
         void (*deleter)(PJRT_Blob*) noexcept nogil
+    ctypedef struct PJRT_Executable_DeserializeAndLoad_Args:
+        PJRT_Client* client
+        const char* serialized_executable
+        size_t serialized_executable_size
+        PJRT_LoadedExecutable* loaded_executable
+        const char* overridden_serialized_compile_options
+        size_t overridden_serialized_compile_options_size
+    int ipu_has_compile_options_override(const PJRT_Executable_DeserializeAndLoad_Args*)
+    ctypedef struct PJRT_Executable_OptimizedProgram_Args:
+        PJRT_LoadedExecutable* executable
+        PJRT_Program* program
     ctypedef struct PJRT_ExecuteOptions:
         size_t struct_size
         int launch_id

@@ -8,6 +8,7 @@ from jax_ipu.errors import IpuError, IpuInternalCompilerError, IpuInvalidArgumen
 from jax_ipu.targets import get_target
 from jax_ipu.version import __version__
 from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer, check_ipu_dtype, to_device
+from jax_ipu.pjrt.cache import ExecutableCache
 from jax_ipu.pjrt.device import Device
 from jax_ipu.pjrt.executable import Executable, device_assignment_ids, fingerprint
 
@@ -26,6 +27,8 @@ class Client:
         # Run 64-bit types as 32-bit ones (JAX_IPU_F64_AS_F32, jax_ipu.set_f64_as_f32).
         self.f64_as_f32 = config.f64_as_f32
         self.keepalive: list = []  # what the C structs point at
+        # Poplar's executable cache (JAX_IPU_EXECUTABLE_CACHE, --executable_cache_path).
+        self.cache = ExecutableCache(config.executable_cache) if config.executable_cache else None
 
     def device(self, device_id: int) -> Device:
         try:
@@ -36,17 +39,30 @@ class Client:
 
     def compile(self, code: bytes, fmt: str, options: bytes) -> Executable:
         from jaxlib._jax import CompileOptions
-        from jax_ipu.compiler import CompileOptions as IpuCompileOptions, compile_module
-        from jax_ipu.stablehlo import import_module
 
         if fmt != "mlir":
             raise IpuInvalidArgument(f"jax-ipu compiles StableHLO ('mlir') programs, not {fmt!r}")
         parsed = CompileOptions.ParseFromString(options)
+        overrides = dict(parsed.env_option_overrides)
+        assignment, serialized = _assignment(parsed)
+        for row in assignment:
+            for device_id in row:
+                self.device(device_id)
+        key = None
+        if self.cache is not None:
+            # Before the compiler is imported: a hit never needs it.
+            settings = (sorted(overrides.items()), self.config.allow_out_of_memory, self.f64_as_f32)
+            key = self.cache.key(fmt.encode() + b"\0" + code, settings, assignment, self.target)
+            executable = self.cache.load(self, key)
+            if executable is not None:
+                return executable
+        from jax_ipu.compiler import CompileOptions as IpuCompileOptions, compile_module
+        from jax_ipu.stablehlo import import_module
+
         compile_options = _compile_options(
-            dict(parsed.env_option_overrides),
-            IpuCompileOptions(allow_out_of_memory=self.config.allow_out_of_memory,
-                              f64_policy="as_f32" if self.f64_as_f32 else "error",
-                              dump_to=self.config.dump_to))
+            overrides, IpuCompileOptions(allow_out_of_memory=self.config.allow_out_of_memory,
+                                         f64_policy="as_f32" if self.f64_as_f32 else "error",
+                                         dump_to=self.config.dump_to))
         module = import_module(code)
         try:
             program = compile_module(module, self.target, compile_options)
@@ -64,23 +80,18 @@ class Client:
             warnings.warn(f"{program.name} does not fit in {self.target.describe()} ({program.memory.describe()}); "
                           "compiled anyway, as allow_out_of_memory asks (JAX_IPU_ALLOW_OUT_OF_MEMORY, "
                           "debug.allowOutOfMemory or the compiler option): see its profile", stacklevel=2)
-        assignment_proto = parsed.executable_build_options.device_assignment
-        if assignment_proto is not None:
-            serialized = assignment_proto.serialize()
-            assignment = device_assignment_ids(serialized)
-        else:
-            from jaxlib._jax import DeviceAssignment
-            n_r, n_p = max(parsed.num_replicas, 1), max(parsed.num_partitions, 1)
-            ids = np.arange(n_r * n_p, dtype=np.int32).reshape(n_r, n_p)
-            serialized = DeviceAssignment.create(ids).serialize()
-            assignment = ids.tolist()
-        for row in assignment:
-            for device_id in row:
-                self.device(device_id)
         name = module.main.name if module.entry == "main" else module.entry
         policy = b"f64_as_f32" if self.f64_as_f32 else b""
-        return Executable(self, program, name, fingerprint(code + policy, options, self.target),
-                          assignment, serialized)
+        executable = Executable(self, program, name, fingerprint(code + policy, options, self.target),
+                                assignment, serialized)
+        if key is not None:
+            self.cache.store(key, executable)
+        return executable
+
+    def deserialize(self, data: bytes, options: bytes | None) -> Executable:
+        """An executable saved by Executable.serialize (PJRT_Executable_DeserializeAndLoad)."""
+        from jax_ipu.pjrt.executable import from_bytes
+        return from_bytes(self, data, options)
 
     def buffer_from_host(self, array: np.ndarray, device_id: int) -> DeviceBuffer:
         check_ipu_dtype(array.dtype, self.f64_as_f32)
@@ -106,6 +117,19 @@ def create_client(options: dict) -> Client:
     if CURRENT.config.profile_directory:
         profile.start(CURRENT.config.profile_directory, write_at_exit=True)
     return CURRENT
+
+
+def _assignment(parsed) -> tuple[list[list[int]], bytes]:
+    """(device ids [replica][partition], serialized DeviceAssignmentProto)
+    of parsed CompileOptions: the one JAX gave, else devices 0, 1, ..."""
+    proto = parsed.executable_build_options.device_assignment
+    if proto is not None:
+        serialized = proto.serialize()
+        return device_assignment_ids(serialized), serialized
+    from jaxlib._jax import DeviceAssignment
+    n_r, n_p = max(parsed.num_replicas, 1), max(parsed.num_partitions, 1)
+    ids = np.arange(n_r * n_p, dtype=np.int32).reshape(n_r, n_p)
+    return ids.tolist(), DeviceAssignment.create(ids).serialize()
 
 
 def _compile_options(overrides: dict, options):

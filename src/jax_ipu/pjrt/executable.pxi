@@ -200,6 +200,74 @@ cdef PJRT_Error* e_loaded_executable_device_assignment(PJRT_Executable_Blob_Args
     a.deleter = blob_delete
     return NULL
 
+cdef PJRT_Error* blob_of(PJRT_Executable_Blob_Args* a, str method) noexcept nogil:
+    """Bytes a Python method of the executable returns, handed out with a
+    deleter that drops them."""
+    cdef PJRT_Blob* blob = <PJRT_Blob*>malloc(sizeof(PJRT_Blob))
+    if blob == NULL:
+        return make_error(CODE_RESOURCE_EXHAUSTED, b"out of memory", 13)
+    with gil:
+        saved = py_enter()
+        try:
+            data = getattr(<object>a.executable.py, method)()
+            if type(data) is not bytes:
+                raise TypeError(f"{method} gave {type(data).__name__}, not bytes")
+            Py_INCREF(data)
+            blob.py = <void*>data
+            a.serialized_bytes = PyBytes_AS_STRING(data)
+            a.serialized_bytes_size = PyBytes_GET_SIZE(data)
+        except BaseException as exc:
+            free(blob)
+            return error_from_exception(exc)
+        finally:
+            py_leave(saved)
+    a.blob = blob
+    a.deleter = blob_delete
+    return NULL
+
+cdef PJRT_Error* e_executable_serialize(PJRT_Executable_Blob_Args* a) noexcept nogil:
+    return blob_of(a, "serialize")
+
+cdef PJRT_Error* e_executable_deserialize_and_load(PJRT_Executable_DeserializeAndLoad_Args* a) noexcept nogil:
+    with gil:
+        saved = py_enter()
+        try:
+            drain_released_now()
+            data = a.serialized_executable[:a.serialized_executable_size]
+            options = None
+            if ipu_has_compile_options_override(a):
+                options = a.overridden_serialized_compile_options[:a.overridden_serialized_compile_options_size]
+            py_exe = (<object>a.client.py).deserialize(data, options)
+            a.loaded_executable = build_executable(a.client, py_exe)
+            return NULL
+        except BaseException as exc:
+            return error_from_exception(exc)
+        finally:
+            py_leave(saved)
+
+cdef PJRT_Error* e_executable_optimized_program(PJRT_Executable_OptimizedProgram_Args* a) noexcept nogil:
+    """The compiled program as text (format and bytes from the executable's
+    optimized_program()): its size when `code` is NULL, else the bytes."""
+    cdef PJRT_Program* program = a.program
+    with gil:
+        saved = py_enter()
+        try:
+            fmt, text = (<object>a.executable.py).optimized_program()
+            program.format = PyBytes_AS_STRING(fmt)
+            program.format_size = PyBytes_GET_SIZE(fmt)
+            if program.code == NULL:
+                program.code_size = PyBytes_GET_SIZE(text)
+            else:
+                if program.code_size < <size_t>PyBytes_GET_SIZE(text):
+                    raise ValueError("the buffer for the optimized program is too small")
+                memcpy(program.code, PyBytes_AS_STRING(text), PyBytes_GET_SIZE(text))
+                program.code_size = PyBytes_GET_SIZE(text)
+            return NULL
+        except BaseException as exc:
+            return error_from_exception(exc)
+        finally:
+            py_leave(saved)
+
 cdef PJRT_Error* shardings_of(PJRT_Shardings_Args* a, bint outputs) noexcept with gil:
     """The executable's serialized OpShardings (null arrays when unknown):
     JAX's view of how a program over several IPUs splits its values."""

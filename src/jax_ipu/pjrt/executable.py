@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 import time
 
@@ -74,6 +75,8 @@ class Executable:
         self.program = program
         self.name = name
         self.fingerprint = fingerprint
+        self.assignment = assignment
+        self._text = None
         self.num_replicas = len(assignment)
         self.num_partitions = len(assignment[0])
         self.logical_ids = [(r, p) for r in range(self.num_replicas) for p in range(self.num_partitions)]
@@ -99,6 +102,31 @@ class Executable:
         # so a failed run's error goes to its outputs only, as on XLA:CPU,
         # not to an event that would re-raise it ever after.
         self.own_completion = bool(self.output_specs) and _calls_host(program.body)
+
+    # -- saved and loaded (PJRT_Executable_Serialize, DeserializeAndLoad) --
+    def serialize(self) -> bytes:
+        """The program in graph.serialize's format, with what loading it
+        needs besides: name, fingerprint, device assignment and, for
+        programs calling the host, the process whose callbacks they name."""
+        from jax_ipu import callbacks
+        from jax_ipu.graph import serialize
+
+        meta = {"kind": EXECUTABLE_KIND, "name": self.name, "fingerprint": self.fingerprint,
+                "assignment": [[int(d) for d in row] for row in self.assignment],
+                "device_assignment": self.serialized_device_assignment,
+                "callbacks": callbacks.PROCESS if _calls_host(self.program.body) else None}
+        return serialize.dumps(self.program, meta)
+
+    def optimized_program(self) -> tuple[bytes, bytes]:
+        """(format, text) for PJRT_Executable_OptimizedProgram: XLA reads
+        it for the executable's layouts at every compile, and prints it as
+        HLO for compiled.as_text(). So it is small: the program's signature
+        (results as zeros) and, as the module's frontend attribute
+        `ipu_program`, what the IPU runs: compute sets, copies, cycles,
+        memory (the StableHLO itself is lowered.as_text())."""
+        if self._text is None:
+            self._text = program_text(self.program.name, self.program).encode()
+        return b"mlir", self._text
 
     # -- execution --
     def execute(self, args: list[list[DeviceBuffer]], device_id: int | None,
@@ -221,6 +249,94 @@ def _check_donations(row: list[DeviceBuffer], donated: frozenset) -> None:
                 f"(e.g. jnp.copy(x)) for one of them, or do not donate it")
 
 
+EXECUTABLE_KIND = "jax-ipu executable"
+
+
+def _mlir_string(text: str) -> str:
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif " " <= ch <= "~":
+            out.append(ch)
+        else:
+            out.extend(f"\\{b:02X}" for b in ch.encode())
+    return '"' + "".join(out) + '"'
+
+
+def program_text(name: str, program) -> str:
+    """MLIR text of the program's signature, returning zeros, with its
+    summary as the module's frontend attribute `ipu_program`."""
+    from jax_ipu import ir
+
+    def type_of(t) -> str:
+        return str(ir.TensorType(tuple(t.shape), t.dtype))
+
+    def zero(t) -> str:
+        kind = t.dtype.kind
+        value = {"b": "false", "f": "0.0", "c": "(0.0, 0.0)"}.get(kind, "0")
+        return f"stablehlo.constant dense<{value}> : {type_of(t)}"
+
+    args = ", ".join(f"%arg{i}: {type_of(t)}" for i, t in enumerate(program.input_types))
+    results = [type_of(t) for t in program.output_types]
+    symbol = name if re.fullmatch(r"[A-Za-z_][\w$.]*", name) else _mlir_string(name)
+    lines = [f"module @{symbol} attributes {{mhlo.frontend_attributes = "
+             f"{{ipu_program = {_mlir_string(program.summary())}}}}} {{",
+             f"  func.func public @main({args}) -> ({', '.join(results)}) {{"]
+    lines += [f"    %{i} = {zero(t)}" for i, t in enumerate(program.output_types)]
+    lines += [f"    return {', '.join(f'%{i}' for i in range(len(results)))}"
+              f"{' : ' + ', '.join(results) if results else ''}", "  }", "}"]
+    return "\n".join(lines)
+
+
+def from_bytes(client, data: bytes, options: bytes | None) -> Executable:
+    """An Executable from Executable.serialize's bytes, for `client`.
+    `options`: a serialized CompileOptionsProto whose device assignment
+    replaces the saved one (JAX's execution_devices)."""
+    from jax_ipu import callbacks
+    from jax_ipu.graph import serialize
+
+    try:
+        program, meta = serialize.loads(data)
+    except serialize.ProgramFormatError as exc:
+        raise IpuInvalidArgument(f"cannot load this IPU executable: {exc}") from None
+    fields = {"kind": str, "name": str, "fingerprint": bytes, "assignment": list, "device_assignment": bytes,
+              "callbacks": (str, type(None))}
+    if set(meta) != set(fields) or meta["kind"] != EXECUTABLE_KIND or not all(
+            isinstance(meta[k], t) for k, t in fields.items()):
+        raise IpuInvalidArgument("cannot load this IPU executable: it holds a program, not an executable")
+    assignment = meta["assignment"]
+    if not assignment or not all(type(row) is list and len(row) == len(assignment[0]) and row
+                                 and all(type(d) is int for d in row) for row in assignment):
+        raise IpuInvalidArgument("cannot load this IPU executable: malformed device assignment")
+    target = client.target
+    if (program.target_name, program.num_tiles) != (target.name, target.num_tiles):
+        raise IpuInvalidArgument(
+            f"{meta['name']} was compiled for {program.target_name} with {program.num_tiles} tiles; these IPUs "
+            f"are {target.describe()} (JAX_IPU_TARGET, JAX_IPU_MODEL_NUM_TILES): compile it again")
+    if meta["callbacks"] is not None and meta["callbacks"] != callbacks.PROCESS:
+        raise IpuInvalidArgument(
+            f"{meta['name']} calls host callbacks (jax.debug.print, pure_callback, io_callback or feeds) of the "
+            "process that compiled it; Python functions are not saved with a program, so it runs only there. "
+            "Compile it again in this process")
+    serialized = meta["device_assignment"]
+    if options:
+        from jaxlib._jax import CompileOptions
+        proto = CompileOptions.ParseFromString(options).executable_build_options.device_assignment
+        if proto is not None:
+            serialized = proto.serialize()
+            assignment = device_assignment_ids(serialized)
+            if (len(assignment), len(assignment[0]) if assignment else 0) != (len(meta["assignment"]),
+                                                                                  len(meta["assignment"][0])):
+                raise IpuInvalidArgument(
+                    f"{meta['name']} runs on {len(meta['assignment'])}x{len(meta['assignment'][0])} IPUs "
+                    "(replicas x partitions), not on the devices given")
+    for row in assignment:
+        for device_id in row:
+            client.device(device_id)
+    return Executable(client, program, meta["name"], meta["fingerprint"], assignment, serialized)
+
+
 # Programs up to this many elements in all their tensors (and no loops) run
 # in microseconds on the Model (see is_quick).
 QUICK_ELEMENTS = 1 << 17
@@ -228,6 +344,11 @@ QUICK_ELEMENTS = 1 << 17
 
 def _calls_host(step) -> bool:
     return isinstance(step, p.HostCall) or any(_calls_host(child) for child in p.children(step))
+
+
+def calls_host(program) -> bool:
+    """Whether the program calls host callbacks (its feeds among them)."""
+    return _calls_host(program.body)
 
 
 def is_quick(program, num_devices: int) -> bool:

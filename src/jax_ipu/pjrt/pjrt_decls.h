@@ -277,7 +277,20 @@ typedef struct { ARGS_HEAD PJRT_LoadedExecutable* executable; bool is_deleted; }
 typedef struct {
   ARGS_HEAD PJRT_LoadedExecutable* executable; const char* serialized_bytes; size_t serialized_bytes_size;
   PJRT_Blob* blob; void (*deleter)(PJRT_Blob*);
-} PJRT_Executable_Blob_Args; /* GetDeviceAssignment */
+} PJRT_Executable_Blob_Args; /* GetDeviceAssignment, Serialize */
+typedef struct {
+  ARGS_HEAD PJRT_Client* client; const char* serialized_executable; size_t serialized_executable_size;
+  PJRT_LoadedExecutable* loaded_executable;                       /* out */
+  const char* overridden_serialized_compile_options; size_t overridden_serialized_compile_options_size;
+  void* load_options;
+} PJRT_Executable_DeserializeAndLoad_Args;
+typedef struct { ARGS_HEAD PJRT_LoadedExecutable* executable; PJRT_Program* program; } PJRT_Executable_OptimizedProgram_Args;
+/* Whether the caller's struct (of `struct_size` bytes) holds `field`. */
+#define IPU_HAS_FIELD(args, field) \
+  ((args)->struct_size >= offsetof(__typeof__(*(args)), field) + sizeof((args)->field))
+static inline int ipu_has_compile_options_override(const PJRT_Executable_DeserializeAndLoad_Args* a) {
+  return IPU_HAS_FIELD(a, overridden_serialized_compile_options_size) && a->overridden_serialized_compile_options != NULL;
+}
 typedef struct {
   ARGS_HEAD void** send_callbacks; void** recv_callbacks; size_t num_send_ops; size_t num_recv_ops;
   int launch_id; const int64_t* non_donatable_input_indices; size_t num_non_donatable_input_indices;

@@ -1,0 +1,215 @@
+"""Compile once: the time to compile a training step for the IPU against
+the time to load it from the executable cache, and the entry's size.
+
+    python benchmarks/compile_cache.py [--programs mlp resnet18 resnet50] [--json]
+
+Each program runs in two fresh processes sharing an empty cache directory
+(JAX_IPU_EXECUTABLE_CACHE): the first compiles it and stores the entry,
+the second finds it and loads it. Both time `lowered.compile()` (tracing
+and lowering are JAX's and the same in both), and the second runs one step
+to check the loaded program's result against the first's. Programs:
+
+    mlp       MNIST MLP step: 784-512-512-10, batch 128, SGD
+    resnet18  ResNet-18-style CIFAR step: 8 residual blocks (32-256 channels),
+              batch norm, batch 32, SGD with momentum (flax, optax)
+    resnet50  ResNet-50 (flax, bottleneck blocks 3-4-6-3, batch norm), 224x224,
+              batch 2, SGD with momentum; compiled with allow_out_of_memory
+              (it does not fit one IPU yet), 30-70 s to compile
+
+Goals: loading under 1 s and under 5% of the compile time. Wall times
+and process CPU times (all threads) are both reported: on a shared machine
+the CPU times are the steadier figures.
+"""
+import argparse
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def mlp():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    sizes = [784, 512, 512, 10]
+    params = [(rng.standard_normal((a, b)).astype(np.float32) * 0.05, np.zeros(b, np.float32))
+              for a, b in zip(sizes[:-1], sizes[1:])]
+
+    def loss(params, x, y):
+        for w, b in params[:-1]:
+            x = jax.nn.relu(x @ w + b)
+        logits = x @ params[-1][0] + params[-1][1]
+        return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * jax.nn.one_hot(y, 10), -1))
+
+    @functools.partial(jax.jit, donate_argnums=0)
+    def step(params, x, y):
+        value, grads = jax.value_and_grad(loss)(params, x, y)
+        return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), value
+
+    x = rng.standard_normal((128, 784)).astype(np.float32)
+    y = (np.arange(128) % 10).astype(np.int32)
+    return step, (params, x, y)
+
+
+def resnet(kind: str):
+    import flax.linen as nn
+    import jax
+    import numpy as np
+    import optax
+
+    class Basic(nn.Module):
+        features: int
+        stride: int
+
+        @nn.compact
+        def __call__(self, x, train):
+            norm = functools.partial(nn.BatchNorm, use_running_average=not train)
+            y = nn.relu(norm()(nn.Conv(self.features, (3, 3), self.stride, use_bias=False)(x)))
+            y = norm()(nn.Conv(self.features, (3, 3), use_bias=False)(y))
+            if x.shape != y.shape:
+                x = norm()(nn.Conv(self.features, (1, 1), self.stride, use_bias=False)(x))
+            return nn.relu(x + y)
+
+    class Bottleneck(nn.Module):
+        features: int
+        stride: int
+
+        @nn.compact
+        def __call__(self, x, train):
+            norm = functools.partial(nn.BatchNorm, use_running_average=not train)
+            y = nn.relu(norm()(nn.Conv(self.features, (1, 1), use_bias=False)(x)))
+            y = nn.relu(norm()(nn.Conv(self.features, (3, 3), self.stride, use_bias=False)(y)))
+            y = norm()(nn.Conv(self.features * 4, (1, 1), use_bias=False)(y))
+            if x.shape != y.shape:
+                x = norm()(nn.Conv(self.features * 4, (1, 1), self.stride, use_bias=False)(x))
+            return nn.relu(x + y)
+
+    class ResNet18(nn.Module):
+        @nn.compact
+        def __call__(self, x, train):
+            x = nn.relu(nn.BatchNorm(use_running_average=not train)(nn.Conv(32, (3, 3), use_bias=False)(x)))
+            for features, stride in [(32, 1), (32, 1), (64, 2), (64, 1), (128, 2), (128, 1), (256, 2), (256, 1)]:
+                x = Basic(features, stride)(x, train)
+            return nn.Dense(10)(x.mean((1, 2)))
+
+    class ResNet50(nn.Module):
+        @nn.compact
+        def __call__(self, x, train):
+            x = nn.Conv(64, (7, 7), 2, padding=[(3, 3), (3, 3)], use_bias=False)(x)
+            x = nn.relu(nn.BatchNorm(use_running_average=not train)(x))
+            x = nn.max_pool(x, (3, 3), (2, 2), padding="SAME")
+            for i, (blocks, features) in enumerate([(3, 64), (4, 128), (6, 256), (3, 512)]):
+                for j in range(blocks):
+                    x = Bottleneck(features, 2 if i and not j else 1)(x, train)
+            return nn.Dense(1000)(x.mean((1, 2)))
+
+    model, shape, batch, classes = {"resnet18": (ResNet18(), (32, 32, 3), 32, 10),
+                                    "resnet50": (ResNet50(), (224, 224, 3), 2, 1000)}[kind]
+    tx = optax.sgd(0.1, momentum=0.9)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, *shape)).astype(np.float32)
+    y = (np.arange(batch) % classes).astype(np.int32)
+    variables = jax.jit(lambda: model.init(jax.random.PRNGKey(0), x[:1], False), backend="cpu")()
+
+    def loss_fn(params, stats, x, y):
+        logits, updates = model.apply({"params": params, "batch_stats": stats}, x, True, mutable=["batch_stats"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), updates["batch_stats"]
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1, 2))
+    def step(params, stats, opt_state, x, y):
+        (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, stats, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), stats, opt_state, loss
+
+    return step, (variables["params"], variables["batch_stats"], tx.init(variables["params"]), x, y)
+
+
+PROGRAMS = {"mlp": mlp, "resnet18": functools.partial(resnet, "resnet18"),
+            "resnet50": functools.partial(resnet, "resnet50")}
+
+
+def child(name: str) -> dict:
+    import jax
+    import numpy as np
+
+    from jax_ipu.pjrt import client
+
+    step, args = PROGRAMS[name]()
+    ipu = jax.devices("ipu")[0]
+    inside = []           # seconds in the plugin's compile call (a cache hit: the load)
+    original = client.Client.compile
+
+    def timed(self, *a):
+        start = time.perf_counter()
+        try:
+            return original(self, *a)
+        finally:
+            inside.append(time.perf_counter() - start)
+    client.Client.compile = timed
+    args = jax.device_put(args, ipu)
+    lowered = step.lower(*args)
+    start, start_cpu = time.perf_counter(), time.process_time()
+    compiled = lowered.compile()
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
+    outputs = jax.tree.leaves(compiled(*args))
+    loss = float(np.asarray(outputs[-1]))
+    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "plugin_seconds": sum(inside), "loss": loss, "stats": client.CURRENT.cache.stats,
+            "estimated_cycles": compiled.cost_analysis()["estimated_cycles"]}
+
+
+def measure(name: str) -> dict:
+    directory = tempfile.mkdtemp(prefix="jax-ipu-cache-")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_IPU", "TF_POPLAR"))}
+    env["JAX_IPU_EXECUTABLE_CACHE"] = directory
+    if name == "resnet50":
+        env["JAX_IPU_ALLOW_OUT_OF_MEMORY"] = "1"
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, __file__, "--child", name], env=env, capture_output=True, text=True)
+        if out.returncode:
+            raise RuntimeError(f"{name}: {out.stderr[-3000:]}")
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    entries = [os.path.join(directory, f) for f in os.listdir(directory)]
+    size = sum(os.path.getsize(f) for f in entries)
+    first, second = runs
+    assert first["stats"]["stored"] == 1 and second["stats"]["hits"] == 1, runs
+    assert first["loss"] == second["loss"] and first["estimated_cycles"] == second["estimated_cycles"], runs
+    for f in entries:
+        os.unlink(f)
+    os.rmdir(directory)
+    return {"compile_s": first["seconds"], "load_s": second["seconds"], "plugin_load_s": second["plugin_seconds"],
+            "compile_cpu_s": first["cpu_seconds"], "load_cpu_s": second["cpu_seconds"],
+            "load_share_of_compile": second["seconds"] / first["seconds"],
+            "load_share_of_compile_cpu": second["cpu_seconds"] / first["cpu_seconds"], "entry_bytes": size,
+            "loss": first["loss"]}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--programs", nargs="+", choices=list(PROGRAMS), default=["mlp", "resnet18"])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--child", choices=list(PROGRAMS), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child)))
+        return
+    results = {}
+    for name in args.programs:
+        r = results[name] = measure(name)
+        print(f"{name}: compile {r['compile_s']:.2f} s (CPU {r['compile_cpu_s']:.2f} s), load from the cache "
+              f"{r['load_s']:.3f} s (CPU {r['load_cpu_s']:.3f} s; in the plugin {r['plugin_load_s']:.3f} s): "
+              f"{100 * r['load_share_of_compile']:.1f}% of compile ({100 * r['load_share_of_compile_cpu']:.1f}% "
+              f"in CPU time), entry {r['entry_bytes'] / 1e6:.2f} MB; "
+              f"goals: load < 1 s {'met' if r['load_s'] < 1 else 'MISSED'}, "
+              f"< 5% of compile {'met' if r['load_share_of_compile'] < 0.05 else 'MISSED'}", flush=True)
+    if args.json:
+        print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

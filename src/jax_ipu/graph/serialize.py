@@ -1,0 +1,992 @@
+"""A compiled Program as bytes and back, without pickle: a JSON header (the
+schema-checked tree of the program's objects) and a block of arrays.
+
+    bytes  0-7    magic b"JAXIPUPG"
+           8-11   format version (little-endian u32)
+           12-19  header length in bytes (u64)
+           20-27  length of the uncompressed body (u64)
+           28-59  sha256 of everything after these 60 bytes
+           60-    the body, zlib-compressed: the header (UTF-8 JSON), then
+                  the arrays, each part aligned to 64 bytes
+
+Loading never runs code from the bytes: the header is parsed with `json`,
+arrays are read with np.frombuffer from a table of (dtype, shape, offset)
+whose dtypes come from a fixed list, and objects are built only from the
+classes of the graph layer named in `_SCHEMA`, each field checked against
+its entry there. Anything malformed (a wrong digest, a field missing or of
+the wrong type, a reference out of range, a view whose ops do not give its
+shape) raises ProgramFormatError naming what and where.
+
+Sizes grow with the program, not with tiles x elements: tile mappings are
+stored as runs, the vertices of all compute sets as one table of arrays
+(codelet, tile, cycles, regions), interval arrays that vertices share are
+stored once, and integer arrays whose differences repeat (im2col gather
+indices, interval starts) as runs of equal differences.
+"""
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import hashlib
+import json
+import struct
+import zlib
+
+import ml_dtypes
+import numpy as np
+
+from jax_ipu import ir
+from jax_ipu.graph import codelets, codelets_collectives, codelets_indexing, codelets_linalg
+from jax_ipu.graph import programs as p
+from jax_ipu.graph.compute import ComputeSet, DataDependentExchange, Region, Vertex
+from jax_ipu.graph.mapping import TileMapping
+from jax_ipu.graph.memory import MemoryReport
+from jax_ipu.graph.program import Program
+from jax_ipu.graph.tensors import Tensor
+from jax_ipu.graph.views import _SHAPE, Concat, View
+
+MAGIC = b"JAXIPUPG"
+FORMAT_VERSION = 1
+_PREFIX = struct.Struct("<8sIQQ32s")
+_ALIGN = 64
+
+
+class ProgramFormatError(ValueError):
+    """Bytes that are not a program this jax-ipu can load."""
+
+
+def _fail(problem: str):
+    raise ProgramFormatError(f"not a loadable jax-ipu program: {problem}")
+
+
+# --------------------------------------------------------------- versions --
+
+_PLUGIN_VERSION = None
+
+
+def plugin_version() -> str:
+    """jax-ipu's version and a digest of its installed sources: a program
+    saved by other code (another release, or a changed checkout) is not
+    loaded, since what its kernels mean may have changed."""
+    global _PLUGIN_VERSION
+    if _PLUGIN_VERSION is None:
+        import pathlib
+
+        import jax_ipu
+        root = pathlib.Path(jax_ipu.__file__).parent
+        digest = hashlib.sha256()
+        for path in sorted(root.rglob("*")):
+            if path.suffix in (".py", ".pyx", ".pxi", ".h") and path.is_file():
+                digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+        _PLUGIN_VERSION = f"{jax_ipu.__version__}+{digest.hexdigest()[:16]}"
+    return _PLUGIN_VERSION
+
+
+# ---------------------------------------------------------------- dtypes --
+
+_DTYPES = {np.dtype(t).name: np.dtype(t) for t in (
+    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+    np.float16, np.float32, np.float64, np.complex64, np.complex128, ml_dtypes.bfloat16)}
+
+
+def _dtype(name, where: str) -> np.dtype:
+    if not isinstance(name, str) or name not in _DTYPES:
+        _fail(f"{where}: unknown element type {name!r}")
+    return _DTYPES[name]
+
+
+# ---------------------------------------------------------------- arrays --
+
+def _narrow_size(values: np.ndarray) -> int:
+    """The item size _narrow would give."""
+    return _width(int(values.min()), int(values.max())) if values.size else 1
+
+
+def _width(low: int, high: int) -> int:
+    """Bytes of the smallest integer type holding low..high."""
+    for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32):
+        info = np.iinfo(t)
+        if info.min <= low and high <= info.max:
+            return np.dtype(t).itemsize
+    return 8
+
+
+def _narrow(values: np.ndarray) -> np.ndarray:
+    """An integer array in the smallest integer type holding its values."""
+    if values.size == 0:
+        return values.astype(np.int8)
+    low, high = int(values.min()), int(values.max())
+    for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64):
+        info = np.iinfo(t)
+        if info.min <= low and high <= info.max:
+            return values.astype(t, copy=False)
+    return values
+
+
+class _Writer:
+    """Collects arrays: each gets an index into the header's table."""
+
+    def __init__(self):
+        self.table: list = []
+        self.parts: list[bytes] = []
+        self.size = 0
+
+    def _part(self, array: np.ndarray) -> list:
+        # The array's own bytes (no copy when it is contiguous): a large
+        # program's arrays are not held twice while saved.
+        data = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).reshape(-1)
+        data = memoryview(data.view(np.uint8))
+        offset = -(-self.size // _ALIGN) * _ALIGN
+        if offset > self.size:
+            self.parts.append(b"\0" * (offset - self.size))
+        self.parts.append(data)
+        self.size = offset + len(data)
+        return [array.dtype.name, offset, len(data)]
+
+    @staticmethod
+    def _steps(values: np.ndarray, shape, codec: str):
+        """Differences along the elements ("runs") or between rows
+        ("row-runs", of a matrix of rows, as im2col indices are)."""
+        if codec == "runs":
+            return np.diff(values, prepend=values.dtype.type(0))
+        if len(shape) < 2 or not 1 < shape[-1] < values.size:
+            return None
+        rows = values.reshape(-1, shape[-1])
+        return np.diff(rows, axis=0, prepend=np.zeros((1, rows.shape[1]), values.dtype)).reshape(-1)
+
+    def add(self, array: np.ndarray) -> int:
+        array = np.asarray(array)
+        if array.dtype.name not in _DTYPES:
+            raise ProgramFormatError(f"cannot save an array of {array.dtype}")
+        entry = {"dtype": array.dtype.name, "shape": list(array.shape)}
+        flat = array.reshape(-1)
+        if array.dtype.kind in "iu" and array.dtype.itemsize <= 8 and flat.size >= 64 \
+                and not (array.dtype == np.uint64 and int(flat.max()) > np.iinfo(np.int64).max):
+            low, high = int(flat.min()), int(flat.max())
+            # Differences of values within half int32's range fit in int32:
+            # large index arrays are never widened (a ResNet's hold 10^8).
+            half = 1 << 30
+            values = flat.astype(np.int32 if -half <= low and high < half else np.int64, copy=False)
+            plain = _width(low, high) * flat.size
+            # Each candidate's bytes before zlib, one at a time: the
+            # smallest is stored, a coded one only if at most half the
+            # plain size (decoding costs more than inflating plain bytes).
+            best, best_size = "narrow", plain / 2
+            for codec in ("runs", "row-runs"):
+                steps = self._steps(values, array.shape, codec)
+                if steps is None:
+                    continue
+                changes = 1 + int(np.count_nonzero(steps[1:] != steps[:-1]))
+                size = changes * (_narrow_size(steps) + 4)
+                if size < best_size:
+                    best, best_size = codec, size
+                del steps
+            # Gathers whose positions are mostly padding (the read of a
+            # dilated or strided convolution's gradient): which positions
+            # are padding (the largest index), then the other indices as
+            # differences.
+            padding = values == high
+            padded = int(np.count_nonzero(padding))
+            if padded > 0.1 * flat.size:
+                valid = values[~padding]
+                steps = np.diff(valid, prepend=valid.dtype.type(0))
+                if flat.size // 8 + _narrow_size(steps) * len(steps) < best_size:
+                    best = "masked"
+                    entry["fill"] = high
+                    entry["parts"] = [self._part(np.packbits(padding)), self._part(_narrow(steps))]
+                del valid, steps
+            del padding
+            entry["codec"] = best
+            if best == "narrow":
+                entry["parts"] = [self._part(_narrow(values) if array.dtype != np.uint64 else flat)]
+            elif best != "masked":
+                steps = self._steps(values, array.shape, best)
+                starts = np.concatenate(([0], np.flatnonzero(steps[1:] != steps[:-1]) + 1))
+                counts = np.diff(np.append(starts, flat.size))
+                entry["parts"] = [self._part(_narrow(steps[starts])), self._part(_narrow(counts))]
+        else:
+            entry["codec"] = "raw"
+            entry["parts"] = [self._part(flat)]
+        self.table.append(entry)
+        return len(self.table) - 1
+
+
+def _read_arrays(table, data: memoryview) -> list[np.ndarray]:
+    if not isinstance(table, list):
+        _fail("the array table is not a list")
+    out = []
+    for i, entry in enumerate(table):
+        where = f"array {i}"
+        if not isinstance(entry, dict) or set(entry) - {"fill"} != {"dtype", "shape", "codec", "parts"} \
+                or ("fill" in entry) != (entry.get("codec") == "masked"):
+            _fail(f"{where}: malformed entry")
+        dtype = _dtype(entry["dtype"], where)
+        shape = entry["shape"]
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            _fail(f"{where}: bad shape {shape!r}")
+        size = int(np.prod(shape, dtype=np.int64))
+        parts = entry["parts"]
+        codec = entry["codec"]
+        expected = {"raw": 1, "narrow": 1, "runs": 2, "row-runs": 2, "masked": 2}.get(codec)
+        if expected is None or not isinstance(parts, list) or len(parts) != expected:
+            _fail(f"{where}: unknown codec {codec!r} or wrong parts")
+        arrays = []
+        for part in parts:
+            if not isinstance(part, list) or len(part) != 3:
+                _fail(f"{where}: malformed part")
+            pdtype = _dtype(part[0], where)
+            offset, nbytes = part[1], part[2]
+            if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 0 \
+                    or offset + nbytes > len(data) or nbytes % pdtype.itemsize:
+                _fail(f"{where}: part out of the data's bounds")
+            arrays.append(np.frombuffer(data[offset:offset + nbytes], dtype=pdtype.newbyteorder("<")))
+        if codec == "raw":
+            if arrays[0].dtype != dtype.newbyteorder("<") or arrays[0].size != size:
+                _fail(f"{where}: holds {arrays[0].size} {arrays[0].dtype} elements, not {size} {dtype}")
+            array = arrays[0].astype(dtype, copy=False)
+        else:
+            if dtype.kind not in "iu" or any(a.dtype.kind not in "iu" for a in arrays):
+                _fail(f"{where}: codec {codec} of a non-integer array")
+            if codec == "narrow":
+                if arrays[0].size != size:
+                    _fail(f"{where}: holds {arrays[0].size} elements, not {size}")
+                array = arrays[0].astype(dtype, copy=False)
+            elif codec == "masked":
+                bits, steps = arrays
+                fill = entry["fill"]
+                if bits.dtype != np.uint8 or bits.size != -(-size // 8) or type(fill) is not int \
+                        or not np.iinfo(dtype).min <= fill <= np.iinfo(dtype).max:
+                    _fail(f"{where}: malformed padding mask")
+                padding = np.unpackbits(bits, count=size).view(bool)
+                if int(size - np.count_nonzero(padding)) != steps.size:
+                    _fail(f"{where}: {steps.size} indices for {size - np.count_nonzero(padding)} places")
+                array = np.full(size, fill, dtype)
+                array[~padding] = np.cumsum(steps.astype(dtype), dtype=dtype)
+            else:
+                steps, counts = arrays
+                if steps.size != counts.size or (counts.size and int(counts.min()) < 1) \
+                        or int(counts.sum(dtype=np.int64)) != size:
+                    _fail(f"{where}: runs do not add up to {size} elements")
+                # Without np.repeat (slow for short runs): the change of step
+                # at each run's start, summed twice, in the array's own type
+                # (every partial sum of the second is one of its elements;
+                # wrapping differences wrap back).
+                values = steps.astype(dtype)
+                counts = counts.astype(np.int64)
+                array = np.zeros(size, dtype)
+                if size:
+                    array[np.cumsum(counts) - counts] = np.diff(values, prepend=values[:1] * 0)
+                    np.cumsum(array, out=array)
+                if codec == "runs":
+                    np.cumsum(array, out=array)
+                else:
+                    if len(shape) < 2 or shape[-1] < 1:
+                        _fail(f"{where}: row-runs of an array without rows")
+                    array = array.reshape(-1, shape[-1])
+                    np.cumsum(array, axis=0, out=array)
+        out.append(array.reshape(shape))
+    return out
+
+
+# ---------------------------------------------------------------- schema --
+# Per class, its fields and what each holds: "int", "float" (int too),
+# "str", "bool", "tensor", "array", "dtype", "view", "viewlike" (View or
+# Concat), "seq" (a Sequence), "step" (a program step), "computeset",
+# "kernel" (a graph.codelets* kernel), "instruction", "dimensions" (gather
+# or scatter dimension numbers), "type" (ir.TensorType), "memory",
+# "exchange", "any" (plain data: numbers, strings, tuples, dicts, arrays,
+# dtypes, objects here); "?x": x or None; "*x": a tuple of x; "[x": a list.
+
+_SCHEMA: dict[type, dict[str, str]] = {
+    p.Sequence: {"steps": "[step"},
+    p.Execute: {"compute_set": "computeset", "cycles": "int", "exchange_bytes": "int", "exchange_cycles": "int",
+                "sync_cycles": "int"},
+    p.Copy: {"src": "viewlike", "dst": "tensor", "cycles": "int", "exchange_bytes": "int",
+             "exchange_cycles": "int", "sync_cycles": "int"},
+    p.Repeat: {"count": "int", "body": "seq", "name": "str"},
+    p.RepeatWhileTrue: {"condition": "seq", "predicate": "tensor", "body": "seq", "name": "str"},
+    p.If: {"predicate": "tensor", "then_body": "seq", "else_body": "seq"},
+    p.Switch: {"control": "tensor", "cases": "any", "default": "seq"},
+    p.Call: {"function": "seq", "name": "str"},
+    p.HostToDevice: {"index": "int", "tensor": "tensor", "cycles": "int"},
+    p.DeviceToHost: {"index": "int", "src": "view", "cycles": "int"},
+    p.HostCall: {"callback_id": "int", "inputs": "[view", "outputs": "[tensor", "cycles": "int",
+                 "host_bytes": "int", "partition": "?int"},
+    View: {"tensor": "tensor", "ops": "any", "shape": "*int"},
+    Concat: {"parts": "*view", "axis": "int"},
+    DataDependentExchange: {"rounds": "int", "sent": "array", "received": "array", "buffers": "array"},
+    MemoryReport: {"bytes_per_tile": "int", "always_live": "array", "not_always_live_peak": "array",
+                   "code": "array", "argument_bytes": "int", "output_bytes": "int", "aliased_bytes": "int",
+                   "temporary_bytes": "int"},
+    ir.TensorType: {"shape": "*int", "dtype": "dtype"},
+    codelets.Instruction: {"op": "str", "args": "*int", "dtype": "dtype", "attrs": "any"},
+    codelets.ElementwiseChain: {"inputs": "any", "instructions": "*instruction", "outputs": "any", "shape": "*int"},
+    codelets.Fill: {"out": "tensor", "value": "array"},
+    codelets.MatMulPartials: {"lhs": "view", "rhs": "view", "out": "tensor"},
+    codelets.ReducePartials: {"input": "view", "op": "str", "out": "tensor", "outer": "bool", "init": "any"},
+    codelets.ReduceCombine: {"partials": "view", "axis": "int", "op": "str", "init": "any", "out": "tensor"},
+    codelets.TreeReduce: {"inputs": "*view", "axis": "int", "body": "*instruction", "results": "*int", "init": "any",
+                          "outs": "*tensor"},
+    codelets.WindowSelect: {"values": "view", "padding": "?view", "select": "*instruction", "result": "int",
+                            "out": "tensor"},
+    codelets_collectives.AllReduce: {"input": "view", "op": "str", "groups": "any", "out": "tensor"},
+    codelets_collectives.ReduceScatter: {"input": "view", "op": "str", "dim": "int", "groups": "any",
+                                         "out": "tensor"},
+    codelets_collectives.AllGather: {"input": "view", "dim": "int", "groups": "any", "out": "tensor"},
+    codelets_collectives.AllToAll: {"input": "view", "split_dim": "int", "concat_dim": "int", "groups": "any",
+                                    "out": "tensor"},
+    codelets_collectives.CollectivePermute: {"input": "view", "pairs": "any", "out": "tensor"},
+    codelets_collectives.ReplicaIndex: {"which": "str", "out": "tensor"},
+    codelets_indexing.DynamicSlice: {"operand": "view", "starts": "any", "out": "tensor"},
+    codelets_indexing.DynamicUpdateSlice: {"operand": "view", "update": "view", "starts": "any", "out": "tensor"},
+    codelets_indexing.Gather: {"operand": "view", "indices": "view", "dimension_numbers": "dimensions",
+                               "slice_sizes": "*int", "out": "tensor"},
+    codelets_indexing.Scatter: {"operands": "*view", "indices": "view", "updates": "*view",
+                                "dimension_numbers": "dimensions", "combiner": "?str", "body": "*instruction",
+                                "results": "*int", "outs": "*tensor"},
+    codelets_indexing.Sort: {"inputs": "*view", "body": "*instruction", "result": "int", "key": "any", "outs": "*tensor"},
+    codelets_indexing.BlockSort: {"inputs": "*view", "body": "*instruction", "key": "any", "blocks": "int", "block": "int",
+                                  "outs": "*tensor", "index": "tensor"},
+    codelets_indexing.MergeSplit: {"sources": "*tensor", "targets": "*tensor", "body": "*instruction", "key": "any",
+                                   "n": "int", "block": "int", "lo": "*int", "hi": "*int"},
+    codelets_indexing.TopK: {"input": "view", "values": "tensor", "indices": "tensor"},
+    codelets_linalg.Factorize: {"op": "str", "inputs": "*view", "outs": "*tensor", "attrs": "any"},
+}
+# Records of the IR whose objects kernels hold (dimension numbers of gathers
+# and scatters), by name.
+_LATE = {cls.__name__: cls for cls in (ir.GatherDimensionNumbers, ir.ScatterDimensionNumbers)}
+_BY_NAME = {cls.__name__: cls for cls in _SCHEMA}
+_STEPS = (p.Sequence, p.Execute, p.Copy, p.Repeat, p.RepeatWhileTrue, p.If, p.Switch, p.Call, p.HostToDevice,
+          p.DeviceToHost, p.HostCall)
+_KERNELS = tuple(cls for cls in _SCHEMA if cls.__module__ in (
+    codelets.__name__, codelets_collectives.__name__, codelets_indexing.__name__, codelets_linalg.__name__)
+    and cls is not codelets.Instruction)
+# The fields written by the vertex table, not the tree.
+_COMPUTE_SET_FIELDS = {"name": "str", "kernel": "kernel", "exchange": "?exchange"}
+# Values of string fields that select behaviour: anything else is refused.
+_CHOICES = {(codelets_collectives.ReplicaIndex, "which"): ("replica", "partition")}
+
+
+def _late_class(name: str):
+    cls = _LATE[name]
+    if not (dataclasses.is_dataclass(cls) and all(f.type in ("int", "tuple[int, ...]")
+                                                  for f in dataclasses.fields(cls))):
+        _fail(f"{name} is not a record of integers")
+    return cls
+
+
+# --------------------------------------------------------------- writing --
+
+class _Encoder:
+    def __init__(self, program: Program):
+        self.program = program
+        self.arrays = _Writer()
+        self.ids: dict[int, int] = {}          # id(object) -> its reference number
+        self.keep: list = []                   # the objects numbered (ids stay theirs)
+        self.codelets: dict[str, int] = {}
+        self.vertices = {k: [] for k in ("codelet", "tile", "cycles", "reads", "writes")}
+        self.regions = {"tensor": [], "block": []}
+        self.blocks: dict[int, int] = {}       # id(intervals array) -> block number
+        self.block_arrays: list[np.ndarray] = []
+        self.num_vertices = 0
+
+    def value(self, v):
+        if v is None or isinstance(v, (bool, str)):
+            return v
+        if isinstance(v, (int, float)) and type(v) in (int, float):
+            return v if not (isinstance(v, float) and not np.isfinite(v)) else {"f": repr(v)}
+        if isinstance(v, np.generic):
+            return {"n": self.arrays.add(np.asarray(v))}
+        if isinstance(v, np.ndarray):
+            return {"a": self.arrays.add(v)}
+        if isinstance(v, np.dtype):
+            return {"dt": v.name}
+        if isinstance(v, bytes):
+            return {"b": self.arrays.add(np.frombuffer(v, np.uint8))}
+        if isinstance(v, Tensor):
+            if self.program.tensors[v.id] is not v:
+                raise ProgramFormatError(f"{v} is not the program's tensor {v.id}")
+            return {"T": v.id}
+        if type(v) is tuple:
+            return [self.value(x) for x in v]
+        if type(v) is list:
+            return {"L": [self.value(x) for x in v]}
+        if type(v) is dict:
+            return {"D": [[self.value(k), self.value(x)] for k, x in v.items()]}
+        return self.obj(v)
+
+    def obj(self, v):
+        ref = self.ids.get(id(v))
+        if ref is not None:
+            return {"r": ref}
+        cls = type(v)
+        if isinstance(v, ComputeSet):
+            cls, fields = ComputeSet, _COMPUTE_SET_FIELDS
+        elif cls in _SCHEMA:
+            fields = _SCHEMA[cls]
+        elif cls.__name__ in _LATE:
+            fields = {f.name: "any" for f in dataclasses.fields(v)}
+        else:
+            raise ProgramFormatError(f"cannot save a {cls.__module__}.{cls.__qualname__} ({v!r:.80})")
+        self.ids[id(v)] = len(self.keep)
+        self.keep.append(v)
+        out = {"k": cls.__name__}
+        for name in fields:
+            out[name] = self.value(getattr(v, name))
+        if cls is ComputeSet:
+            out["vertices"] = [self.num_vertices, len(v.vertices)]
+            self.add_vertices(v.vertices)
+        return out
+
+    def add_vertices(self, vertices) -> None:
+        table, regions = self.vertices, self.regions
+        for vertex in vertices:
+            table["codelet"].append(self.codelets.setdefault(vertex.codelet, len(self.codelets)))
+            table["tile"].append(vertex.tile)
+            table["cycles"].append(vertex.cycles)
+            table["reads"].append(len(vertex.reads))
+            table["writes"].append(len(vertex.writes))
+            for region in vertex.reads + vertex.writes:
+                if self.program.tensors[region.tensor.id] is not region.tensor:
+                    raise ProgramFormatError(f"a vertex reads or writes {region.tensor}, not the program's")
+                block = self.blocks.get(id(region.intervals))
+                if block is None:
+                    block = self.blocks[id(region.intervals)] = len(self.block_arrays)
+                    self.block_arrays.append(region.intervals)
+                regions["tensor"].append(region.tensor.id)
+                regions["block"].append(block)
+        self.num_vertices += len(vertices)
+
+    def tensors(self) -> dict:
+        meta, runs, tiles, starts = [], [], [], []
+        for t in self.program.tensors:
+            m = t.mapping
+            meta.append([t.name, t.dtype.name, list(t.shape),
+                         None if t.constant is None else self.arrays.add(t.constant)])
+            runs.append(len(m.tiles))
+            tiles.append(m.tiles)
+            starts.append(m.starts)
+            if len(m.stops) and (np.any(m.stops[:-1] != m.starts[1:]) or m.stops[-1] != m.size):
+                raise ProgramFormatError(f"{t}: its mapping's intervals do not touch")
+            if m.size != t.size:
+                raise ProgramFormatError(f"{t} has a mapping of {m.size} elements")
+        return {"meta": meta, "runs": self.arrays.add(np.asarray(runs, np.int64)),
+                "tiles": self.arrays.add(np.concatenate(tiles) if tiles else np.zeros(0, np.int64)),
+                "starts": self.arrays.add(np.concatenate(starts) if starts else np.zeros(0, np.int64))}
+
+    def vertex_table(self) -> dict:
+        add = self.arrays.add
+        blocks = self.block_arrays
+        lengths = np.asarray([len(b) for b in blocks], np.int64)
+        flat = np.concatenate([np.asarray(b, np.int64).reshape(-1, 2) for b in blocks]) if blocks \
+            else np.zeros((0, 2), np.int64)
+        return {"codelets": list(self.codelets),
+                **{k: add(np.asarray(v, np.int64)) for k, v in self.vertices.items()},
+                "region_tensor": add(np.asarray(self.regions["tensor"], np.int64)),
+                "region_block": add(np.asarray(self.regions["block"], np.int64)),
+                "block_lengths": add(lengths),
+                "block_starts": add(flat[:, 0].copy()), "block_stops": add(flat[:, 1].copy())}
+
+
+def dumps(program: Program, meta: dict | None = None) -> bytes:
+    """The program (and `meta`, plain data the caller keeps with it) as bytes."""
+    enc = _Encoder(program)
+    header = {
+        "format": FORMAT_VERSION,
+        "plugin": plugin_version(),
+        "tensors": enc.tensors(),
+        "program": {
+            "name": program.name, "target_name": program.target_name, "num_tiles": program.num_tiles,
+            "body": enc.value(program.body),
+            "inputs": [t.id for t in program.inputs],
+            "outputs": [enc.value(v) for v in program.outputs],
+            "input_types": [enc.value(t) for t in program.input_types],
+            "output_types": [enc.value(t) for t in program.output_types],
+            "aliases": [[int(k), int(v)] for k, v in program.aliases.items()],
+            "in_place": [[int(k), int(v)] for k, v in program.in_place.items()],
+            "cycles": int(program.cycles), "unknown_trip_loops": enc.value(program.unknown_trip_loops),
+            "host_cycles": int(program.host_cycles), "memory": enc.value(program.memory),
+            "flops": float(program.flops), "shardings": enc.value(program.shardings),
+            "bytes_accessed": float(program.bytes_accessed), "transcendentals": float(program.transcendentals),
+            "token_outputs": [int(i) for i in program.token_outputs],
+        },
+        "meta": enc.value(meta or {}),
+    }
+    header["vertices"] = enc.vertex_table()
+    header["arrays"] = enc.arrays.table
+    text = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+    pad = -len(text) % _ALIGN
+    # Level 1: the runs still repeat (image rows, tiles); 7x smaller for a
+    # CNN step at 30 ms to inflate. Compressed part by part, never joined.
+    deflate = zlib.compressobj(1)
+    packed = [deflate.compress(text + b" " * pad)]
+    packed += [deflate.compress(part) for part in enc.arrays.parts]
+    packed.append(deflate.flush())
+    packed = b"".join(packed)
+    body_size = len(text) + pad + enc.arrays.size
+    return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(text) + pad, body_size, hashlib.sha256(packed).digest()) + packed
+
+
+# --------------------------------------------------------------- reading --
+
+class LoadedComputeSet(ComputeSet):
+    """A compute set read from bytes: its vertices are built from the
+    vertex table when first read. The engine never reads them (it runs the
+    kernel); profiles and checks do, and building a large program's
+    hundreds of thousands of vertex objects would take seconds of a load.
+    Their count and tiles come from the table without building them (the
+    summary that compiled.as_text() and PJRT's layouts read lists both)."""
+
+    def __init__(self, name: str, table, kernel, exchange=None):
+        self.name, self.kernel, self.exchange = name, kernel, exchange
+        self._table, self._vertices = table, None
+
+    @property
+    def vertices(self):
+        if self._vertices is None:
+            self._vertices = _LazyVertices(self._table)
+        return self._vertices
+
+    @vertices.setter
+    def vertices(self, value) -> None:
+        self._vertices = value
+
+    def tiles(self) -> np.ndarray:
+        if isinstance(self._vertices, list):
+            return super().tiles()
+        return self._table.tiles()
+
+
+class _LazyVertices(collections.abc.Sequence):
+    """A compute set's vertices, built on first use but for their count."""
+
+    def __init__(self, table):
+        self._table, self._built = table, None
+
+    def __len__(self) -> int:
+        return self._table.count
+
+    def _list(self) -> list:
+        if self._built is None:
+            self._built = self._table.build()
+        return self._built
+
+    def __getitem__(self, i):
+        return self._list()[i]
+
+    def __iter__(self):
+        return iter(self._list())
+
+
+class _Decoder:
+    def __init__(self, arrays: list[np.ndarray], tensors: list[Tensor], vertices: dict):
+        self.arrays = arrays
+        self.tensors = tensors
+        self.vertices = vertices
+        self.refs: list = []
+
+    def array(self, i, where: str) -> np.ndarray:
+        if type(i) is not int or not 0 <= i < len(self.arrays):
+            _fail(f"{where}: array {i!r} out of range")
+        return self.arrays[i]
+
+    def tensor(self, i, where: str) -> Tensor:
+        if type(i) is not int or not 0 <= i < len(self.tensors):
+            _fail(f"{where}: tensor {i!r} out of range")
+        return self.tensors[i]
+
+    def value(self, v, where: str):
+        if v is None or type(v) in (bool, int, float, str):
+            return v
+        if type(v) is list:
+            return tuple(self.value(x, where) for x in v)
+        if type(v) is not dict or len(v) != 1 and "k" not in v:
+            _fail(f"{where}: malformed value")
+        if "k" in v:
+            return self.obj(v, where)
+        (tag, x), = v.items()
+        if tag == "T":
+            return self.tensor(x, where)
+        if tag == "a":
+            return self.array(x, where)
+        if tag == "n":
+            array = self.array(x, where)
+            if array.ndim:
+                _fail(f"{where}: a scalar that is not 0-d")
+            return array[()]
+        if tag == "b":
+            array = self.array(x, where)
+            if array.dtype != np.uint8:
+                _fail(f"{where}: bytes not held as uint8")
+            return array.tobytes()
+        if tag == "dt":
+            return _dtype(x, where)
+        if tag == "f":
+            if x not in ("inf", "-inf", "nan"):
+                _fail(f"{where}: bad float {x!r}")
+            return float(x)
+        if tag == "L" and type(x) is list:
+            return [self.value(y, where) for y in x]
+        if tag == "D" and type(x) is list:
+            out = {}
+            for pair in x:
+                if type(pair) is not list or len(pair) != 2:
+                    _fail(f"{where}: malformed dict entry")
+                key = self.value(pair[0], where)
+                try:
+                    out[key] = self.value(pair[1], where)
+                except TypeError:
+                    _fail(f"{where}: dict key of type {type(key).__name__}")
+            return out
+        if tag == "r":
+            if type(x) is not int or not 0 <= x < len(self.refs) or self.refs[x] is None:
+                _fail(f"{where}: reference {x!r} to no earlier object")
+            return self.refs[x]
+        _fail(f"{where}: unknown value tag {tag!r}")
+
+    def obj(self, v: dict, where: str):
+        name = v.get("k")
+        if type(name) is not str:
+            _fail(f"{where}: object kind {name!r:.40}")
+        if name == "ComputeSet":
+            fields = _COMPUTE_SET_FIELDS
+        elif name in _BY_NAME:
+            fields = _SCHEMA[_BY_NAME[name]]
+        elif name in _LATE:
+            fields = None
+        else:
+            _fail(f"{where}: unknown object kind {name!r}")
+        where = f"{where} > {name}"
+        slot = len(self.refs)
+        self.refs.append(None)          # numbered before its parts, as written
+        if fields is None:
+            cls = _late_class(name)
+            fields = {f.name: "any" for f in dataclasses.fields(cls)}
+        expected = set(fields) | {"k"} | ({"vertices"} if name == "ComputeSet" else set())
+        if set(v) != expected:
+            _fail(f"{where}: fields {sorted(set(v) - {'k'})}, expected {sorted(expected - {'k'})}")
+        values = {f: self.check(spec, self.value(v[f], f"{where}.{f}"), f"{where}.{f}") for f, spec in fields.items()}
+        if name == "ComputeSet":
+            result = LoadedComputeSet(values["name"], self.compute_set_vertices(v["vertices"], where),
+                                      values["kernel"], values["exchange"])
+        elif name in _LATE:
+            cls = _late_class(name)
+            for f, x in values.items():
+                ok = type(x) is int or type(x) is tuple and all(type(y) is int for y in x)
+                if not ok:
+                    _fail(f"{where}.{f}: expected integers")
+            result = cls(**values)
+        else:
+            cls = _BY_NAME[name]
+            choices = {f: c for (k, f), c in _CHOICES.items() if k is cls}
+            for f, allowed in choices.items():
+                if values[f] not in allowed:
+                    _fail(f"{where}.{f}: {values[f]!r} is not one of {allowed}")
+            if cls is View:
+                _check_view(values["tensor"], values["ops"], values["shape"], where)
+            if cls is p.Switch and not (type(values["cases"]) is dict and all(
+                    type(k) is int and type(s) is p.Sequence for k, s in values["cases"].items())):
+                _fail(f"{where}.cases: not a dict of integers to sequences")
+            result = cls(**values)
+        self.refs[slot] = result
+        return result
+
+    def check(self, spec: str, x, where: str):
+        if spec.startswith("?"):
+            return None if x is None else self.check(spec[1:], x, where)
+        if spec[0] in "*[":
+            kind = tuple if spec[0] == "*" else list
+            if type(x) is not kind:
+                _fail(f"{where}: expected a {kind.__name__}, got {type(x).__name__}")
+            for y in x:
+                self.check(spec[1:], y, where)
+            return x
+        ok = {"int": lambda y: type(y) is int, "float": lambda y: type(y) in (int, float),
+              "str": lambda y: type(y) is str, "bool": lambda y: type(y) is bool,
+              "tensor": lambda y: type(y) is Tensor, "array": lambda y: type(y) is np.ndarray,
+              "dtype": lambda y: isinstance(y, np.dtype), "view": lambda y: type(y) is View,
+              "viewlike": lambda y: type(y) in (View, Concat), "seq": lambda y: type(y) is p.Sequence,
+              "step": lambda y: type(y) in _STEPS, "kernel": lambda y: type(y) in _KERNELS,
+              "instruction": lambda y: type(y) is codelets.Instruction,
+              "computeset": lambda y: type(y) is LoadedComputeSet,
+              "dimensions": lambda y: type(y).__name__ in _LATE, "type": lambda y: type(y) is ir.TensorType,
+              "memory": lambda y: type(y) is MemoryReport, "exchange": lambda y: type(y) is DataDependentExchange,
+              "any": lambda y: True}[spec]
+        if not ok(x):
+            _fail(f"{where}: expected {spec}, got {type(x).__name__}")
+        return x
+
+    def compute_set_vertices(self, span, where: str) -> list:
+        if type(span) is not list or len(span) != 2 or not all(type(i) is int for i in span):
+            _fail(f"{where}: malformed vertex span")
+        first, count = span
+        table = self.vertices
+        if first < 0 or count < 0 or first + count > table["count"]:
+            _fail(f"{where}: vertices {first}..{first + count} out of the table")
+        return _VertexSpan(table, first, count)
+
+
+class _VertexSpan:
+    """Vertices first..first+count of the vertex table."""
+
+    def __init__(self, table: dict, first: int, count: int):
+        self._table, self._first, self.count = table, first, count
+
+    def build(self) -> list:
+        return self._table["build"](self._first, self.count)
+
+    def tiles(self) -> np.ndarray:
+        return np.unique(self._table["tile"][self._first:self._first + self.count]).astype(np.int64)
+
+
+def _check_view(tensor: Tensor, ops, shape, where: str) -> None:
+    """The view's ops are well-formed and give its shape."""
+    if type(ops) is not tuple:
+        _fail(f"{where}: ops are not a tuple")
+    current = tuple(tensor.shape)
+    for op in ops:
+        if type(op) is not tuple or not op or op[0] not in _SHAPE:
+            _fail(f"{where}: unknown view op {op!r:.60}")
+        kind, args = op[0], op[1:]
+        ints = lambda t: type(t) is tuple and all(type(i) is int for i in t)   # noqa: E731
+        size = int(np.prod(current, dtype=np.int64))
+        if kind == "reshape" and not (len(args) == 1 and ints(args[0]) and all(d >= 0 for d in args[0])
+                                      and int(np.prod(args[0], dtype=np.int64)) == size):
+            _fail(f"{where}: reshape {args!r:.60} of {current}")
+        if kind == "transpose" and not (len(args) == 1 and ints(args[0])
+                                        and sorted(args[0]) == list(range(len(current)))):
+            _fail(f"{where}: transpose {args!r:.60} of {current}")
+        if kind == "slice" and not (len(args) == 3 and all(ints(a) and len(a) == len(current) for a in args)
+                                    and all(0 <= a <= b <= d and c > 0 for a, b, c, d in zip(*args, current))):
+            _fail(f"{where}: slice {args!r:.60} of {current}")
+        if kind == "broadcast":
+            if not (len(args) == 2 and ints(args[0]) and ints(args[1]) and len(args[1]) == len(current)
+                    and all(0 <= d < len(args[0]) for d in args[1])
+                    and all(n in (1, args[0][d]) for n, d in zip(current, args[1]))):
+                _fail(f"{where}: broadcast {args!r:.60} of {current}")
+        if kind == "gather":
+            if not (len(args) == 2 and type(args[0]) is np.ndarray and args[0].dtype in (np.int32, np.intp)):
+                _fail(f"{where}: gather without integer indices")
+            indices, fill = args
+            if indices.size and (int(indices.min()) < 0 or int(indices.max()) > size
+                                 or int(indices.max()) == size and fill is None):
+                _fail(f"{where}: gather indices out of 0..{size}")
+            if fill is not None and not (isinstance(fill, np.generic) or type(fill) in (bool, int, float)
+                                         or type(fill) is np.ndarray and fill.ndim == 0):
+                _fail(f"{where}: gather fill is not a scalar")
+        current = _SHAPE[kind](current, *args)
+    if current != shape:
+        _fail(f"{where}: ops give shape {current}, the view says {shape}")
+
+
+def _vertex_builder(header, arrays, tensors, where="vertices"):
+    """Reads the vertex table: a function building vertices first..first+count."""
+    if type(header) is not dict:
+        _fail(f"{where}: not a table")
+    keys = ("codelet", "tile", "cycles", "reads", "writes", "region_tensor", "region_block", "block_lengths",
+            "block_starts", "block_stops")
+    if set(header) != set(keys) | {"codelets"}:
+        _fail(f"{where}: fields {sorted(header)}")
+    names = header["codelets"]
+    if type(names) is not list or not all(type(n) is str for n in names):
+        _fail(f"{where}: codelet names are not strings")
+    cols = {}
+    for k in keys:
+        i = header[k]
+        if type(i) is not int or not 0 <= i < len(arrays) or arrays[i].ndim != 1 or arrays[i].dtype.kind not in "iu":
+            _fail(f"{where}.{k}: not an integer column")
+        cols[k] = arrays[i]
+    n = len(cols["codelet"])
+    if any(len(cols[k]) != n for k in ("tile", "cycles", "reads", "writes")):
+        _fail(f"{where}: columns of different lengths")
+    if n and (int(cols["codelet"].min()) < 0 or int(cols["codelet"].max()) >= len(names)
+              or int(cols["reads"].min()) < 0 or int(cols["writes"].min()) < 0):
+        _fail(f"{where}: a codelet or region count out of range")
+    region_ends = np.cumsum(cols["reads"] + cols["writes"])
+    num_regions = int(region_ends[-1]) if n else 0
+    if len(cols["region_tensor"]) != num_regions or len(cols["region_block"]) != num_regions:
+        _fail(f"{where}: {num_regions} regions expected")
+    lengths = cols["block_lengths"]
+    if len(lengths) and int(lengths.min()) < 0:
+        _fail(f"{where}: negative interval count")
+    block_ends = np.cumsum(lengths)
+    if len(cols["block_starts"]) != (int(block_ends[-1]) if len(lengths) else 0) \
+            or len(cols["block_stops"]) != len(cols["block_starts"]):
+        _fail(f"{where}: interval columns do not match the blocks")
+    if num_regions and (int(cols["region_tensor"].min()) < 0 or int(cols["region_tensor"].max()) >= len(tensors)
+                        or int(cols["region_block"].min()) < 0
+                        or int(cols["region_block"].max()) >= len(lengths)):
+        _fail(f"{where}: a region refers to no tensor or interval block")
+    pairs = []
+    block_cuts = np.concatenate(([0], block_ends)).tolist()
+    blocks: list = [None] * len(lengths)
+    region_starts = np.concatenate(([0], region_ends))
+
+    def block(b: int) -> np.ndarray:
+        found = blocks[b]
+        if found is None:
+            if not pairs:
+                pairs.append(np.stack([cols["block_starts"], cols["block_stops"]], axis=1).astype(np.int64))
+            found = blocks[b] = pairs[0][block_cuts[b]:block_cuts[b + 1]]
+        return found
+
+    def build(first: int, count: int) -> list:
+        """Vertices first..first+count (regions sharing interval arrays as
+        the compiler's did)."""
+        span = slice(first, first + count)
+        codelet_names = [names[i] for i in cols["codelet"][span].tolist()]
+        tiles, cycles = cols["tile"][span].tolist(), cols["cycles"][span].tolist()
+        reads, writes = cols["reads"][span].tolist(), cols["writes"][span].tolist()
+        r0, r1 = (int(region_starts[first]), int(region_starts[first + count])) if count else (0, 0)
+        region_tensor = cols["region_tensor"][r0:r1].tolist()
+        region_block = cols["region_block"][r0:r1].tolist()
+        out, r = [], 0
+        for v in range(count):
+            n = reads[v] + writes[v]
+            regions = tuple(Region(tensors[region_tensor[j]], block(region_block[j])) for j in range(r, r + n))
+            r += n
+            out.append(Vertex(codelet_names[v], tiles[v], regions[:reads[v]], regions[reads[v]:], cycles[v]))
+        return out
+    return {"count": n, "build": build, "tile": cols["tile"]}
+
+
+def _tensors(header, arrays) -> list[Tensor]:
+    if type(header) is not dict or set(header) != {"meta", "runs", "tiles", "starts"}:
+        _fail("tensors: malformed table")
+    meta = header["meta"]
+    cols = {}
+    for k in ("runs", "tiles", "starts"):
+        i = header[k]
+        if type(i) is not int or not 0 <= i < len(arrays) or arrays[i].ndim != 1 or arrays[i].dtype.kind not in "iu":
+            _fail(f"tensors.{k}: not an integer column")
+        cols[k] = arrays[i].astype(np.int64)
+    if type(meta) is not list or len(meta) != len(cols["runs"]):
+        _fail("tensors: one entry per tensor expected")
+    if len(cols["runs"]) and int(cols["runs"].min()) < 0:
+        _fail("tensors: negative run count")
+    ends = np.cumsum(cols["runs"])
+    if len(cols["tiles"]) != len(cols["starts"]) or len(cols["tiles"]) != (int(ends[-1]) if len(ends) else 0):
+        _fail("tensors: mapping columns do not match the run counts")
+    cuts = np.concatenate(([0], ends)).tolist()
+    tensors = []
+    for i, entry in enumerate(meta):
+        where = f"tensor {i}"
+        if type(entry) is not list or len(entry) != 4 or type(entry[0]) is not str \
+                or type(entry[2]) is not list or not all(type(d) is int and d >= 0 for d in entry[2]):
+            _fail(f"{where}: malformed entry")
+        name, dtype, shape, constant = entry[0], _dtype(entry[1], where), tuple(entry[2]), entry[3]
+        size = int(np.prod(shape, dtype=np.int64))
+        tiles, starts = cols["tiles"][cuts[i]:cuts[i + 1]], cols["starts"][cuts[i]:cuts[i + 1]]
+        if len(starts) and (starts[0] != 0 or np.any(np.diff(starts) <= 0) or starts[-1] >= size
+                            or int(tiles.min()) < 0):
+            _fail(f"{where}: its mapping is not ascending runs over its {size} elements")
+        if size and not len(starts):
+            _fail(f"{where}: its {size} elements are not mapped")
+        mapping = TileMapping(size, tiles, starts, np.append(starts[1:], size) if len(starts) else starts)
+        if constant is not None:
+            if type(constant) is not int or not 0 <= constant < len(arrays):
+                _fail(f"{where}: constant {constant!r} out of range")
+            constant = arrays[constant]
+            if constant.shape != shape or constant.dtype != dtype:
+                _fail(f"{where}: constant of {constant.dtype}{list(constant.shape)}, not {dtype}{list(shape)}")
+        tensors.append(Tensor(i, name, shape, dtype, mapping, constant))
+    return tensors
+
+
+def loads(data: bytes) -> tuple[Program, dict]:
+    """(program, meta) from bytes written by dumps; ProgramFormatError if
+    they are not such bytes, or were written by another jax-ipu."""
+    data = memoryview(data)
+    if len(data) < _PREFIX.size:
+        _fail(f"{len(data)} bytes are too few")
+    magic, version, header_size, body_size, digest = _PREFIX.unpack_from(data)
+    if magic != MAGIC:
+        _fail("it does not start with the jax-ipu program mark")
+    if version != FORMAT_VERSION:
+        _fail(f"program format {version}, this jax-ipu reads format {FORMAT_VERSION}")
+    packed = data[_PREFIX.size:]
+    if hashlib.sha256(packed).digest() != digest:
+        _fail("its checksum does not match (truncated or corrupted)")
+    inflate = zlib.decompressobj()
+    try:
+        # A writeable copy the arrays can be views of, as compiled ones are writeable.
+        body = bytearray(inflate.decompress(packed, body_size + 1))
+    except zlib.error as exc:
+        _fail(f"its body does not inflate ({exc})")
+    if len(body) != body_size or not inflate.eof:
+        _fail(f"its body inflates to other than the {body_size} bytes it declares")
+    if header_size > len(body):
+        _fail("the header runs past the end")
+    body = memoryview(body)
+    try:
+        header = json.loads(bytes(body[:header_size]))
+    except (ValueError, UnicodeDecodeError) as exc:
+        _fail(f"unreadable header ({exc})")
+    if type(header) is not dict:
+        _fail("the header is not an object")
+    expected = {"format", "plugin", "tensors", "program", "meta", "vertices", "arrays"}
+    if set(header) != expected:
+        _fail(f"header fields {sorted(header)}, expected {sorted(expected)}")
+    if header["plugin"] != plugin_version():
+        _fail(f"saved by jax-ipu {header['plugin']}, this is jax-ipu {plugin_version()}; compile it again")
+    arrays = _read_arrays(header["arrays"], body[header_size:])
+    tensors = _tensors(header["tensors"], arrays)
+    dec = _Decoder(arrays, tensors, _vertex_builder(header["vertices"], arrays, tensors))
+    program = _program(header["program"], dec, tensors)
+    meta = dec.value(header["meta"], "meta")
+    if type(meta) is not dict:
+        _fail("meta is not a dict")
+    return program, meta
+
+
+def _program(h, dec: _Decoder, tensors: list[Tensor]) -> Program:
+    fields = {"name": "str", "target_name": "str", "num_tiles": "int", "body": "seq", "inputs": None,
+              "outputs": None, "input_types": "*type", "output_types": "*type", "aliases": None, "in_place": None,
+              "cycles": "int", "unknown_trip_loops": "[any", "host_cycles": "int", "memory": "?memory",
+              "flops": "float", "shardings": "any", "bytes_accessed": "float", "transcendentals": "float",
+              "token_outputs": None}
+    if type(h) is not dict or set(h) != set(fields):
+        _fail("program: malformed")
+    values = {}
+    for f, spec in fields.items():
+        if spec is not None:
+            values[f] = dec.check(spec, dec.value(h[f], f"program.{f}"), f"program.{f}")
+    values["inputs"] = [dec.tensor(i, "program.inputs") for i in _int_list(h["inputs"], "program.inputs")]
+    if type(h["outputs"]) is not list:
+        _fail("program.outputs: not a list")
+    values["outputs"] = [dec.check("view", dec.value(v, "program.outputs"), "program.outputs") for v in h["outputs"]]
+    values["input_types"] = list(values["input_types"])
+    values["output_types"] = list(values["output_types"])
+    for f in ("input_types", "output_types"):
+        if not all(type(t) is ir.TensorType for t in values[f]):
+            _fail(f"program.{f}: not tensor types")
+    for f, count_from, count_to in (("aliases", "outputs", "inputs"), ("in_place", "outputs", "inputs")):
+        pairs = h[f]
+        if type(pairs) is not list or not all(type(x) is list and len(x) == 2 for x in pairs):
+            _fail(f"program.{f}: malformed")
+        values[f] = {}
+        for o, i in pairs:
+            if type(o) is not int or type(i) is not int or not 0 <= o < len(values[count_from]) \
+                    or not 0 <= i < len(values[count_to]):
+                _fail(f"program.{f}: pair ({o!r}, {i!r}) out of range")
+            values[f][o] = i
+    values["token_outputs"] = tuple(_int_list(h["token_outputs"], "program.token_outputs"))
+    if len(values["input_types"]) != len(values["inputs"]) or len(values["output_types"]) != len(values["outputs"]):
+        _fail("program: types do not match inputs and outputs")
+    for loop in values["unknown_trip_loops"]:
+        if type(loop) is not dict or not {"cycles_per_iteration", "entered"} <= set(loop):
+            _fail("program.unknown_trip_loops: malformed")
+    if values["memory"] is not None and type(values["memory"]) is not MemoryReport:
+        _fail("program.memory: not a memory report")
+    if values["num_tiles"] < 1:
+        _fail("program.num_tiles: below 1")
+    for t in tensors:
+        if len(t.mapping.tiles) and int(t.mapping.tiles.max()) >= values["num_tiles"]:
+            _fail(f"{t}: mapped to a tile beyond {values['num_tiles']}")
+    return Program(tensors=tensors, **values)
+
+
+def _int_list(x, where: str) -> list[int]:
+    if type(x) is not list or not all(type(i) is int for i in x):
+        _fail(f"{where}: not a list of integers")
+    return x

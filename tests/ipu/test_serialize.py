@@ -1,0 +1,233 @@
+"""graph.serialize: compiled Programs saved as bytes and loaded back run to
+the same bits, cycles and profile as the originals; the bytes grow with
+the program, not with its elements; malformed bytes are refused with a
+clear error, never run."""
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import types
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from jax_ipu.graph import programs as p
+from jax_ipu.graph import serialize
+from jax_ipu.graph.validate import validate
+from jax_ipu.model.engine import Engine
+from jax_ipu.model.targets import get_target
+from jax_ipu.profile import report
+from jax._src.lib import _jax
+from jaxlib.mlir.dialects import stablehlo
+
+from jax_ipu.compiler import compile_module
+from jax_ipu.stablehlo import import_module
+from test_compiler import SMALL, compile_fn, run_cpu
+
+RNG = np.random.default_rng(0)
+
+
+def f32(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def mlp_step(w1, w2, x, y):
+    def loss(w1, w2):
+        logits = jax.nn.relu(x @ w1) @ w2
+        return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * jax.nn.one_hot(y, 4), -1))
+    l, (g1, g2) = jax.value_and_grad(loss, argnums=(0, 1))(w1, w2)
+    return w1 - 0.1 * g1, w2 - 0.1 * g2, l
+
+
+def conv_step(w, x):
+    def loss(w):
+        y = lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        y = lax.reduce_window(jax.nn.relu(y), -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        return jnp.sum(y * y)
+    return jax.value_and_grad(loss)(w)
+
+
+def control_flow(x, n):
+    def body(i, c):
+        return lax.cond(c.sum() > 0, lambda c: c * 0.5, lambda c: c + 1.0, c)
+    y = lax.fori_loop(0, 3, body, x)
+    z = lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] * 1.1), (0, y))[1]
+    return lax.switch(n % 3, [jnp.sin, jnp.cos, jnp.tanh], z)
+
+
+def indexing(x, i, idx):
+    s = lax.dynamic_slice(x, (i, 0), (2, 4))
+    u = lax.dynamic_update_slice(x, s * 2, (0, i))
+    g = x[idx]
+    sc = jnp.zeros(8).at[idx].add(x[:4, 0])
+    v, k = lax.top_k(x[0], 3)
+    return s, u, g, sc, jnp.sort(x, axis=1), v, k, jnp.cumsum(x, axis=0), jnp.argmax(x, axis=1)
+
+
+def linalg(a, b):
+    spd = a @ a.T + 4 * jnp.eye(4)
+    return jnp.linalg.cholesky(spd), jnp.linalg.solve(spd, b)
+
+
+PROGRAMS = {
+    "mlp_step": (mlp_step, lambda: (f32(16, 32), f32(32, 4), f32(8, 16), np.arange(8, dtype=np.int32) % 4)),
+    "conv_step": (conv_step, lambda: (f32(3, 3, 2, 4), f32(2, 8, 8, 2))),
+    "control_flow": (control_flow, lambda: (f32(6), np.int32(4))),
+    "indexing": (indexing, lambda: (f32(8, 6), np.int32(3), np.array([1, 5, 2, 1], np.int32))),
+    "linalg": (linalg, lambda: (f32(4, 4), f32(4, 2))),
+}
+
+
+def _compile_for_ipu(f, *args):
+    """f lowered for the ipu platform (linalg gets the plugin's lowerings)."""
+    text = jax.jit(f).trace(*args).lower(lowering_platforms=("ipu",)).as_text(debug_info=True)
+    return compile_module(import_module(_jax.mlir.serialize_portable_artifact(text, stablehlo.get_current_version())),
+                          SMALL)
+
+
+def _profile(program, run) -> dict:
+    built = report.build(program, run, types.SimpleNamespace(id=0, target=SMALL))
+    return json.loads(json.dumps(built))
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_a_loaded_program_runs_and_reports_as_the_original(name):
+    f, make_args = PROGRAMS[name]
+    args = make_args()
+    program = _compile_for_ipu(f, *args)
+    data = serialize.dumps(program, {"note": "kept", "blob": b"\x00\x01"})
+    loaded, meta = serialize.loads(data)
+    assert meta == {"note": "kept", "blob": b"\x00\x01"}
+    engine = Engine(SMALL)
+    inputs = [np.asarray(a) for a in args]
+    expected = engine.run(program, [a.copy() for a in inputs])
+    first = engine.last_run
+    got = engine.run(loaded, [a.copy() for a in inputs])
+    again = engine.last_run
+    for e, g, c in zip(expected, got, run_cpu(f, *args)):
+        assert e.dtype == g.dtype and e.shape == g.shape
+        np.testing.assert_array_equal(g, e)          # the same bits as the program compiled here
+        np.testing.assert_allclose(g, c, rtol=2e-4, atol=2e-5)   # and right
+    assert again.steps == first.steps                # the same steps, cycles and exchanged bytes
+    assert _profile(loaded, again) == _profile(program, first)
+    assert loaded.summary() == program.summary()
+    assert loaded.cost_analysis() == program.cost_analysis()
+    assert loaded.memory_stats() == program.memory_stats()
+    validate(loaded, SMALL.num_tiles)                # builds and checks the vertices too
+    assert serialize.dumps(loaded, meta) == data     # nothing lost: the same bytes again
+
+
+def test_vertices_come_back_as_they_were():
+    program = compile_fn(conv_step, *PROGRAMS["conv_step"][1]())
+    loaded, _ = serialize.loads(serialize.dumps(program))
+    sets = [[s.compute_set for s in p.leaves(prog.body) if isinstance(s, p.Execute)] for prog in (program, loaded)]
+    assert len(sets[0]) == len(sets[1]) > 3
+    for a, b in zip(*sets):
+        assert (a.name, len(a.vertices)) == (b.name, len(b.vertices))
+        for u, v in zip(a.vertices, b.vertices):
+            assert (u.codelet, u.tile, u.cycles) == (v.codelet, v.tile, v.cycles)
+            for ra, rb in zip(u.reads + u.writes, v.reads + v.writes):
+                assert ra.tensor.id == rb.tensor.id
+                np.testing.assert_array_equal(ra.intervals, rb.intervals)
+    for t, u in zip(program.tensors, loaded.tensors):
+        assert (t.name, t.shape, t.dtype) == (u.name, u.shape, u.dtype)
+        np.testing.assert_array_equal(t.mapping.element_tiles(), u.mapping.element_tiles())
+
+
+def test_size_grows_with_the_program_not_with_its_elements():
+    ipu2 = get_target("ipu2")
+
+    def f(x):
+        return jnp.tanh(x) * 2 + x
+
+    small = serialize.dumps(compile_fn(f, np.ones(4096, np.float32), target=ipu2))
+    big = serialize.dumps(compile_fn(f, np.ones(1 << 20, np.float32), target=ipu2))
+    assert len(big) < 2 * len(small) + 32 * 1024, (len(small), len(big))
+    # im2col gathers read through one index per element: stored as runs.
+    program = compile_fn(conv_step, f32(3, 3, 8, 8), f32(4, 16, 16, 8))
+    indices = sum(op[1].nbytes for s in p.leaves(program.body) if isinstance(s, p.Copy)
+                  for v in ([s.src] if hasattr(s.src, "ops") else s.src.parts) for op in v.ops if op[0] == "gather")
+    assert indices > 400_000
+    assert len(serialize.dumps(program)) < indices / 5
+
+
+# ----------------------------------------------------------- malformed --
+
+@pytest.fixture(scope="module")
+def saved():
+    return serialize.dumps(compile_fn(mlp_step, *PROGRAMS["mlp_step"][1]()))
+
+
+def _rewrite(data: bytes, edit) -> bytes:
+    """The bytes with their header edited, checksum made good again."""
+    magic, version, header_size, body_size, _ = serialize._PREFIX.unpack_from(data)
+    body = zlib.decompress(data[serialize._PREFIX.size:])
+    header = json.loads(body[:header_size])
+    edit(header)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 64)
+    body = text + body[header_size:]
+    packed = zlib.compress(body)
+    return serialize._PREFIX.pack(magic, version, len(text), len(body), hashlib.sha256(packed).digest()) + packed
+
+
+def _load_fails(data: bytes, words: str) -> None:
+    with pytest.raises(serialize.ProgramFormatError, match=words):
+        serialize.loads(data)
+
+
+def test_truncated_or_corrupted_bytes_are_refused(saved):
+    _load_fails(saved[:-100], "checksum")
+    _load_fails(saved[:30], "too few")
+    flipped = bytearray(saved)
+    flipped[len(saved) // 2] ^= 0x10
+    _load_fails(bytes(flipped), "checksum")
+    _load_fails(b"PK\x03\x04" + saved[4:], "program mark")
+    _load_fails(saved[:8] + struct.pack("<I", 99) + saved[12:], "format 99")
+
+
+def test_another_version_is_refused(saved):
+    def other(header):
+        header["plugin"] = "0.0.1+0123456789abcdef"
+    _load_fails(_rewrite(saved, other), "saved by jax-ipu 0.0.1")
+
+
+def _first(header, kind):
+    """The first object of `kind` in the header's tree."""
+    def walk(node):
+        if isinstance(node, dict):
+            if node.get("k") == kind:
+                return node
+            values = node.values()
+        elif isinstance(node, list):
+            values = node
+        else:
+            return None
+        for child in values:
+            found = walk(child)
+            if found is not None:
+                return found
+    return walk(header["program"])
+
+
+@pytest.mark.parametrize("edit, words", [
+    # Registers are ints: engine code is generated from them.
+    (lambda h: _first(h, "Instruction").update(args=["0); import os; os.system('true')  #"]), "expected int"),
+    (lambda h: _first(h, "Execute").update(k="Popen"), "unknown object kind 'Popen'"),
+    (lambda h: _first(h, "View").update(tensor={"T": 10 ** 6}), "tensor 1000000 out of range"),
+    (lambda h: _first(h, "View").update(shape=[12345]), "the view says"),
+    (lambda h: _first(h, "View").update(ops=[["transpose", [0, 0]]]), "transpose"),
+    (lambda h: _first(h, "MatMulPartials").pop("rhs"), "fields"),
+    (lambda h: h["program"]["body"]["steps"]["L"].insert(0, dict(_first(h, "View"))), "expected step"),
+    (lambda h: _first(h, "ElementwiseChain").update(instructions=[_first(h, "Fill") or {"T": 0}]), "expected instruction"),
+    (lambda h: h["tensors"]["meta"][0].__setitem__(1, "object"), "unknown element type 'object'"),
+    (lambda h: h["arrays"][0]["parts"][0].__setitem__(1, 10 ** 9), "out of the data's bounds"),
+    (lambda h: h["program"].update(aliases=[[99, 0]]), "out of range"),
+])
+def test_malformed_fields_are_refused_with_where(saved, edit, words):
+    _load_fails(_rewrite(saved, edit), words)
