@@ -25,9 +25,6 @@ CPU_HINT = ("JAX runs host callbacks (jax.debug.print, debug.callback, pure_call
             "feeds) on its CPU backend, which JAX_PLATFORMS=ipu leaves out: set JAX_PLATFORMS=ipu,cpu instead "
             "(the IPU stays JAX's default backend, as the platform listed first).")
 _registry: dict[int, object] = {}
-# This process, for saved programs: a program calling the host names its
-# callbacks by their ids here, which mean nothing in another process.
-PROCESS = __import__("uuid").uuid4().hex
 _ids = itertools.count()
 _lock = threading.Lock()
 

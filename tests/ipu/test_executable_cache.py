@@ -23,7 +23,7 @@ from jax_ipu import config as config_lib
 from jax_ipu.graph import serialize
 from jax_ipu.pjrt.cache import SUFFIX
 from jax_ipu.pjrt.client import Client
-from test_serialize import _rewrite
+from conftest import rewrite_saved_program
 
 _PROGRAM = """
 import jax, jax.numpy as jnp, numpy as np, jax_ipu.compiler
@@ -134,7 +134,7 @@ def _corrupt(data: bytes) -> bytes:
 def _foreign(data: bytes) -> bytes:
     def other(header):
         header["plugin"] = "0.0.1+0123456789abcdef"
-    return _rewrite(data, other)
+    return rewrite_saved_program(data, other)
 
 
 @pytest.mark.parametrize("spoil, words", [

@@ -4,11 +4,9 @@ the program, not with its elements; malformed bytes are refused with a
 clear error, never run."""
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
 import types
-import zlib
 
 import jax
 import jax.numpy as jnp
@@ -20,14 +18,14 @@ from jax_ipu.graph import programs as p
 from jax_ipu.graph import serialize
 from jax_ipu.graph.validate import validate
 from jax_ipu.model.engine import Engine
-from jax_ipu.model.targets import get_target
+from jax_ipu.targets import get_target
 from jax_ipu.profile import report
 from jax._src.lib import _jax
 from jaxlib.mlir.dialects import stablehlo
 
 from jax_ipu.compiler import compile_module
 from jax_ipu.stablehlo import import_module
-from test_compiler import SMALL, compile_fn, run_cpu
+from conftest import SMALL, compile_fn, rewrite_saved_program, run_cpu
 
 RNG = np.random.default_rng(0)
 
@@ -163,19 +161,6 @@ def saved():
     return serialize.dumps(compile_fn(mlp_step, *PROGRAMS["mlp_step"][1]()))
 
 
-def _rewrite(data: bytes, edit) -> bytes:
-    """The bytes with their header edited, checksum made good again."""
-    magic, version, header_size, body_size, _ = serialize._PREFIX.unpack_from(data)
-    body = zlib.decompress(data[serialize._PREFIX.size:])
-    header = json.loads(body[:header_size])
-    edit(header)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 64)
-    body = text + body[header_size:]
-    packed = zlib.compress(body)
-    return serialize._PREFIX.pack(magic, version, len(text), len(body), hashlib.sha256(packed).digest()) + packed
-
-
 def _load_fails(data: bytes, words: str) -> None:
     with pytest.raises(serialize.ProgramFormatError, match=words):
         serialize.loads(data)
@@ -194,7 +179,7 @@ def test_truncated_or_corrupted_bytes_are_refused(saved):
 def test_another_version_is_refused(saved):
     def other(header):
         header["plugin"] = "0.0.1+0123456789abcdef"
-    _load_fails(_rewrite(saved, other), "saved by jax-ipu 0.0.1")
+    _load_fails(rewrite_saved_program(saved, other), "saved by jax-ipu 0.0.1")
 
 
 def _first(header, kind):
@@ -230,4 +215,4 @@ def _first(header, kind):
     (lambda h: h["program"].update(aliases=[[99, 0]]), "out of range"),
 ])
 def test_malformed_fields_are_refused_with_where(saved, edit, words):
-    _load_fails(_rewrite(saved, edit), words)
+    _load_fails(rewrite_saved_program(saved, edit), words)

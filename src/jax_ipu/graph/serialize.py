@@ -72,13 +72,13 @@ def plugin_version() -> str:
     if _PLUGIN_VERSION is None:
         import pathlib
 
-        import jax_ipu
-        root = pathlib.Path(jax_ipu.__file__).parent
+        from jax_ipu.version import __version__
+        root = pathlib.Path(__file__).resolve().parent.parent     # the jax_ipu package
         digest = hashlib.sha256()
         for path in sorted(root.rglob("*")):
             if path.suffix in (".py", ".pyx", ".pxi", ".h") and path.is_file():
                 digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-        _PLUGIN_VERSION = f"{jax_ipu.__version__}+{digest.hexdigest()[:16]}"
+        _PLUGIN_VERSION = f"{__version__}+{digest.hexdigest()[:16]}"
     return _PLUGIN_VERSION
 
 
@@ -317,7 +317,8 @@ _SCHEMA: dict[type, dict[str, str]] = {
     DataDependentExchange: {"rounds": "int", "sent": "array", "received": "array", "buffers": "array"},
     MemoryReport: {"bytes_per_tile": "int", "always_live": "array", "not_always_live_peak": "array",
                    "code": "array", "argument_bytes": "int", "output_bytes": "int", "aliased_bytes": "int",
-                   "temporary_bytes": "int"},
+                   "temporary_bytes": "int", "liveness": "array", "liveness_exchange": "array",
+                   "liveness_on_max_tile": "array", "live_at_peak": "*int"},
     ir.TensorType: {"shape": "*int", "dtype": "dtype"},
     codelets.Instruction: {"op": "str", "args": "*int", "dtype": "dtype", "attrs": "any"},
     codelets.ElementwiseChain: {"inputs": "any", "instructions": "*instruction", "outputs": "any", "shape": "*int"},

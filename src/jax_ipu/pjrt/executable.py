@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import uuid
 import re
 import threading
 import time
@@ -68,6 +69,11 @@ def device_assignment_ids(serialized: bytes) -> list[list[int]]:
     return [[column[r] for column in columns] for r in range(replicas)]
 
 
+# This process, in saved programs that call host callbacks: the callback
+# ids they hold name Python functions registered here, so such a program
+# loads only in the process that compiled it.
+PROCESS = uuid.uuid4().hex
+
 class Executable:
     def __init__(self, client, program, name: str, fingerprint: bytes,
                  assignment: list[list[int]], serialized_assignment: bytes):
@@ -108,13 +114,12 @@ class Executable:
         """The program in graph.serialize's format, with what loading it
         needs besides: name, fingerprint, device assignment and, for
         programs calling the host, the process whose callbacks they name."""
-        from jax_ipu import callbacks
         from jax_ipu.graph import serialize
 
         meta = {"kind": EXECUTABLE_KIND, "name": self.name, "fingerprint": self.fingerprint,
                 "assignment": [[int(d) for d in row] for row in self.assignment],
                 "device_assignment": self.serialized_device_assignment,
-                "callbacks": callbacks.PROCESS if _calls_host(self.program.body) else None}
+                "callbacks": PROCESS if _calls_host(self.program.body) else None}
         return serialize.dumps(self.program, meta)
 
     def optimized_program(self) -> tuple[bytes, bytes]:
@@ -293,7 +298,6 @@ def from_bytes(client, data: bytes, options: bytes | None) -> Executable:
     """An Executable from Executable.serialize's bytes, for `client`.
     `options`: a serialized CompileOptionsProto whose device assignment
     replaces the saved one (JAX's execution_devices)."""
-    from jax_ipu import callbacks
     from jax_ipu.graph import serialize
 
     try:
@@ -314,7 +318,7 @@ def from_bytes(client, data: bytes, options: bytes | None) -> Executable:
         raise IpuInvalidArgument(
             f"{meta['name']} was compiled for {program.target_name} with {program.num_tiles} tiles; these IPUs "
             f"are {target.describe()} (JAX_IPU_TARGET, JAX_IPU_MODEL_NUM_TILES): compile it again")
-    if meta["callbacks"] is not None and meta["callbacks"] != callbacks.PROCESS:
+    if meta["callbacks"] is not None and meta["callbacks"] != PROCESS:
         raise IpuInvalidArgument(
             f"{meta['name']} calls host callbacks (jax.debug.print, pure_callback, io_callback or feeds) of the "
             "process that compiled it; Python functions are not saved with a program, so it runs only there. "
