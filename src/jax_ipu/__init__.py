@@ -73,6 +73,9 @@ _LAZY = {"InfeedQueue": "jax_ipu.feeds", "OutfeedQueue": "jax_ipu.feeds", "infee
 
 def __getattr__(name: str):
     # Feeds import jax; jax imports this package while it discovers plugins.
+    if name == "pipeline":      # jax_ipu.pipeline: plain JAX, imports jax
+        import importlib
+        return importlib.import_module("jax_ipu.pipeline")
     if name in _LAZY:
         import importlib
         return getattr(importlib.import_module(_LAZY[name]), name)

@@ -67,3 +67,13 @@ def test_mnist_classifier_with_infeed_matches_the_python_loop(capsys):
     plain = runpy.run_path(str(EXAMPLES / "mnist_classifier.py"))
     assert abs(plain["main"](["--epochs", "2", "--hidden", "64"]) - accuracy) < 1e-6, out
     assert "estimated IPU time per step" in out
+
+
+def test_pipeline_training_matches_cpu_and_shows_the_bubble(capsys):
+    module = runpy.run_path(str(EXAMPLES / "pipeline_training.py"))
+    losses, cpu_losses, report = module["main"](["--stages", "2", "--width", "64", "--steps", "3",
+                                                 "--micro-batches", "4"])
+    out = capsys.readouterr().out
+    assert losses[-1] < losses[0]
+    assert max(abs(a - b) for a, b in zip(losses, cpu_losses)) < 1e-4 * losses[0], out
+    assert report["time_breakdown"]["ipu_link"] > 0 and "pipeline bubble" in out and "ipu_link" in out
