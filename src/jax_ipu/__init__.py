@@ -48,6 +48,13 @@ def transfer_stats(device=None) -> dict[str, int]:
     return total
 
 
+def streaming_memory_in_use(device=None) -> int:
+    """Bytes of the arrays held in an IPU's streaming memory (JAX memory
+    kind "pinned_host"; the first IPU when `device` is None). They are not
+    in device.memory_stats(), which describes tile SRAM."""
+    return _client().device(0 if device is None else device.id).streaming_bytes_in_use()
+
+
 def set_f64_as_f32(enabled: bool = True) -> bool:
     """Runs 64-bit types as 32-bit ones on the IPU (float64 as float32,
     int64/uint64 as int32/uint32), as JAX_IPU_F64_AS_F32=1 does; returns

@@ -5,7 +5,7 @@ schedule (BSP steps, streams) -> memory plan (per tile, liveness)."""
 from __future__ import annotations
 
 from jax_ipu import ir
-from jax_ipu.compiler import spmd
+from jax_ipu.compiler import spmd, streaming
 from jax_ipu.compiler.builder import Builder
 from jax_ipu.compiler.collectives import charge_links
 from jax_ipu.compiler.cost import cost_steps, static_cycles
@@ -54,18 +54,21 @@ def compile_module(module: ir.Module, target: Target, options: CompileOptions = 
     if options.f64_policy == "as_f32":
         demote_64bit(module)
     flat = legalize(module)
+    streaming_inputs, streaming_outputs = streaming.plan(flat, main.arg_memory_kinds, main.result_memory_kinds)
     flat.ops = fold_result_transposes(flat.ops, flat.results)
     nodes = fuse(flat.ops)
     b = Builder(target, options)
     inputs = []
     for i, arg in enumerate(flat.args):
         t = b.tensor(f"argument {i}", arg.type.shape, arg.type.dtype)
+        t.streaming = i in streaming_inputs
         inputs.append(t)
         b.values[arg] = View(t)
     lower(b, flat, nodes)
     outputs = [b.view(v, f"result {i}") for i, v in enumerate(flat.results)]
     received = cost_steps(target, b.steps)
     charge_links(target, b.steps, ranks)
+    streaming.charge_streaming(target, b.steps)
     body, host_cycles = schedule(target, b.steps, inputs, outputs)
     cycles, unknown_loops = static_cycles(body)
     first, last = lifetimes(b.steps, len(b.tensors))
@@ -81,7 +84,7 @@ def compile_module(module: ir.Module, target: Target, options: CompileOptions = 
         cycles=cycles, unknown_trip_loops=unknown_loops, host_cycles=host_cycles, memory=memory,
         shardings=layout, flops=b.flops, transcendentals=b.transcendentals,
         bytes_accessed=float(sum(t.nbytes for t in b.tensors if t.constant is None)),
-        token_outputs=token_outputs)
+        token_outputs=token_outputs, streaming_inputs=streaming_inputs, streaming_outputs=streaming_outputs)
     if not options.allow_out_of_memory:
         check_fits(memory, b.tensors, target, program)
     return program

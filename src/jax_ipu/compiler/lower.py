@@ -15,9 +15,10 @@ from jax_ipu.errors import IpuError, IpuInternalCompilerError, IpuUnimplementedE
 RULES = {**layout.RULES, **matmul.RULES, **reduce.RULES, **conv.RULES, **control.RULES, **indexing.RULES,
          **sort.RULES, **windows.RULES, **linalg.RULES, **custom_calls.RULES}
 
-from jax_ipu.compiler import collectives  # noqa: E402  (across IPUs)
+from jax_ipu.compiler import collectives, streaming  # noqa: E402  (across IPUs; streaming memory)
 
 RULES.update(collectives.RULES)
+RULES.update(streaming.RULES)
 
 
 def _used_outside(nodes, results) -> dict[int, set]:

@@ -31,7 +31,9 @@ def plan_memory(target: Target, tensors: list[Tensor], steps: list, inputs: list
                 outputs: list, received: list[np.ndarray], first: np.ndarray, last: np.ndarray,
                 aliased_bytes: int) -> MemoryReport:
     tiles = target.num_tiles
-    per_tile = [t.mapping.elements_per_tile(tiles) * t.dtype.itemsize for t in tensors]
+    # Tensors in streaming memory take no tile SRAM.
+    per_tile = [t.mapping.elements_per_tile(tiles) * t.dtype.itemsize if not t.streaming
+                else np.zeros(tiles, dtype=np.int64) for t in tensors]
     always = {t.id for t in inputs} | {t.id for t in tensors if t.constant is not None}
     code = _code_bytes(target, steps)
     always_live = code + sum((per_tile[i] for i in always), np.zeros(tiles, dtype=np.int64))
@@ -50,9 +52,10 @@ def plan_memory(target: Target, tensors: list[Tensor], steps: list, inputs: list
     peak = live.max(axis=0) if n else np.zeros(tiles, dtype=np.int64)
     return MemoryReport(
         bytes_per_tile=target.bytes_per_tile, always_live=always_live, not_always_live_peak=peak,
-        code=code, argument_bytes=sum(t.nbytes for t in inputs),
-        output_bytes=sum(v.size * v.dtype.itemsize for v in outputs), aliased_bytes=aliased_bytes,
-        temporary_bytes=int(peak.sum()))
+        code=code, argument_bytes=sum(t.nbytes for t in inputs if not t.streaming),
+        output_bytes=sum(v.size * v.dtype.itemsize for v in outputs if not v.tensor.streaming),
+        aliased_bytes=aliased_bytes, temporary_bytes=int(peak.sum()),
+        streaming_bytes=sum(t.nbytes for t in tensors if t.streaming))
 
 
 def check_fits(report: MemoryReport, tensors: list[Tensor], target: Target, program=None) -> None:

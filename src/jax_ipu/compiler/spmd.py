@@ -615,10 +615,21 @@ def _slice_scatter(p: _Partitioner, op: ir.Op, dim, axes, start, shape):
 SLICE_RULES = {"broadcast_in_dim": _slice_broadcast, "iota": _slice_iota, "scatter": _slice_scatter}
 
 
+# custom calls whose result is their operand (sharded alike): moves between
+# tile SRAM and streaming memory.
+_SHARDING_PRESERVING_CALLS = {"annotate_device_placement"}
+
+
+def _custom_call(p: _Partitioner, op: ir.Op, operands: list) -> None:
+    if str(op.attrs.get("call_target_name")) in _SHARDING_PRESERVING_CALLS and len(operands) == 1:
+        return _emit_like(p, op, operands, [p.sharding_of(operands[0])])
+    return _gathered(p, op, operands)
+
+
 def _global_rules() -> dict:
     from jax_ipu.model.elementwise import ELEMENTWISE_OPS
     rules = {name: _elementwise for name in ELEMENTWISE_OPS}
-    rules.update(broadcast_in_dim=_broadcast_in_dim, transpose=_transpose, reshape=_reshape,
+    rules.update(custom_call=_custom_call, broadcast_in_dim=_broadcast_in_dim, transpose=_transpose, reshape=_reshape,
                  dot_general=_dot_general, reduce=_reduce, gather=_gather)
     return rules
 

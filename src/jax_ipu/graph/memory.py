@@ -17,6 +17,7 @@ class MemoryReport:
     output_bytes: int
     aliased_bytes: int
     temporary_bytes: int                 # sum over tiles of the temporaries' peaks
+    streaming_bytes: int = 0             # tensors in streaming memory, outside the tiles
 
     @property
     def peak(self) -> np.ndarray:

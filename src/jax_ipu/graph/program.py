@@ -40,6 +40,10 @@ class Program:
     transcendentals: float = 0.0
     # The results that are JAX's runtime tokens (empty bool arrays here).
     token_outputs: tuple[int, ...] = ()
+    # The arguments and results held in streaming memory (JAX memory kind
+    # pinned_host), not in tile SRAM.
+    streaming_inputs: tuple[int, ...] = ()
+    streaming_outputs: tuple[int, ...] = ()
 
     def cost_analysis(self) -> dict[str, float]:
         """JAX's figures, and the cycles: estimated_cycles leaves out the
@@ -68,7 +72,8 @@ class Program:
         """The figures PJRT's compiled-memory-stats call reports."""
         m = self.memory
         return {"code": int(m.code.sum()), "arguments": m.argument_bytes, "outputs": m.output_bytes,
-                "aliased": m.aliased_bytes, "temporary": m.temporary_bytes, "peak": m.total_bytes}
+                "aliased": m.aliased_bytes, "temporary": m.temporary_bytes, "peak": m.total_bytes,
+                "streaming": m.streaming_bytes}
 
     def summary(self) -> str:
         steps = list(leaves(self.body))
