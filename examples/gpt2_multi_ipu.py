@@ -158,12 +158,14 @@ def batches(cfg: Config, batch: int, seq: int, steps: int, seed: int = 1):
     return [(t[:, :-1], t[:, 1:]) for t in tokens]
 
 
-def run(cfg: Config, devices, data) -> tuple[list[float], float]:
+def run(cfg: Config, devices, data, compiler_options=None) -> tuple[list[float], float]:
     params = init(cfg)
     state, step, replicated = place(params, devices, cfg)
     losses, times = [], []
-    for ids, labels in data:
+    for i, (ids, labels) in enumerate(data):
         ids, labels = jax.device_put((ids, labels), replicated)
+        if i == 0 and compiler_options:
+            step = step.lower(*state, ids, labels).compile(compiler_options=compiler_options)
         start = time.perf_counter()
         *state, loss = step(*state, ids, labels)
         losses.append(float(loss))
@@ -179,6 +181,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--seq", type=int, default=None, help="default: the model's context (tiny) or 128")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--no-cpu", action="store_true", help="skip the XLA:CPU reference")
+    parser.add_argument("--available-memory-proportion", type=float, default=None,
+                        help="of each tile's SRAM for a matmul's temporaries (the planner's default 0.6); lower "
+                             "it when several large matmuls' partials meet on one tile")
     args = parser.parse_args(argv)
     cfg = CONFIGS[args.model]
     ipus = jax.devices("ipu")[:args.ipus]
@@ -188,7 +193,9 @@ def main(argv=None) -> dict:
     print(f"GPT-2 {args.model}: {n_params / 1e6:.1f}M parameters ({4 * n_params / 2**20:.0f} MiB float32, "
           f"AdamW state {8 * n_params / 2**20:.0f} MiB) on {len(ipus)} modelled IPUs, batch {args.batch} x {seq}")
 
-    losses, wall, state = run(cfg, ipus, data)
+    options = ({"available_memory_proportion": args.available_memory_proportion}
+               if args.available_memory_proportion else None)
+    losses, wall, state = run(cfg, ipus, data, options)
     cpu_losses = [] if args.no_cpu else run(cfg, jax.devices("cpu")[:1], data)[0]
     for i, loss in enumerate(losses):
         ref = f" (XLA:CPU {cpu_losses[i]:.6f})" if cpu_losses else ""

@@ -68,6 +68,7 @@ def test_moves_inside_jit_match_xla_cpu_and_are_charged(ipus):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     # SRAM holds w and g's shards; m's shard is in streaming memory.
     assert stats.argument_size_in_bytes == 2 * n * 4
+    assert stats.host_argument_size_in_bytes == stats.host_output_size_in_bytes == n * 4
     report = jax_ipu.last_profile(ipus[0])
     target = jax_ipu.target(ipus[0])
     per_cycle = target.streaming_bytes_per_second / target.clock_hz

@@ -189,6 +189,7 @@ cdef extern from "pjrt_decls.h" nogil:
         PJRT_NamedValue* cost
         size_t num_cost
         int64_t code_bytes, argument_bytes, output_bytes, alias_bytes, temp_bytes, peak_bytes
+        int64_t streaming_argument_bytes, streaming_output_bytes, streaming_temp_bytes
         int deleted
     ctypedef struct PJRT_Blob:
         void* py

@@ -59,6 +59,9 @@ cdef PJRT_LoadedExecutable* build_executable(PJRT_Client* c, object py_exe) exce
     e.alias_bytes = stats["aliased"]
     e.temp_bytes = stats["temporary"]
     e.peak_bytes = stats["peak"]
+    e.streaming_argument_bytes = stats["streaming_arguments"]
+    e.streaming_output_bytes = stats["streaming_outputs"]
+    e.streaming_temp_bytes = stats["streaming_temporary"]
     return e
 
 cdef void executable_unref(PJRT_LoadedExecutable* e) noexcept nogil:
@@ -166,10 +169,11 @@ cdef PJRT_Error* e_executable_compiled_memory_stats(PJRT_Executable_GetCompiledM
     a.alias_size_in_bytes = e.alias_bytes
     a.temp_size_in_bytes = e.temp_bytes
     a.host_generated_code_size_in_bytes = 0
-    a.host_argument_size_in_bytes = 0
-    a.host_output_size_in_bytes = 0
+    # JAX's host_* figures are of memory kind pinned_host: streaming memory here.
+    a.host_argument_size_in_bytes = e.streaming_argument_bytes
+    a.host_output_size_in_bytes = e.streaming_output_bytes
     a.host_alias_size_in_bytes = 0
-    a.host_temp_size_in_bytes = 0
+    a.host_temp_size_in_bytes = e.streaming_temp_bytes
     a.peak_memory_in_bytes = e.peak_bytes
     return NULL
 

@@ -127,6 +127,7 @@ struct PJRT_LoadedExecutable {
   LogicalDeviceIds* logical_ids;
   PJRT_NamedValue* cost; size_t num_cost;
   int64_t code_bytes, argument_bytes, output_bytes, alias_bytes, temp_bytes, peak_bytes;
+  int64_t streaming_argument_bytes, streaming_output_bytes, streaming_temp_bytes; /* JAX's host_* figures */
   int deleted;
 };
 
