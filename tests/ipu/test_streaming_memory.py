@@ -100,3 +100,32 @@ def test_computing_on_streaming_memory_is_refused(ipus):
     x = jax.device_put(np.ones(8, np.float32), SingleDeviceSharding(ipus[0], memory_kind="pinned_host"))
     with pytest.raises(jax.errors.JaxRuntimeError, match="while at .* a value in streaming memory"):
         jax.jit(loop)(x)
+
+
+def test_moves_on_four_ipus_match_xla_cpu():
+    import os
+
+    from conftest import run_python
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = f"""
+import sys; sys.path.insert(0, {here!r})
+import jax, numpy as np
+from test_streaming_memory import adam_moment, _shardings
+ipus = jax.devices("ipu")
+assert len(ipus) == 4
+rng = np.random.default_rng(0)
+w, g, m = (rng.standard_normal(4096).astype(np.float32) for _ in range(3))
+out = {{}}
+for platform, devices in (("cpu", jax.devices("cpu")[:1]), ("ipu", ipus)):
+    sram, host = _shardings(devices, "pinned_host")
+    r = jax.jit(adam_moment, out_shardings=(sram, host))(*jax.device_put((w, g), sram), jax.device_put(m, host))
+    assert r[1].sharding.memory_kind == "pinned_host"
+    out[platform] = [np.asarray(a) for a in r]
+for a, b in zip(out["ipu"], out["cpu"]):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+import jax_ipu
+assert all(jax_ipu.streaming_memory_in_use(d) == 1024 * 4 for d in ipus), [jax_ipu.streaming_memory_in_use(d) for d in ipus]
+print("OK")
+"""
+    proc = run_python(code, JAX_IPU_DEVICE_COUNT="4")
+    assert "OK" in proc.stdout, proc.stdout + proc.stderr[-3000:]
