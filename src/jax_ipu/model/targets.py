@@ -55,10 +55,10 @@ class Target:
     ipu_link_latency_cycles: int = 1000     # per hop, ~0.75 us at 1.33 GHz (unverified)
     ipu_sync_cycles: int = 2000             # sync across IPUs per collective (unverified)
     # Streaming memory: the DRAM beside the IPUs (an IPU-Machine holds up to
-    # 260 GB for its 4 IPUs; the bandwidth per IPU is unverified, a parameter;
-    # see docs/multi-ipu.md), reached only by transfers to and from tile
-    # memory (Poplar's remote buffers).
-    streaming_bytes_per_second: float = 20e9
+    # 260 GB for its 4 IPUs), reached only by transfers to and from tile
+    # memory (Poplar's remote buffers). Graphcore: 3x to 20x slower than the
+    # IPU-Links, i.e. about 11 to 16 GB/s an IPU (docs/multi-ipu.md).
+    streaming_bytes_per_second: float = 16e9
     streaming_latency_cycles: int = 2000    # per transfer (unverified; a parameter)
     streaming_bytes: int = 65 * 10**9       # per IPU: an IPU-Machine's 260 GB over its 4 IPUs
 
