@@ -24,7 +24,6 @@ import time
 os.environ.setdefault("JAX_IPU_DEVICE_COUNT", "4")
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 

@@ -4,8 +4,6 @@ XLA:CPU and the same pipeline on XLA:CPU devices; the run's estimate
 shows the IPU-Link transfers and the bubble."""
 import os
 
-import jax
-import numpy as np
 import pytest
 
 import jax_ipu
