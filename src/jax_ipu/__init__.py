@@ -48,6 +48,13 @@ def transfer_stats(device=None) -> dict[str, int]:
     return total
 
 
+def streaming_memory_in_use(device=None) -> int:
+    """Bytes of the arrays held in an IPU's streaming memory (JAX memory
+    kind "pinned_host"; the first IPU when `device` is None). They are not
+    in device.memory_stats(), which describes tile SRAM."""
+    return _client().device(0 if device is None else device.id).streaming_bytes_in_use()
+
+
 def set_f64_as_f32(enabled: bool = True) -> bool:
     """Runs 64-bit types as 32-bit ones on the IPU (float64 as float32,
     int64/uint64 as int32/uint32), as JAX_IPU_F64_AS_F32=1 does; returns
@@ -72,6 +79,9 @@ _LAZY = {"InfeedQueue": "jax_ipu.feeds", "OutfeedQueue": "jax_ipu.feeds", "infee
 
 def __getattr__(name: str):
     # Feeds import jax; jax imports this package while it discovers plugins.
+    if name == "pipeline":      # jax_ipu.pipeline: plain JAX, imports jax
+        import importlib
+        return importlib.import_module("jax_ipu.pipeline")
     if name in _LAZY:
         import importlib
         return getattr(importlib.import_module(_LAZY[name]), name)

@@ -151,6 +151,9 @@ class Function:
     # Per argument / result: sharding annotation text, when present.
     arg_shardings: list[str | None] = dataclasses.field(default_factory=list)
     result_shardings: list[str | None] = dataclasses.field(default_factory=list)
+    # Per argument / result: JAX's memory kind (mhlo.memory_kind), when given.
+    arg_memory_kinds: list[str | None] = dataclasses.field(default_factory=list)
+    result_memory_kinds: list[str | None] = dataclasses.field(default_factory=list)
 
     @property
     def arg_types(self) -> list[Type]:

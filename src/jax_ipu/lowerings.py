@@ -35,7 +35,13 @@ select_and_scatter_add (the gradient of max and min pooling) gets the rule
 JAX gives CPU and GPU: a padded window pads the operand with the select's
 identity (-inf for max), which the scan may pick like any element, instead
 of leaving the padding to select_and_scatter, which never picks it. So
-windows of -inf or NaN over an edge pick what XLA:CPU picks."""
+windows of -inf or NaN over an edge pick what XLA:CPU picks.
+
+device_put inside jit to another memory kind (jax.device_put(x,
+jax.memory.Space.Host), a sharding with memory_kind): JAX 0.10.2 emits
+the annotate_device_placement custom calls XLA's host offloading reads for
+TPU and GPU only; the ipu rule is the same, and the compiler turns the
+annotations into transfers to and from streaming memory."""
 from __future__ import annotations
 
 PLATFORM = "ipu"
@@ -207,6 +213,8 @@ def register() -> None:
     from jax._src.lax.control_flow import loops
     from jax._src.random import prng
 
+    from jax._src import dispatch
+    mlir.register_lowering(dispatch.device_put_p, dispatch._tpu_gpu_device_put_lowering, platform=PLATFORM)
     mlir.register_lowering(linalg.lu_p, _lu, platform=PLATFORM)
     for name in _NOT_YET:
         mlir.register_lowering(getattr(linalg, f"{name}_p"), _not_yet(name), platform=PLATFORM)

@@ -11,6 +11,11 @@ from jax_ipu.errors import IpuInvalidArgument
 # The element types IPU tiles hold; no 64-bit, bfloat16 or complex types.
 IPU_DTYPES: frozenset[np.dtype] = frozenset(np.dtype(t) for t in (
     np.float32, np.float16, np.int32, np.uint32, np.int16, np.uint16, np.int8, np.uint8, np.bool_))
+# The JAX memory kind of an IPU's streaming memory. JAX's host-offloading
+# idioms (memory_kind="pinned_host", jax.memory.Space.Host) name the memory
+# beside a device's own that values are parked in and moved back from; on
+# the IPU that role is streaming memory's, so offloading code runs unchanged.
+STREAMING_MEMORY_KIND = "pinned_host"
 # What a compile error for a type outside IPU_DTYPES advises.
 USE_IPU_TYPES = "Use float32 or float16 (the IPU holds f32, f16, i32, u32, i16, u16, i8, u8, bool)"
 # The 64-bit types the IPU runs as 32-bit ones when asked to (JAX_IPU_F64_AS_F32).
@@ -49,6 +54,13 @@ class Target:
     ipu_links_per_hop: int = 1
     ipu_link_latency_cycles: int = 1000     # per hop, ~0.75 us at 1.33 GHz (unverified)
     ipu_sync_cycles: int = 2000             # sync across IPUs per collective (unverified)
+    # Streaming memory: the DRAM beside the IPUs (an IPU-Machine holds up to
+    # 260 GB for its 4 IPUs), reached only by transfers to and from tile
+    # memory (Poplar's remote buffers). Graphcore: 3x to 20x slower than the
+    # IPU-Links, i.e. about 11 to 16 GB/s an IPU (docs/multi-ipu.md).
+    streaming_bytes_per_second: float = 16e9
+    streaming_latency_cycles: int = 2000    # per transfer (unverified; a parameter)
+    streaming_bytes: int = 65 * 10**9       # per IPU: an IPU-Machine's 260 GB over its 4 IPUs
 
     def describe(self) -> str:
         return (f"IPU Model {self.name} ({self.num_tiles} tiles, {self.bytes_per_tile // 1024} KiB/tile, "

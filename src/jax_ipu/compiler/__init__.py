@@ -27,7 +27,7 @@ from jax_ipu.compiler.lowering import (collectives, control, conv, host, indexin
 from jax_ipu.compiler.builder import Builder
 from jax_ipu.compiler.cost import cost_steps, static_cycles
 from jax_ipu.compiler.options import CompileOptions
-from jax_ipu.compiler.passes import spmd
+from jax_ipu.compiler.passes import spmd, streaming
 from jax_ipu.compiler.passes.demote import demote_64bit
 from jax_ipu.compiler.passes.fold_transposes import fold_result_transposes
 from jax_ipu.compiler.passes.fuse import fuse
@@ -58,6 +58,8 @@ class Compilation:
     input_types: list = dataclasses.field(default_factory=list)    # as JAX sees them
     output_types: list = dataclasses.field(default_factory=list)
     flat: FlatFunction | None = None     # main with calls inlined, after legalize
+    streaming_inputs: tuple = ()         # indices of arguments and results held in
+    streaming_outputs: tuple = ()        # streaming memory, not on the tiles
     nodes: list | None = None            # ops and fused element-wise clusters
     builder: Builder | None = None       # the graph: tensors and steps
     inputs: list = dataclasses.field(default_factory=list)
@@ -99,6 +101,14 @@ def _legalize(c: Compilation) -> None:
     c.flat = legalize(c.module)
 
 
+def _plan_streaming(c: Compilation) -> None:
+    """Values in streaming memory: the arguments and results JAX places
+    there, and the moves between it and the tiles inside the program."""
+    main = c.module.main
+    c.streaming_inputs, c.streaming_outputs = streaming.plan(c.flat, main.arg_memory_kinds,
+                                                             main.result_memory_kinds)
+
+
 def _fold_transposes(c: Compilation) -> None:
     c.flat.ops = fold_result_transposes(c.flat.ops, c.flat.results)
 
@@ -111,6 +121,7 @@ def _lower(c: Compilation) -> None:
     b = c.builder = Builder(c.target, c.options)
     for i, arg in enumerate(c.flat.args):
         t = b.tensor(f"argument {i}", arg.type.shape, arg.type.dtype)
+        t.streaming = i in c.streaming_inputs
         c.inputs.append(t)
         b.values[arg] = View(t)
     lower(b, c.flat, c.nodes)
@@ -120,6 +131,7 @@ def _lower(c: Compilation) -> None:
 def _cost(c: Compilation) -> None:
     c.received = cost_steps(c.target, c.builder.steps)
     collectives.charge_links(c.target, c.builder.steps, c.ranks)
+    streaming.charge_streaming(c.target, c.builder.steps)
 
 
 def _schedule(c: Compilation) -> None:
@@ -147,7 +159,8 @@ def _build_program(c: Compilation) -> None:
         cycles=cycles, unknown_trip_loops=unknown_loops, host_cycles=c.host_cycles, memory=c.memory,
         shardings=c.layout, flops=b.flops, transcendentals=b.transcendentals,
         bytes_accessed=float(sum(t.nbytes for t in b.tensors if t.constant is None)),
-        token_outputs=c.token_outputs)
+        token_outputs=c.token_outputs, streaming_inputs=c.streaming_inputs,
+        streaming_outputs=c.streaming_outputs)
 
 
 def _check_fits(c: Compilation) -> None:
@@ -161,6 +174,7 @@ PASSES: list[tuple[str, Callable[[Compilation], None]]] = [
     ("expand-rng", _expand_rng),
     ("demote-64bit", _demote_64bit),
     ("legalize", _legalize),
+    ("plan-streaming", _plan_streaming),
     ("fold-transposes", _fold_transposes),
     ("fuse", _fuse),
     ("lower", _lower),

@@ -25,6 +25,7 @@ class MemoryReport:
     liveness_exchange: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     liveness_on_max_tile: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     live_at_peak: tuple = ()
+    streaming_bytes: int = 0             # tensors in streaming memory, outside the tiles
 
     @property
     def peak(self) -> np.ndarray:

@@ -40,6 +40,10 @@ class Program:
     transcendentals: float = 0.0
     # The results that are JAX's runtime tokens (empty bool arrays here).
     token_outputs: tuple[int, ...] = ()
+    # The arguments and results held in streaming memory (JAX memory kind
+    # pinned_host), not in tile SRAM.
+    streaming_inputs: tuple[int, ...] = ()
+    streaming_outputs: tuple[int, ...] = ()
 
     def cost_analysis(self) -> dict[str, float]:
         """JAX's figures, and the cycles: estimated_cycles leaves out the
@@ -67,8 +71,13 @@ class Program:
     def memory_stats(self) -> dict[str, int]:
         """The figures PJRT's compiled-memory-stats call reports."""
         m = self.memory
+        streaming_in = sum(t.nbytes for t in self.inputs if t.streaming)
+        streaming_out = sum(v.size * v.dtype.itemsize for v in self.outputs if v.tensor.streaming)
         return {"code": int(m.code.sum()), "arguments": m.argument_bytes, "outputs": m.output_bytes,
-                "aliased": m.aliased_bytes, "temporary": m.temporary_bytes, "peak": m.total_bytes}
+                "aliased": m.aliased_bytes, "temporary": m.temporary_bytes, "peak": m.total_bytes,
+                "streaming": m.streaming_bytes, "streaming_arguments": streaming_in,
+                "streaming_outputs": streaming_out,
+                "streaming_temporary": max(m.streaming_bytes - streaming_in - streaming_out, 0)}
 
     def summary(self) -> str:
         steps = list(leaves(self.body))

@@ -318,7 +318,7 @@ _SCHEMA: dict[type, dict[str, str]] = {
     MemoryReport: {"bytes_per_tile": "int", "always_live": "array", "not_always_live_peak": "array",
                    "code": "array", "argument_bytes": "int", "output_bytes": "int", "aliased_bytes": "int",
                    "temporary_bytes": "int", "liveness": "array", "liveness_exchange": "array",
-                   "liveness_on_max_tile": "array", "live_at_peak": "*int"},
+                   "liveness_on_max_tile": "array", "live_at_peak": "*int", "streaming_bytes": "int"},
     ir.TensorType: {"shape": "*int", "dtype": "dtype"},
     codelets.Instruction: {"op": "str", "args": "*int", "dtype": "dtype", "attrs": "any"},
     codelets.ElementwiseChain: {"inputs": "any", "instructions": "*instruction", "outputs": "any", "shape": "*int"},
@@ -463,7 +463,7 @@ class _Encoder:
         for t in self.program.tensors:
             m = t.mapping
             meta.append([t.name, t.dtype.name, list(t.shape),
-                         None if t.constant is None else self.arrays.add(t.constant)])
+                         None if t.constant is None else self.arrays.add(t.constant), bool(t.streaming)])
             runs.append(len(m.tiles))
             tiles.append(m.tiles)
             starts.append(m.starts)
@@ -510,6 +510,8 @@ def dumps(program: Program, meta: dict | None = None) -> bytes:
             "flops": float(program.flops), "shardings": enc.value(program.shardings),
             "bytes_accessed": float(program.bytes_accessed), "transcendentals": float(program.transcendentals),
             "token_outputs": [int(i) for i in program.token_outputs],
+            "streaming_inputs": [int(i) for i in program.streaming_inputs],
+            "streaming_outputs": [int(i) for i in program.streaming_outputs],
         },
         "meta": enc.value(meta or {}),
     }
@@ -872,7 +874,7 @@ def _tensors(header, arrays) -> list[Tensor]:
     tensors = []
     for i, entry in enumerate(meta):
         where = f"tensor {i}"
-        if type(entry) is not list or len(entry) != 4 or type(entry[0]) is not str \
+        if type(entry) is not list or len(entry) != 5 or type(entry[0]) is not str or type(entry[4]) is not bool \
                 or type(entry[2]) is not list or not all(type(d) is int and d >= 0 for d in entry[2]):
             _fail(f"{where}: malformed entry")
         name, dtype, shape, constant = entry[0], _dtype(entry[1], where), tuple(entry[2]), entry[3]
@@ -890,7 +892,7 @@ def _tensors(header, arrays) -> list[Tensor]:
             constant = arrays[constant]
             if constant.shape != shape or constant.dtype != dtype:
                 _fail(f"{where}: constant of {constant.dtype}{list(constant.shape)}, not {dtype}{list(shape)}")
-        tensors.append(Tensor(i, name, shape, dtype, mapping, constant))
+        tensors.append(Tensor(i, name, shape, dtype, mapping, constant, streaming=entry[4]))
     return tensors
 
 
@@ -945,7 +947,7 @@ def _program(h, dec: _Decoder, tensors: list[Tensor]) -> Program:
               "outputs": None, "input_types": "*type", "output_types": "*type", "aliases": None, "in_place": None,
               "cycles": "int", "unknown_trip_loops": "[any", "host_cycles": "int", "memory": "?memory",
               "flops": "float", "shardings": "any", "bytes_accessed": "float", "transcendentals": "float",
-              "token_outputs": None}
+              "token_outputs": None, "streaming_inputs": None, "streaming_outputs": None}
     if type(h) is not dict or set(h) != set(fields):
         _fail("program: malformed")
     values = {}
@@ -971,7 +973,8 @@ def _program(h, dec: _Decoder, tensors: list[Tensor]) -> Program:
                     or not 0 <= i < len(values[count_to]):
                 _fail(f"program.{f}: pair ({o!r}, {i!r}) out of range")
             values[f][o] = i
-    values["token_outputs"] = tuple(_int_list(h["token_outputs"], "program.token_outputs"))
+    for f in ("token_outputs", "streaming_inputs", "streaming_outputs"):
+        values[f] = tuple(_int_list(h[f], f"program.{f}"))
     if len(values["input_types"]) != len(values["inputs"]) or len(values["output_types"]) != len(values["outputs"]):
         _fail("program: types do not match inputs and outputs")
     for loop in values["unknown_trip_loops"]:

@@ -17,6 +17,7 @@ class Tensor:
     dtype: np.dtype
     mapping: TileMapping
     constant: np.ndarray | None = None   # a constant's value (always-live)
+    streaming: bool = False       # held in streaming memory (a remote buffer), not tile SRAM
 
     @property
     def size(self) -> int:

@@ -84,6 +84,7 @@ cdef extern from "pjrt_decls.h" nogil:
         size_t debug_string_size
         const char* to_string
         size_t to_string_size
+        int kind_id
         PJRT_Device* device
         UserData* user_data
         pthread_mutex_t user_data_lock
@@ -128,6 +129,8 @@ cdef extern from "pjrt_decls.h" nogil:
         const char* to_string
         size_t to_string_size
         PJRT_Memory* memory
+        PJRT_Memory** memories
+        size_t num_memories
         PJRT_NamedValue* attributes
         size_t num_attributes
         int64_t bytes_in_use
@@ -144,6 +147,7 @@ cdef extern from "pjrt_decls.h" nogil:
         PJRT_Device** devices
         size_t num_devices
         PJRT_Memory** memories
+        size_t num_memories
         PJRT_NamedValue* attributes
         size_t num_attributes
 
@@ -151,6 +155,7 @@ cdef extern from "pjrt_decls.h" nogil:
         void* py
         PJRT_Client* client
         PJRT_Device* device
+        PJRT_Memory* memory
         int type
         const int64_t* dims
         size_t num_dims
@@ -176,12 +181,15 @@ cdef extern from "pjrt_decls.h" nogil:
         const size_t* output_dim_sizes
         const char* const* memory_kinds
         const size_t* memory_kind_sizes
+        const char* const* param_memory_kinds
+        const size_t* param_memory_kind_sizes
         PJRT_Device** devices
         size_t num_devices
         LogicalDeviceIds* logical_ids
         PJRT_NamedValue* cost
         size_t num_cost
         int64_t code_bytes, argument_bytes, output_bytes, alias_bytes, temp_bytes, peak_bytes
+        int64_t streaming_argument_bytes, streaming_output_bytes, streaming_temp_bytes
         int deleted
     ctypedef struct PJRT_Blob:
         void* py

@@ -12,11 +12,14 @@ cdef PJRT_Buffer* wrap_buffer(PJRT_Client* c, object py_buffer) except NULL:
     b.py = <void*>py_buffer
     b.client = c
     b.device = device_by_id(c, py_buffer.device.id)
+    b.memory = b.device.memories[<int>py_buffer.memory]
     b.type = spec.pjrt_type
     b.num_dims = num_dims
     b.dims = <int64_t*>dims_address if num_dims else NULL
     b.nbytes = spec.nbytes
     b.ready = event_of(py_buffer.ready)
+    if b.memory.kind_id != 0:       # streaming memory: not the SRAM JAX's memory stats describe
+        return b
     ipu_atomic_add64(&b.device.bytes_in_use, <int64_t>b.nbytes)
     ipu_atomic_add64(&b.device.num_allocs, 1)
     if b.device.bytes_in_use > b.device.peak_bytes_in_use:
@@ -26,7 +29,8 @@ cdef PJRT_Buffer* wrap_buffer(PJRT_Client* c, object py_buffer) except NULL:
 cdef void buffer_drop_storage(PJRT_Buffer* b) noexcept nogil:
     if not b.deleted:
         b.deleted = 1
-        ipu_atomic_add64(&b.device.bytes_in_use, -<int64_t>b.nbytes)
+        if b.memory.kind_id == 0:
+            ipu_atomic_add64(&b.device.bytes_in_use, -<int64_t>b.nbytes)
 
 cdef PJRT_Error* e_buffer_destroy(PJRT_Buffer_Args* a) noexcept nogil:
     cdef PJRT_Buffer* b = a.buffer
@@ -85,7 +89,7 @@ cdef PJRT_Error* e_buffer_device(PJRT_Buffer_Device_Args* a) noexcept nogil:
     return NULL
 
 cdef PJRT_Error* e_buffer_memory(PJRT_Buffer_Memory_Args* a) noexcept nogil:
-    a.memory = a.buffer.device.memory
+    a.memory = a.buffer.memory
     return NULL
 
 cdef PJRT_Error* e_buffer_ready_event(PJRT_Buffer_ReadyEvent_Args* a) noexcept nogil:
@@ -178,13 +182,13 @@ cdef PJRT_Error* e_buffer_copy_raw_to_host(PJRT_Buffer_CopyRawToHost_Args* a) no
         finally:
             py_leave(saved)
 
-cdef PJRT_Error* copy_buffer_to(PJRT_Buffer* b, PJRT_Device* dst, PJRT_Buffer** out) noexcept nogil:
+cdef PJRT_Error* copy_buffer_to(PJRT_Buffer* b, PJRT_Device* dst, int memory, PJRT_Buffer** out) noexcept nogil:
     if b.deleted:
         return deleted_buffer_error(b)
     with gil:
         saved = py_enter()
         try:
-            out[0] = wrap_buffer(b.client, (<object>b.client.py).copy_buffer(<object>b.py, dst.id))
+            out[0] = wrap_buffer(b.client, (<object>b.client.py).copy_buffer(<object>b.py, dst.id, memory))
             return NULL
         except BaseException as exc:
             return error_from_exception(exc)
@@ -192,10 +196,10 @@ cdef PJRT_Error* copy_buffer_to(PJRT_Buffer* b, PJRT_Device* dst, PJRT_Buffer** 
             py_leave(saved)
 
 cdef PJRT_Error* e_buffer_copy_to_device(PJRT_Buffer_CopyToDevice_Args* a) noexcept nogil:
-    return copy_buffer_to(a.buffer, a.dst_device, &a.dst_buffer)
+    return copy_buffer_to(a.buffer, a.dst_device, 0, &a.dst_buffer)
 
 cdef PJRT_Error* e_buffer_copy_to_memory(PJRT_Buffer_CopyToMemory_Args* a) noexcept nogil:
-    return copy_buffer_to(a.buffer, a.dst_memory.device, &a.dst_buffer)
+    return copy_buffer_to(a.buffer, a.dst_memory.device, a.dst_memory.kind_id, &a.dst_buffer)
 
 
 cdef object host_array(PJRT_Client_BufferFromHostBuffer_Args* a):
@@ -223,8 +227,10 @@ cdef object host_array(PJRT_Client_BufferFromHostBuffer_Args* a):
 
 cdef PJRT_Error* e_client_buffer_from_host(PJRT_Client_BufferFromHostBuffer_Args* a) noexcept nogil:
     cdef PJRT_Device* dev = a.device
+    cdef int memory = 0
     if a.memory != NULL:
         dev = a.memory.device
+        memory = a.memory.kind_id
     if dev == NULL:
         dev = a.client.devices[0]
     with gil:
@@ -234,7 +240,7 @@ cdef PJRT_Error* e_client_buffer_from_host(PJRT_Client_BufferFromHostBuffer_Args
                 raise NotImplementedError("jax-ipu keeps arrays in the default (row-major) layout; "
                                           "custom device layouts are not supported")
             drain_released_now()
-            py_buffer = (<object>a.client.py).buffer_from_host(host_array(a), dev.id)
+            py_buffer = (<object>a.client.py).buffer_from_host(host_array(a), dev.id, memory)
             a.buffer = wrap_buffer(a.client, py_buffer)
             # The data was copied during the call: the host buffer is free now.
             a.done_with_host_buffer = ready_event()

@@ -96,11 +96,14 @@ _SPECS: dict = {}
 
 
 class DeviceBuffer:
-    __slots__ = ("device", "spec", "ready", "_array", "_error")
+    __slots__ = ("device", "spec", "ready", "_array", "_error", "memory", "__weakref__")
 
-    def __init__(self, device, spec: ArraySpec, array=None):
+    def __init__(self, device, spec: ArraySpec, array=None, memory: int = 0):
         self.device = device
         self.spec = spec
+        self.memory = memory         # index into Device.memories: 0 tile SRAM, 1 streaming memory
+        if memory:
+            self._reserve_streaming()
         self.ready = Event()
         self._array = None
         self._error = None
@@ -116,6 +119,18 @@ class DeviceBuffer:
     @property
     def device_id(self) -> int:
         return self.device.id
+
+    @property
+    def holds_data(self) -> bool:
+        return self._error is None and (self._array is not None or not self.ready.is_ready)
+
+    def _reserve_streaming(self) -> None:
+        device = self.device
+        if device.streaming_bytes_in_use() + self.nbytes > device.streaming_limit:
+            raise IpuInvalidArgument(
+                f"streaming memory of {device.to_string} is full: {self.nbytes} B more would exceed its "
+                f"{device.streaming_limit} B; delete arrays held there (x.delete())")
+        device.streaming.add(self)
 
     # -- completion, by the device worker --
     def fulfil(self, array: np.ndarray) -> None:
@@ -170,11 +185,12 @@ class DeviceBuffer:
         except BaseException as exc:  # reported through the event
             done.set(exc)
 
-    def copy_to_device(self, device) -> DeviceBuffer:
+    def copy_to_device(self, device, memory: int = 0) -> DeviceBuffer:
         """A copy on another IPU of the same client (over IPU-Links, not the
         host link), or a fresh copy on the same IPU (JAX asks for one when it
-        must not alias a buffer)."""
-        out = DeviceBuffer(device, self.spec)
+        must not alias a buffer, or moves it between SRAM and streaming
+        memory: `memory` says where the copy lives)."""
+        out = DeviceBuffer(device, self.spec, memory=memory)
 
         def copy():
             self.ready.wait()

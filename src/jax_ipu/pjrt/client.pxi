@@ -54,7 +54,9 @@ cdef PJRT_Client* build_client(object py_client) except NULL:
     c.platform_version = kept(keep, py_client.platform_version, &c.platform_version_size)
     c.num_devices = n
     c.devices = <PJRT_Device**>calloc(max(n, 1), sizeof(void*))
-    c.memories = <PJRT_Memory**>calloc(max(n, 1), sizeof(void*))
+    cdef size_t kinds = len(py_client.devices[0].memories) if n else 1, k
+    c.num_memories = n * kinds
+    c.memories = <PJRT_Memory**>calloc(max(n * kinds, 1), sizeof(void*))
     for i in range(n):
         dev = py_client.devices[i]
         d = <PJRT_Device*>calloc(1, sizeof(PJRT_Device))
@@ -66,31 +68,41 @@ cdef PJRT_Client* build_client(object py_client) except NULL:
         d.attributes = named_values(list(dev.attributes.items()), keep)
         d.num_attributes = len(dev.attributes)
         d.bytes_limit = dev.bytes_limit
-        m = <PJRT_Memory*>calloc(1, sizeof(PJRT_Memory))
-        m.vtable = &MEMORY_VTABLE
-        m.id = dev.id
-        m.kind = kept(keep, dev.memory_kind, &m.kind_size)
-        m.debug_string = kept(keep, f"{dev.memory_kind} memory of {dev.to_string}", &m.debug_string_size)
-        m.to_string = kept(keep, f"MemorySpace({dev.memory_kind}, device={dev.id})", &m.to_string_size)
-        m.device = d
-        pthread_mutex_init(&m.user_data_lock, NULL)
-        d.memory = m
+        # The device's memories, as the Python device lists them (kind,
+        # description); ids: device id + kind index x device count.
+        d.num_memories = kinds
+        d.memories = <PJRT_Memory**>calloc(kinds, sizeof(void*))
+        for k in range(kinds):
+            kind, description = dev.memories[k]
+            m = <PJRT_Memory*>calloc(1, sizeof(PJRT_Memory))
+            m.vtable = &MEMORY_VTABLE
+            m.id = dev.id + k * n
+            m.kind_id = k
+            m.kind = kept(keep, kind, &m.kind_size)
+            m.debug_string = kept(keep, f"{description} of {dev.to_string}", &m.debug_string_size)
+            m.to_string = kept(keep, f"MemorySpace({kind}, device={dev.id})", &m.to_string_size)
+            m.device = d
+            pthread_mutex_init(&m.user_data_lock, NULL)
+            d.memories[k] = m
+            c.memories[k * n + i] = m
+        d.memory = d.memories[0]
         c.devices[i] = d
-        c.memories[i] = m
     return c
 
 cdef void free_client(PJRT_Client* c) noexcept nogil:
     cdef UserData* u
     cdef UserData* nxt
-    for i in range(c.num_devices):
-        u = c.devices[i].memory.user_data
+    for i in range(c.num_memories):
+        u = c.memories[i].user_data
         while u != NULL:
             nxt = u.next
             if u.dtor != NULL:
                 u.dtor(u.data)
             free(u)
             u = nxt
-        free(c.devices[i].memory)
+        free(c.memories[i])
+    for i in range(c.num_devices):
+        free(c.devices[i].memories)
         free(c.devices[i].attributes)
         free(c.devices[i])
     free(c.devices)
@@ -159,7 +171,7 @@ cdef PJRT_Error* e_client_lookup_device(PJRT_Client_LookupDevice_Args* a) noexce
 
 cdef PJRT_Error* e_client_addressable_memories(PJRT_Client_AddressableMemories_Args* a) noexcept nogil:
     a.memories = a.client.memories
-    a.num_memories = a.client.num_devices
+    a.num_memories = a.client.num_memories
     return NULL
 
 cdef PJRT_Error* e_client_default_device_assignment(PJRT_Client_DefaultDeviceAssignment_Args* a) noexcept nogil:
@@ -214,8 +226,8 @@ cdef PJRT_Error* e_device_is_addressable(PJRT_Device_IsAddressable_Args* a) noex
     return NULL
 
 cdef PJRT_Error* e_device_addressable_memories(PJRT_Device_AddressableMemories_Args* a) noexcept nogil:
-    a.memories = &a.device.memory
-    a.num_memories = 1
+    a.memories = a.device.memories
+    a.num_memories = a.device.num_memories
     return NULL
 
 cdef PJRT_Error* e_device_default_memory(PJRT_Device_DefaultMemory_Args* a) noexcept nogil:
@@ -249,7 +261,7 @@ cdef PJRT_Error* e_memory_id(PJRT_Memory_Int_Args* a) noexcept nogil:
     return NULL
 
 cdef PJRT_Error* e_memory_kind_id(PJRT_Memory_Int_Args* a) noexcept nogil:
-    a.id = 0
+    a.id = a.memory.kind_id
     return NULL
 
 cdef PJRT_Error* e_memory_kind(PJRT_Memory_String_Args* a) noexcept nogil:

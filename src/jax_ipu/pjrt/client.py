@@ -93,16 +93,16 @@ class Client:
         from jax_ipu.pjrt.executable import from_bytes
         return from_bytes(self, data, options)
 
-    def buffer_from_host(self, array: np.ndarray, device_id: int) -> DeviceBuffer:
+    def buffer_from_host(self, array: np.ndarray, device_id: int, memory: int = 0) -> DeviceBuffer:
         check_ipu_dtype(array.dtype, self.f64_as_f32)
         device = self.device(device_id)
         spec = ArraySpec.of(array.dtype, array.shape)
         data = to_device(array, spec)
         device.transfers.host_to_device += data.nbytes
-        return DeviceBuffer(device, spec, data)
+        return DeviceBuffer(device, spec, data, memory=memory)
 
-    def copy_buffer(self, buffer: DeviceBuffer, device_id: int) -> DeviceBuffer:
-        return buffer.copy_to_device(self.device(device_id))
+    def copy_buffer(self, buffer: DeviceBuffer, device_id: int, memory: int = 0) -> DeviceBuffer:
+        return buffer.copy_to_device(self.device(device_id), memory)
 
     def close(self) -> None:
         for device in self.devices:

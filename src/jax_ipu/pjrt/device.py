@@ -5,10 +5,11 @@ import collections
 import queue
 import threading
 import time
+import weakref
 
 from jax_ipu.model.engine import Engine, forget_quiet_thread, quiet_numpy_on_this_thread
 from jax_ipu.pjrt._capi import drain_released
-from jax_ipu.targets import Target
+from jax_ipu.targets import STREAMING_MEMORY_KIND, Target
 
 
 class TransferCounters:
@@ -138,6 +139,9 @@ class DeviceWorker:
 
 class Device:
     memory_kind = "device"
+    # The PJRT memories of each IPU, in order (a buffer's `memory` indexes
+    # them): its tile SRAM, the default, and its streaming memory.
+    memories = (("device", "tile SRAM"), (STREAMING_MEMORY_KIND, "streaming memory (off-chip DRAM)"))
 
     def __init__(self, id: int, target: Target):
         self.id = id
@@ -153,3 +157,15 @@ class Device:
         self.engine = Engine(target)
         self.worker = DeviceWorker(f"ipu{id}")
         self.last_program = None   # for jax_ipu.last_profile, with engine.last_run
+        self.streaming = weakref.WeakSet()    # live buffers in streaming memory
+        self.streaming_limit = target.streaming_bytes
+
+    def streaming_bytes_in_use(self) -> int:
+        """Counted once the runs queued before have finished: a run holds its
+        inputs until its job ends, after its results are ready."""
+        if self.worker.running and not self.worker.on_worker_thread():
+            done = threading.Event()
+            self.worker.submit(done.set)
+            done.wait(timeout=600)
+        drain_released()
+        return sum(b.nbytes for b in list(self.streaming) if b.holds_data)

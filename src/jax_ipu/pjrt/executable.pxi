@@ -25,11 +25,12 @@ cdef PJRT_LoadedExecutable* build_executable(PJRT_Client* c, object py_exe) exce
     types_arr = np.asarray(py_exe.output_types + [0], dtype=np.intc)
     dims_arr = np.asarray([d for shape in py_exe.output_shapes for d in shape] + [0], dtype=np.int64)
     sizes_arr = np.asarray([len(s) for s in py_exe.output_shapes] + [0], dtype=np.uintp)
-    kind = b"device"
-    n_kinds = max(e.num_outputs, e.num_params, 1)
-    kinds_arr = np.full(n_kinds, <uintptr_t>PyBytes_AS_STRING(kind), dtype=np.uintp)
-    kind_sizes_arr = np.full(n_kinds, len(kind), dtype=np.uintp)
-    keep.extend([types_arr, dims_arr, sizes_arr, kind, kinds_arr, kind_sizes_arr])
+    # Memory kind names per output and per parameter ("device" or the
+    # streaming memory's), as C strings the executable keeps.
+    names = [as_bytes(k) for k in list(py_exe.output_memory_kinds) + list(py_exe.parameter_memory_kinds)]
+    kinds_arr = np.asarray([<uintptr_t>PyBytes_AS_STRING(k) for k in names] + [0], dtype=np.uintp)
+    kind_sizes_arr = np.asarray([len(k) for k in names] + [0], dtype=np.uintp)
+    keep.extend([types_arr, dims_arr, sizes_arr, names, kinds_arr, kind_sizes_arr])
     types = types_arr
     dims = dims_arr
     dim_sizes = sizes_arr
@@ -40,6 +41,8 @@ cdef PJRT_LoadedExecutable* build_executable(PJRT_Client* c, object py_exe) exce
     e.output_dim_sizes = &dim_sizes[0]
     e.memory_kinds = <const char* const*>&kinds[0]
     e.memory_kind_sizes = &kind_sizes[0]
+    e.param_memory_kinds = <const char* const*>&kinds[e.num_outputs]
+    e.param_memory_kind_sizes = &kind_sizes[e.num_outputs]
     e.num_devices = len(py_exe.device_ids)
     e.devices = <PJRT_Device**>calloc(max(e.num_devices, 1), sizeof(void*))
     e.logical_ids = <LogicalDeviceIds*>calloc(max(e.num_devices, 1), sizeof(LogicalDeviceIds))
@@ -56,6 +59,9 @@ cdef PJRT_LoadedExecutable* build_executable(PJRT_Client* c, object py_exe) exce
     e.alias_bytes = stats["aliased"]
     e.temp_bytes = stats["temporary"]
     e.peak_bytes = stats["peak"]
+    e.streaming_argument_bytes = stats["streaming_arguments"]
+    e.streaming_output_bytes = stats["streaming_outputs"]
+    e.streaming_temp_bytes = stats["streaming_temporary"]
     return e
 
 cdef void executable_unref(PJRT_LoadedExecutable* e) noexcept nogil:
@@ -139,8 +145,8 @@ cdef PJRT_Error* e_executable_output_memory_kinds(PJRT_Executable_MemoryKinds_Ar
 
 cdef PJRT_Error* e_executable_parameter_memory_kinds(PJRT_Executable_MemoryKinds_Args* a) noexcept nogil:
     a.num = a.executable.num_params
-    a.memory_kinds = a.executable.memory_kinds
-    a.memory_kind_sizes = a.executable.memory_kind_sizes
+    a.memory_kinds = a.executable.param_memory_kinds
+    a.memory_kind_sizes = a.executable.param_memory_kind_sizes
     return NULL
 
 cdef PJRT_Error* e_executable_output_element_types(PJRT_Executable_OutputElementTypes_Args* a) noexcept nogil:
@@ -163,10 +169,11 @@ cdef PJRT_Error* e_executable_compiled_memory_stats(PJRT_Executable_GetCompiledM
     a.alias_size_in_bytes = e.alias_bytes
     a.temp_size_in_bytes = e.temp_bytes
     a.host_generated_code_size_in_bytes = 0
-    a.host_argument_size_in_bytes = 0
-    a.host_output_size_in_bytes = 0
+    # JAX's host_* figures are of memory kind pinned_host: streaming memory here.
+    a.host_argument_size_in_bytes = e.streaming_argument_bytes
+    a.host_output_size_in_bytes = e.streaming_output_bytes
     a.host_alias_size_in_bytes = 0
-    a.host_temp_size_in_bytes = 0
+    a.host_temp_size_in_bytes = e.streaming_temp_bytes
     a.peak_memory_in_bytes = e.peak_bytes
     return NULL
 

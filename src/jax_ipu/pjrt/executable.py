@@ -16,6 +16,7 @@ from jax_ipu.model import links
 from jax_ipu.profile import tracing
 from jax_ipu.pjrt._capi import Event
 from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer
+from jax_ipu.pjrt.device import Device
 from jax_ipu.pjrt.shardings import executable_shardings
 
 
@@ -95,6 +96,12 @@ class Executable:
         self.donated = sorted(set(program.aliases.values()))
         self.donated_set = frozenset(self.donated)
         self.num_params = len(program.input_types)
+        # Which arguments and results live in streaming memory (PJRT memory
+        # index 1), and their JAX memory kinds.
+        self.input_memories = [1 if i in program.streaming_inputs else 0 for i in range(self.num_params)]
+        self.output_memories = [1 if i in program.streaming_outputs else 0 for i in range(len(self.output_specs))]
+        self.parameter_memory_kinds = [Device.memories[m][0] for m in self.input_memories]
+        self.output_memory_kinds = [Device.memories[m][0] for m in self.output_memories]
         self.cost_analysis = {k: float(v) for k, v in program.cost_analysis().items()}
         self.memory_stats = program.memory_stats()
         # Serialized xla.OpSharding per argument and result (None: unknown).
@@ -160,7 +167,7 @@ class Executable:
                 worker.help()        # quick runs still waiting: their results may be our arguments
             row = args[0]
             self._check_arguments(row, device)
-            outs = [DeviceBuffer(device, spec) for spec in self.output_specs]
+            outs = self._outputs(device)
             # Complete when the last output is: runs fulfil outputs in order.
             done = outs[-1].ready if outs and not self.own_completion else Event()
             run = _Run(self, device, row, donated_set, outs, done)
@@ -190,7 +197,7 @@ class Executable:
                     f"running on {device.to_string}: it would wait for that program forever. Run it on other "
                     "devices, or after that program")
             self._check_arguments(row, device)
-            outs = [DeviceBuffer(device, spec) for spec in self.output_specs]
+            outs = self._outputs(device)
             done = outs[-1].ready if outs and not self.own_completion else Event()
             replica = links.Replica(launch, rank, *divmod(rank, self.num_partitions)) if launch else None
             runs.append(_Run(self, device, row, donated_set, outs, done, replica))
@@ -214,11 +221,16 @@ class Executable:
             for run in runs:
                 run.device.worker.submit(run)
 
+    def _outputs(self, device) -> list[DeviceBuffer]:
+        if not self.program.streaming_outputs:
+            return [DeviceBuffer(device, spec) for spec in self.output_specs]
+        return [DeviceBuffer(device, spec, memory=m) for spec, m in zip(self.output_specs, self.output_memories)]
+
     def _check_arguments(self, row: list[DeviceBuffer], device) -> None:
         specs = self.input_specs
         if len(row) == len(specs):
-            for buf, expected in zip(row, specs):   # specs are interned: the usual case is two identities
-                if buf.spec is not expected or buf.device is not device:
+            for buf, expected, memory in zip(row, specs, self.input_memories):   # specs are interned
+                if buf.spec is not expected or buf.device is not device or buf.memory != memory:
                     break
             else:
                 return
@@ -237,6 +249,11 @@ class Executable:
             if buf.device is not device:
                 raise IpuInvalidArgument(f"argument {i} of {self.name} is on {buf.device.to_string}, "
                                          f"not on {device.to_string}")
+            if buf.memory != self.input_memories[i]:
+                raise IpuInvalidArgument(
+                    f"argument {i} of {self.name} is in memory kind {Device.memories[buf.memory][0]!r} but the "
+                    f"program was compiled for {Device.memories[self.input_memories[i]][0]!r}: move it with "
+                    "jax.device_put(x, sharding.with_memory_kind(...)) first")
 
 
 def _check_donations(row: list[DeviceBuffer], donated: frozenset) -> None:

@@ -52,6 +52,7 @@ struct PJRT_Memory {
   const char* kind; size_t kind_size;
   const char* debug_string; size_t debug_string_size;
   const char* to_string; size_t to_string_size;
+  int kind_id; /* index into the device's memories: 0 SRAM, 1 streaming memory */
   PJRT_Device* device;
   UserData* user_data;
   pthread_mutex_t user_data_lock;
@@ -79,7 +80,8 @@ struct PJRT_Device {
   const char* kind; size_t kind_size;
   const char* debug_string; size_t debug_string_size;
   const char* to_string; size_t to_string_size;
-  PJRT_Memory* memory;
+  PJRT_Memory* memory; /* the default: memories[0] */
+  PJRT_Memory** memories; size_t num_memories;
   PJRT_NamedValue* attributes; size_t num_attributes;
   int64_t bytes_in_use; int64_t peak_bytes_in_use; int64_t num_allocs; int64_t bytes_limit;
 };
@@ -89,7 +91,7 @@ struct PJRT_Client {
   const char* platform_name; size_t platform_name_size;
   const char* platform_version; size_t platform_version_size;
   PJRT_Device** devices; size_t num_devices;
-  PJRT_Memory** memories;
+  PJRT_Memory** memories; size_t num_memories;
   PJRT_NamedValue* attributes; size_t num_attributes; /* plugin attributes */
 };
 
@@ -97,6 +99,7 @@ struct PJRT_Buffer {
   void* py; /* PyObject*: jax_ipu.pjrt.buffer.DeviceBuffer */
   PJRT_Client* client;
   PJRT_Device* device;
+  PJRT_Memory* memory;
   int type;
   const int64_t* dims; size_t num_dims; /* owned by py */
   size_t nbytes;
@@ -116,12 +119,15 @@ struct PJRT_LoadedExecutable {
   const int* output_types;              /* [num_outputs] */
   const int64_t* output_dims;           /* concatenated */
   const size_t* output_dim_sizes;       /* [num_outputs] */
-  const char* const* memory_kinds;      /* [max(outputs, params)], all "device" */
+  const char* const* memory_kinds;      /* [outputs] */
   const size_t* memory_kind_sizes;
+  const char* const* param_memory_kinds; /* [params] */
+  const size_t* param_memory_kind_sizes;
   PJRT_Device** devices; size_t num_devices;
   LogicalDeviceIds* logical_ids;
   PJRT_NamedValue* cost; size_t num_cost;
   int64_t code_bytes, argument_bytes, output_bytes, alias_bytes, temp_bytes, peak_bytes;
+  int64_t streaming_argument_bytes, streaming_output_bytes, streaming_temp_bytes; /* JAX's host_* figures */
   int deleted;
 };
 

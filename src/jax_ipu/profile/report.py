@@ -33,6 +33,8 @@
                       loops times their count) and the loops whose trip count
                       is unknown at compile time, with cycles per iteration
     exchange_bytes    bytes moved between tiles in the last run
+    time_breakdown    the last run's cycles by kind of work: compute, exchange,
+                      sync, ipu_link (collectives), streaming_memory, host
     host_transfers    the program's argument and result streams: bytes, cycles
     cycles            device (the last run's steps), host (streams), total
     estimated_seconds device = cycles / clock, host_transfers = bytes / host link,
@@ -51,6 +53,7 @@ import numpy as np
 
 from jax_ipu.graph.programs import (Call, Copy, DeviceToHost, Execute, HostCall, HostToDevice, If, Repeat,
                                     RepeatWhileTrue, Sequence, Switch, children, leaves)
+from jax_ipu.profile.breakdown import time_breakdown
 
 FORMAT = "jax-ipu-profile/1"
 MAX_STEPS = 10_000     # long loops: the first steps, and the count of the rest
@@ -332,6 +335,7 @@ def build(program, run, device) -> dict:
         "steps_not_listed": max(len(run.steps) - MAX_STEPS, 0),
         "program_tree": _copy(tree),
         "exchange_bytes": int(run.exchange_bytes),
+        "time_breakdown": time_breakdown(run.steps, phases),
         "host_transfers": host,
         "cycles": {"device": cycles, "host": int(program.host_cycles), "total": cycles + int(program.host_cycles)},
         "estimated_seconds": {"device": device_seconds, "host_transfers": host["seconds"],

@@ -103,6 +103,8 @@ class _FunctionImporter:
             arg_donors=[_lookup(a, ("jax.buffer_donor",), _value, False) for a in args],
             arg_shardings=[_lookup(a, _SHARDING_KEYS, _sharding_text, None) for a in args],
             result_shardings=[_lookup(r, _SHARDING_KEYS, _sharding_text, None) for r in results],
+            arg_memory_kinds=[_lookup(a, ("mhlo.memory_kind",), _value, None) for a in args],
+            result_memory_kinds=[_lookup(r, ("mhlo.memory_kind",), _value, None) for r in results],
         )
 
     def block(self, region, where: str) -> ir.Block:

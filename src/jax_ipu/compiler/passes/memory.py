@@ -31,7 +31,9 @@ def plan_memory(target: Target, tensors: list[Tensor], steps: list, inputs: list
                 outputs: list, received: list[np.ndarray], first: np.ndarray, last: np.ndarray,
                 aliased_bytes: int) -> MemoryReport:
     tiles = target.num_tiles
-    per_tile = [t.mapping.elements_per_tile(tiles) * t.dtype.itemsize for t in tensors]
+    # Tensors in streaming memory take no tile SRAM.
+    per_tile = [t.mapping.elements_per_tile(tiles) * t.dtype.itemsize if not t.streaming
+                else np.zeros(tiles, dtype=np.int64) for t in tensors]
     always = {t.id for t in inputs} | {t.id for t in tensors if t.constant is not None}
     code = _code_bytes(target, steps)
     always_live = code + sum((per_tile[i] for i in always), np.zeros(tiles, dtype=np.int64))
@@ -55,12 +57,14 @@ def plan_memory(target: Target, tensors: list[Tensor], steps: list, inputs: list
     max_tile = int(np.argmax(always_live + peak)) if tiles else 0
     return MemoryReport(
         bytes_per_tile=target.bytes_per_tile, always_live=always_live, not_always_live_peak=peak,
-        code=code, argument_bytes=sum(t.nbytes for t in inputs),
-        output_bytes=sum(v.size * v.dtype.itemsize for v in outputs), aliased_bytes=aliased_bytes,
-        temporary_bytes=int(peak.sum()), liveness=liveness, liveness_exchange=exchange.sum(axis=1),
+        code=code, argument_bytes=sum(t.nbytes for t in inputs if not t.streaming),
+        output_bytes=sum(v.size * v.dtype.itemsize for v in outputs if not v.tensor.streaming),
+        aliased_bytes=aliased_bytes, temporary_bytes=int(peak.sum()), liveness=liveness,
+        liveness_exchange=exchange.sum(axis=1),
         liveness_on_max_tile=live[:, max_tile] if tiles else np.zeros(n, dtype=np.int64),
         live_at_peak=tuple(t.id for t, start, end in sorted(spans, key=lambda s: -s[0].nbytes)
-                           if start <= at <= end))
+                           if start <= at <= end),
+        streaming_bytes=sum(t.nbytes for t in tensors if t.streaming))
 
 
 def check_fits(report: MemoryReport, tensors: list[Tensor], target: Target, program=None) -> None:

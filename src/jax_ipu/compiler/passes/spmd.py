@@ -104,6 +104,7 @@ class _Partitioner:
         self.sharding: dict[ir.Value, Sharding] = {}   # of local values; absent: replicated
         self.ops: list[ir.Op] = []
         self.functions: dict[str, ir.Function] = dict(module.functions)
+        self.producer: dict[ir.Value, ir.Op] = {}     # whole (replicated) local values: the op making them
         self.loc = "unknown location"
 
     # -- emitting local ops --
@@ -166,10 +167,27 @@ class _Partitioner:
         shape[dim] //= n
         start = self.emit("multiply", [self.coordinate(axes), self.constant(shape[dim], np.int32)],
                           ir.TensorType((), np.dtype(np.int32)))
+        made = self.made_locally(value, dim, axes, start, tuple(shape))
+        if made is not None:
+            return made
         zero = self.constant(0, np.int32)
         starts = [start if d == dim else zero for d in range(len(shape))]
         return self.emit("dynamic_slice", [value, *starts], ir.TensorType(tuple(shape), t.dtype),
                          slice_sizes=tuple(shape))
+
+    def made_locally(self, value: ir.Value, dim: int, axes, start: ir.Value, shape: tuple) -> ir.Value | None:
+        """This IPU's slice of a whole value computed here from replicated
+        inputs, made from the slices of what it is made of (a broadcast,
+        an iota, a scatter into zeros: the one-hot masks, the gradients of
+        an embedding or a take_along_axis), so that the whole value need
+        not exist on any IPU (dead code then). None: slice it."""
+        op = self.producer.get(value)
+        rule = None if op is None else SLICE_RULES.get(op.name)
+        if rule is None and op is not None and op.name in GLOBAL_RULES and GLOBAL_RULES[op.name] is _elementwise:
+            rule = _slice_elementwise
+        if rule is None:
+            return None
+        return rule(self, op, dim, axes, start, shape)
 
     def all_reduce(self, value: ir.Value, axes: tuple[str, ...], op: str) -> ir.Value:
         t = value.type
@@ -212,7 +230,7 @@ class _Partitioner:
             want = self._annotation(text, value.type, f"result {i} of {where}") if text else have
             results.append(self.slice_to(local, have, want, value.type.shape, f"result {i} of {where}"))
             wants.append(want)
-        function = dataclasses.replace(main, body=ir.Block(args, self.ops, results),
+        function = dataclasses.replace(main, body=ir.Block(args, _live(self.ops, results), results),
                                        arg_shardings=[], result_shardings=[])
         self.functions[main.name] = function
         self.layout = (self.mesh, [s.dims for s in shardings],
@@ -240,14 +258,35 @@ class _Partitioner:
             return self.manual(op)
         rule = GLOBAL_RULES.get(op.name)
         operands = [self.env[v] for v in op.operands]
+        if op.name == "call":
+            return self.inline(op, operands)
         if all(self.sharding_of(v).replicated for v in operands):
             # Every IPU computes the same: the op as it is (its regions
             # reading every IPU's whole copy of what they read outside).
             results = [ir.Value(r.type) for r in op.results]
-            self.ops.append(ir.Op(op.name, operands, results, op.attrs, self.regions_of(op), op.loc))
+            local = ir.Op(op.name, operands, results, op.attrs, self.regions_of(op), op.loc)
+            self.ops.append(local)
             self.env.update(zip(op.results, results))
+            if len(results) == 1:
+                self.producer[results[0]] = local
             return
         (rule or _gathered)(self, op, operands)
+
+    def inline(self, op: ir.Op, operands: list) -> None:
+        """A call of a function (a nested jit: jnp.where, log_softmax, take):
+        its body partitioned in place, so that shards flow through it and
+        slices of its whole results can be made from their parts."""
+        body = self.functions[op.attrs["callee"]].body
+        self.env.update(zip(body.args, operands))
+        for inner in body.ops:
+            self.loc = inner.loc
+            self.op(inner)
+        self.loc = op.loc
+        self.env.update((r, self.env[v]) for r, v in zip(op.results, body.results))
+
+    def broadcast(self, value: ir.Value, shape, dims) -> ir.Value:
+        return self.emit("broadcast_in_dim", [value], ir.TensorType(tuple(shape), value.type.dtype),
+                         broadcast_dimensions=tuple(dims))
 
     def regions_of(self, op: ir.Op) -> list[ir.Block]:
         """op's regions, renamed to read this program's whole (replicated)
@@ -294,6 +333,25 @@ class _Partitioner:
             self.env[old] = new
             if i < len(outs) and isinstance(new.type, ir.TensorType):
                 self.sharding[new] = Sharding(self.mesh, outs[i].dims)
+
+
+# Ops without effects: dropped when nothing reads their results (the whole
+# values replaced by slices made locally).
+_PURE = {"constant", "iota", "broadcast_in_dim", "reshape", "transpose", "slice", "dynamic_slice", "concatenate",
+         "gather", "scatter", "dot_general", "reduce", "partition_id"}
+
+
+def _live(ops: list[ir.Op], results: list[ir.Value]) -> list[ir.Op]:
+    from jax_ipu.compiler.passes.fuse import reads_of
+    from jax_ipu.ops import ELEMENTWISE_OPS
+    read = set(results)
+    kept = []
+    for op in reversed(ops):
+        if (op.name in _PURE or op.name in ELEMENTWISE_OPS) and not any(r in read for r in op.results):
+            continue
+        kept.append(op)
+        read.update(reads_of(op))
+    return kept[::-1]
 
 
 def _outer_reads(op: ir.Op) -> list[ir.Value]:
@@ -434,10 +492,145 @@ def _reduce(p: _Partitioner, op: ir.Op, operands: list) -> None:
         p.sharding[total] = kept
 
 
+def _gather(p: _Partitioner, op: ir.Op, operands: list) -> None:
+    """A table split along the dimension it is indexed by (an embedding
+    split by vocabulary, take_along_axis over a vocabulary-split row), the
+    indices whole: each IPU gathers the rows it holds, zeros for the others,
+    and an all_reduce adds them up (XLA's SPMD partitioner does the same),
+    so the table is never gathered whole. Other shardings: gathered."""
+    x, indices = operands
+    xs, dn = p.sharding_of(x), op.attrs["dimension_numbers"]
+    sharded = [d for d, axes in enumerate(xs.dims) if axes]
+    slice_sizes = tuple(op.attrs["slice_sizes"])
+    if (len(sharded) != 1 or not p.sharding_of(indices).replicated or sharded[0] not in dn.collapsed_slice_dims
+            or sharded[0] not in dn.start_index_map or slice_sizes[sharded[0]] != 1):
+        return _gathered(p, op, operands)
+    d = sharded[0]
+    axes, full, local = xs.dims[d], op.operands[0].type.shape[d], x.type.shape[d]
+    it = indices.type
+    scalar = ir.TensorType((), it.dtype)
+    ivd = dn.index_vector_dim
+    batch_shape = tuple(s for i, s in enumerate(it.shape) if i != ivd)
+    bt = ir.TensorType(batch_shape, it.dtype)
+    k = dn.start_index_map.index(d)
+    if ivd == len(it.shape):
+        column = indices
+    else:
+        starts, limits = [0] * len(it.shape), list(it.shape)
+        starts[ivd], limits[ivd] = k, k + 1
+        part = p.emit("slice", [indices], ir.TensorType(tuple(1 if i == ivd else s for i, s in enumerate(it.shape)),
+                                                          it.dtype),
+                      start_indices=tuple(starts), limit_indices=tuple(limits), strides=(1,) * len(it.shape))
+        column = p.emit("reshape", [part], bt)
+    # The gather clamps each start into the table; then it is shifted to this IPU's rows.
+    lo = p.broadcast(p.constant(0, it.dtype), batch_shape, ())
+    hi = p.broadcast(p.constant(full - 1, it.dtype), batch_shape, ())
+    clamped = p.emit("clamp", [lo, column, hi], bt)
+    first = p.emit("multiply", [p.emit("convert", [p.coordinate(axes)], scalar), p.constant(local, it.dtype)], scalar)
+    shifted = p.emit("subtract", [clamped, p.broadcast(first, batch_shape, ())], bt)
+    mine = p.emit("and", [p.emit("compare", [shifted, lo], ir.TensorType(batch_shape, np.dtype(np.bool_)),
+                                 comparison_direction="GE", compare_type="SIGNED"),
+                          p.emit("compare", [shifted, p.broadcast(p.constant(local, it.dtype), batch_shape, ())],
+                                 ir.TensorType(batch_shape, np.dtype(np.bool_)),
+                                 comparison_direction="LT", compare_type="SIGNED")],
+                  ir.TensorType(batch_shape, np.dtype(np.bool_)))
+    if ivd == len(it.shape):
+        local_indices = shifted
+    else:
+        shape1 = tuple(1 if i == ivd else s for i, s in enumerate(it.shape))
+        pieces = []
+        if k:
+            pieces.append(p.emit("slice", [indices], ir.TensorType(tuple(k if i == ivd else s for i, s in enumerate(
+                it.shape)), it.dtype), start_indices=(0,) * len(it.shape),
+                limit_indices=tuple(k if i == ivd else s for i, s in enumerate(it.shape)), strides=(1,) * len(it.shape)))
+        pieces.append(p.emit("reshape", [shifted], ir.TensorType(shape1, it.dtype)))
+        rest = it.shape[ivd] - k - 1
+        if rest:
+            pieces.append(p.emit("slice", [indices], ir.TensorType(tuple(rest if i == ivd else s for i, s in enumerate(
+                it.shape)), it.dtype), start_indices=tuple(k + 1 if i == ivd else 0 for i in range(len(it.shape))),
+                limit_indices=tuple(it.shape), strides=(1,) * len(it.shape)))
+        local_indices = pieces[0] if len(pieces) == 1 else p.emit("concatenate", pieces, it, dimension=ivd)
+    rt = op.results[0].type
+    rows = p.emit("gather", [x, local_indices], rt, **op.attrs)
+    batch_dims = [i for i in range(len(rt.shape)) if i not in dn.offset_dims]
+    mask = p.broadcast(mine, rt.shape, batch_dims)
+    zeros = p.broadcast(p.constant(0, rt.dtype), rt.shape, ())
+    kept = p.emit("select", [mask, rows, zeros], rt)
+    p.env[op.results[0]] = p.all_reduce(kept, axes, "add")
+
+
+# -- slices of whole values made locally: rule(partitioner, op, dim, axes, start, local shape) --
+def _slice_elementwise(p: _Partitioner, op: ir.Op, dim, axes, start, shape):
+    full = op.results[0].type.shape
+    operands = [p.slice_dim(v, dim, axes) if v.type.shape == full else v for v in op.operands]
+    return p.emit(op.name, operands, ir.TensorType(shape, op.results[0].type.dtype), **op.attrs)
+
+
+def _slice_broadcast(p: _Partitioner, op: ir.Op, dim, axes, start, shape):
+    x, = op.operands
+    bd = tuple(op.attrs["broadcast_dimensions"])
+    if dim in bd and x.type.shape[bd.index(dim)] != 1:
+        x = p.slice_dim(x, bd.index(dim), axes)
+    return p.broadcast(x, shape, bd)
+
+
+def _slice_iota(p: _Partitioner, op: ir.Op, dim, axes, start, shape):
+    t = ir.TensorType(shape, op.results[0].type.dtype)
+    local = p.emit("iota", [], t, **op.attrs)
+    if op.attrs["iota_dimension"] != dim:
+        return local
+    first = p.emit("convert", [start], ir.TensorType((), t.dtype))
+    return p.emit("add", [local, p.broadcast(first, shape, ())], t)
+
+
+def _slice_scatter(p: _Partitioner, op: ir.Op, dim, axes, start, shape):
+    """Scattering into this IPU's rows: the indices shifted by its first
+    row; updates out of its range are skipped, as scatter skips updates
+    out of bounds."""
+    if len(op.operands) != 3:
+        return None
+    x, indices, updates = op.operands
+    dn = op.attrs["scatter_dimension_numbers"]
+    if dim not in dn.inserted_window_dims or dim not in dn.scatter_dims_to_operand_dims:
+        return None
+    it = indices.type
+    ivd = dn.index_vector_dim
+    k = dn.scatter_dims_to_operand_dims.index(dim)
+    kvec = it.shape[ivd] if ivd < len(it.shape) else 1
+    offsets = np.zeros(kvec, it.dtype)
+    offsets[k] = 1
+    vector = p.emit("multiply", [p.emit("constant", [], ir.TensorType((kvec,), it.dtype), value=offsets),
+                                 p.broadcast(p.emit("convert", [start], ir.TensorType((), it.dtype)), (kvec,), ())],
+                    ir.TensorType((kvec,), it.dtype))
+    if ivd < len(it.shape):
+        shift = p.broadcast(vector, it.shape, (ivd,))
+    else:
+        shift = p.broadcast(p.emit("reshape", [vector], ir.TensorType((), it.dtype)), it.shape, ())
+    shifted = p.emit("subtract", [indices, shift], it)
+    local_x = p.slice_dim(x, dim, axes)
+    result = ir.Value(ir.TensorType(shape, op.results[0].type.dtype))
+    p.ops.append(ir.Op("scatter", [local_x, shifted, updates], [result], op.attrs, op.regions, p.loc))
+    return result
+
+
+SLICE_RULES = {"broadcast_in_dim": _slice_broadcast, "iota": _slice_iota, "scatter": _slice_scatter}
+
+
+# custom calls whose result is their operand (sharded alike): moves between
+# tile SRAM and streaming memory.
+_SHARDING_PRESERVING_CALLS = {"annotate_device_placement"}
+
+
+def _custom_call(p: _Partitioner, op: ir.Op, operands: list) -> None:
+    if str(op.attrs.get("call_target_name")) in _SHARDING_PRESERVING_CALLS and len(operands) == 1:
+        return _emit_like(p, op, operands, [p.sharding_of(operands[0])])
+    return _gathered(p, op, operands)
+
+
 def _global_rules() -> dict:
     rules = {name: _elementwise for name in ELEMENTWISE_OPS}
-    rules.update(broadcast_in_dim=_broadcast_in_dim, transpose=_transpose, reshape=_reshape,
-                 dot_general=_dot_general, reduce=_reduce)
+    rules.update(custom_call=_custom_call, broadcast_in_dim=_broadcast_in_dim, transpose=_transpose, reshape=_reshape,
+                 dot_general=_dot_general, reduce=_reduce, gather=_gather)
     return rules
 
 

@@ -1,0 +1,32 @@
+"""Where a run's time goes: its executed steps summed by kind of work
+(compute, on-chip exchange, sync, IPU-Link collectives, streaming memory
+transfers, host transfers and callbacks), in cycles of the modelled IPU."""
+from __future__ import annotations
+
+# Compute sets whose cycles are mostly link transfers (compiler.collectives
+# names them after their kernel).
+_LINK_PREFIXES = ("AllReduce", "ReduceScatter", "AllGather", "AllToAll", "CollectivePermute")
+_STREAMING_PREFIX = "StreamingMemory"
+
+
+def time_breakdown(steps, phases: dict) -> dict[str, int]:
+    """steps: (kind, name, cycles, exchange bytes) per executed step (a
+    model.engine.RunRecord's); phases: (kind, name, cycles, bytes) -> (exchange,
+    sync)
+    cycles of the program's steps (profile.report._phases)."""
+    out = dict.fromkeys(("compute", "exchange", "sync", "ipu_link", "streaming_memory", "host"), 0)
+    for kind, name, cycles, nbytes in steps:
+        if kind == "Execute" and name.startswith(_LINK_PREFIXES):
+            out["ipu_link"] += cycles
+        elif name.startswith(_STREAMING_PREFIX):
+            out["streaming_memory"] += cycles
+        elif kind not in ("Execute", "Copy"):
+            out["host"] += cycles
+        else:
+            exchange, sync = phases.get((kind, name, int(cycles), int(nbytes)), (0, 0))
+            if exchange + sync > cycles:
+                exchange = sync = 0
+            out["exchange"] += exchange
+            out["sync"] += sync
+            out["compute"] += cycles - exchange - sync
+    return {k: int(v) for k, v in out.items()}

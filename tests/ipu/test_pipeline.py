@@ -1,0 +1,76 @@
+"""jax_ipu.pipeline: GPipe over IPUs with shard_map and ppermute. Loss and
+accumulated gradients match the same layers run one after the other on
+XLA:CPU and the same pipeline on XLA:CPU devices; the run's estimate
+shows the IPU-Link transfers and the bubble."""
+import os
+
+import pytest
+
+import jax_ipu
+import pipeline_cases as pc
+from conftest import run_python
+from jax_ipu import pipeline
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_two_stage_pipeline_matches_xla_cpu(ipus):
+    stacked, (x, y) = pc.params(2), pc.data()
+    want = pc.sequential(stacked, x, y)
+    pc.close(pc.pipelined(ipus, stacked, x, y, count=4), want)
+    pc.close(pc.pipelined(ipus, stacked, x, y, count=4, remat=True), want)
+
+
+def test_pipeline_estimate_shows_link_transfers_and_bubble(ipus):
+    stacked, (x, y) = pc.params(2), pc.data()
+    counts = {}
+    for count in (2, 8):
+        pc.pipelined(ipus, stacked, x, y, count=count)
+        report = jax_ipu.last_profile(ipus[0])
+        breakdown = report["time_breakdown"]
+        assert sum(breakdown.values()) == report["cycles"]["device"]
+        permutes = [s for s in report["steps"] if s["name"].startswith("CollectivePermute")]
+        # A forward transfer per tick, one backward per tick of the drain run backwards.
+        assert len(permutes) == 2 * pipeline.ticks(2, count)
+        target = jax_ipu.target(ipus[0])
+        activation = pc.BATCH // count * pc.D * 4
+        assert min(s["cycles"] for s in permutes) >= \
+            activation / (target.ipu_link_bytes_per_second / target.clock_hz) + target.ipu_sync_cycles
+        assert breakdown["ipu_link"] >= sum(s["cycles"] for s in permutes)
+        counts[count] = report["cycles"]["device"]
+    # The same batch in 8 micro-batches: more ticks, a smaller bubble share.
+    assert pipeline.bubble_fraction(2, 8) < pipeline.bubble_fraction(2, 2)
+    assert counts[8] > counts[2]
+
+
+def test_bad_stage_parameters_are_refused(ipus):
+    stacked, (x, y) = pc.params(4), pc.data()
+    with pytest.raises(ValueError, match="leading axis of 2"):
+        pc.pipelined(ipus, stacked, x, y, count=4)
+    with pytest.raises(ValueError, match="does not split into 3 micro-batches"):
+        pipeline.microbatches(x, 3)
+
+
+def test_bubble_fraction():
+    assert pipeline.bubble_fraction(4, 4) == pytest.approx(3 / 7)
+    assert pipeline.bubble_fraction(1, 5) == 0
+    assert pipeline.ticks(4, 8) == 11
+
+
+def test_four_stages_on_ipus_and_cpu_devices_match():
+    code = f"""
+import sys; sys.path.insert(0, {HERE!r})
+import jax, numpy as np
+import pipeline_cases as pc
+stacked, (x, y) = pc.params(4), pc.data()
+want = pc.sequential(stacked, x, y)
+on_cpus = pc.pipelined(jax.devices("cpu")[:4], stacked, x, y, count=4)
+on_ipus = pc.pipelined(jax.devices("ipu")[:4], stacked, x, y, count=4)
+pc.close(on_cpus, want)
+pc.close(on_ipus, want)
+pc.close(on_ipus, on_cpus)
+pc.close(pc.pipelined(jax.devices("ipu")[:4], stacked, x, y, count=8, remat=True), want)
+print("OK")
+"""
+    proc = run_python(code, JAX_IPU_DEVICE_COUNT="4", XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    assert "OK" in proc.stdout, proc.stdout + proc.stderr[-3000:]
