@@ -33,7 +33,8 @@ def test_program_interface():
                           "loops_with_unknown_trip_count", "estimated_cycles_per_unknown_loop_iteration"}
     assert costs["flops"] >= 2 * 3 * 3 * 4 and costs["estimated_cycles"] == program.cycles > 0
     assert program.memory.max_bytes <= SMALL.bytes_per_tile
-    assert set(program.memory_stats()) == {"code", "arguments", "outputs", "aliased", "temporary", "peak"}
+    assert set(program.memory_stats()) == {"code", "arguments", "outputs", "aliased", "temporary", "peak", "streaming",
+                                           "streaming_arguments", "streaming_outputs", "streaming_temporary"}
     assert "matmul" in program.summary()
 
 
