@@ -93,3 +93,45 @@ def test_a_sum_of_negative_zero_products_is_positive_zero_on_both_backends(ipu):
     a, b = -np.zeros((2, 3), np.float32), np.ones((3, 2), np.float32)
     got, want = run_on(ipu, jnp.matmul, a, b), on_cpu(jnp.matmul, a, b)
     assert not np.signbit(got).any() and not np.signbit(want).any()
+
+
+# ---------------------------------------------------------------- 3. memory checked at device_put
+
+def test_device_put_beyond_the_free_memory_fails_at_once_naming_the_sizes():
+    result = run_python("""
+import jax, numpy as np
+ipu = jax.devices('ipu')[0]
+limit = ipu.memory_stats()['bytes_limit']
+kept = jax.device_put(np.ones(limit // 8, np.float32), ipu)        # half the memory
+try:
+    jax.device_put(np.ones(limit // 8 + 1024, np.float32), ipu)    # more than the other half
+    print('ACCEPTED')
+except Exception as e:
+    print('ERROR', e)
+print('IN USE', ipu.memory_stats()['bytes_in_use'] == limit // 2)
+kept.delete()
+x = jax.device_put(np.ones(limit // 8 + 1024, np.float32), ipu)    # fits once the first is gone
+print('FITS', float(jax.jit(lambda v: v[0] + 1)(x)))
+""", JAX_IPU_MODEL_NUM_TILES="8")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "ACCEPTED" not in out, out
+    assert "ERROR RESOURCE_EXHAUSTED: device_put of float32[" in out and "bytes are in use" in out, out
+    assert "IN USE True" in out and "FITS 2.0" in out, out
+
+
+def test_copies_between_ipus_are_checked_too():
+    result = run_python("""
+import jax, numpy as np
+a, b = jax.devices('ipu')[:2]
+limit = b.memory_stats()['bytes_limit']
+full = jax.device_put(np.ones(limit // 4 - 256, np.float32), b)
+x = jax.device_put(np.ones(1024, np.float32), a)
+try:
+    jax.device_put(x, b)
+    print('ACCEPTED')
+except Exception as e:
+    print('ERROR', e)
+""", JAX_IPU_MODEL_NUM_TILES="8", JAX_IPU_DEVICE_COUNT="2")
+    assert result.returncode == 0, result.stderr
+    assert "ERROR RESOURCE_EXHAUSTED: a copy from IPU 0" in result.stdout, result.stdout

@@ -5,7 +5,8 @@ import numpy as np
 
 import jax_ipu
 from jax_ipu import config as config_lib
-from jax_ipu.errors import IpuError, IpuInternalCompilerError, IpuInvalidArgument, IpuOutOfMemoryError
+from jax_ipu.errors import (IpuError, IpuInternalCompilerError, IpuInvalidArgument, IpuOutOfMemoryError,
+                            IpuResourceExhausted)
 from jax_ipu.model.targets import get_target
 from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer, check_ipu_dtype, to_device
 from jax_ipu.pjrt.device import Device
@@ -82,20 +83,38 @@ class Client:
         return Executable(self, program, name, fingerprint(code + policy, options, self.target),
                           assignment, serialized)
 
-    def buffer_from_host(self, array: np.ndarray, device_id: int) -> DeviceBuffer:
+    def buffer_from_host(self, array: np.ndarray, device_id: int, bytes_in_use: int = 0) -> DeviceBuffer:
         check_ipu_dtype(array.dtype, self.f64_as_f32)
         device = self.device(device_id)
         spec = ArraySpec.of(array.dtype, array.shape)
+        if not self.config.allow_out_of_memory:    # (Poplar's debug.allowOutOfMemory: over it is allowed)
+            _check_room(device, spec, bytes_in_use, "device_put")
         data = to_device(array, spec)
         device.transfers.host_to_device += data.nbytes
         return DeviceBuffer(device, spec, data)
 
-    def copy_buffer(self, buffer: DeviceBuffer, device_id: int) -> DeviceBuffer:
-        return buffer.copy_to_device(self.device(device_id))
+    def copy_buffer(self, buffer: DeviceBuffer, device_id: int, bytes_in_use: int = 0) -> DeviceBuffer:
+        device = self.device(device_id)
+        if not self.config.allow_out_of_memory:
+            _check_room(device, buffer.spec, bytes_in_use, f"a copy from IPU {buffer.device.id}")
+        return buffer.copy_to_device(device)
 
     def close(self) -> None:
         for device in self.devices:
             device.worker.close()
+
+
+def _check_room(device: Device, spec: ArraySpec, bytes_in_use: int, what: str) -> None:
+    """Refuses an array the device's memory cannot hold beside the buffers
+    it holds now (`bytes_in_use`, counted at the PJRT boundary), as a
+    device's allocator fails a transfer that does not fit, instead of
+    accepting it and failing the next compile."""
+    free = device.bytes_limit - bytes_in_use
+    if spec.nbytes > free:
+        raise IpuResourceExhausted(
+            f"{what} of {spec.dtype}{list(spec.shape)} ({spec.nbytes:,} bytes) does not fit in IPU {device.id}'s "
+            f"memory: {bytes_in_use:,} of {device.bytes_limit:,} bytes are in use ({free:,} free). Delete arrays "
+            f"you no longer need, shard the array over several IPUs, or use a larger target")
 
 
 def create_client(options: dict) -> Client:
