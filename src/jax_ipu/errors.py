@@ -66,3 +66,9 @@ class IpuResourceExhausted(IpuError):
 
     pjrt_code = "RESOURCE_EXHAUSTED"
 
+
+class IpuRunCancelled(IpuRuntimeError):
+    """A run stopped at a loop iteration because the user interrupted the
+    program (Ctrl-C)."""
+
+    pjrt_code = "CANCELLED"

@@ -135,3 +135,46 @@ except Exception as e:
 """, JAX_IPU_MODEL_NUM_TILES="8", JAX_IPU_DEVICE_COUNT="2")
     assert result.returncode == 0, result.stderr
     assert "ERROR RESOURCE_EXHAUSTED: a copy from IPU 0" in result.stdout, result.stdout
+
+
+# ---------------------------------------------------------------- 4. Ctrl-C cancels device runs
+
+def test_ctrl_c_cancels_a_long_loop_on_the_ipu_at_its_next_iteration():
+    result = run_python("""
+import os, signal, time
+import jax, numpy as np
+from jax import lax
+ipu = jax.devices('ipu')[0]
+f = jax.jit(lambda x: lax.fori_loop(0, 2_000_000, lambda i, c: c * 1.0001 + 1, x))
+g = jax.jit(lambda x: x + 1)
+x = jax.device_put(np.zeros(4, np.float32), ipu)
+g(x).block_until_ready()
+y = f(x)                      # runs on the IPU's worker for tens of seconds
+try:
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(30)
+except KeyboardInterrupt:
+    print('INTERRUPTED')
+t = time.perf_counter()
+print('NEXT', np.asarray(g(x)).tolist(), time.perf_counter() - t)
+try:
+    np.asarray(y)
+    print('LOOP FINISHED')
+except Exception as e:
+    print('LOOP', e)
+""")
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+    assert "INTERRUPTED" in result.stdout, result.stdout
+    assert lines["NEXT"].startswith("[1.0, 1.0, 1.0, 1.0]"), result.stdout
+    assert float(lines["NEXT"].split()[-1]) < 5.0, result.stdout      # not the loop's remaining time
+    assert lines["LOOP"].startswith("CANCELLED:") and "KeyboardInterrupt" in lines["LOOP"], result.stdout
+
+
+def test_runs_started_after_a_cancel_run_to_the_end(ipu):
+    from jax_ipu.model.engine import cancel_runs
+    f = jax.jit(lambda x: lax.fori_loop(0, 50, lambda i, c: c + 1, x))
+    x = jax.device_put(np.zeros(3, np.float32), ipu)
+    cancel_runs()
+    np.testing.assert_array_equal(np.asarray(f(x)), np.full(3, 50.0))

@@ -117,9 +117,32 @@ def _check_room(device: Device, spec: ArraySpec, bytes_in_use: int, what: str) -
             f"you no longer need, shard the array over several IPUs, or use a larger target")
 
 
+def _cancel_runs_on_interrupt() -> None:
+    """Ctrl-C stops the runs on the devices too, at their next loop
+    iteration, instead of letting a long loop hold its IPU: Python's SIGINT
+    handler (when it is the default one, on the main thread) is chained
+    with one that first cancels them, then raises KeyboardInterrupt as
+    before. A handler the user installed is left alone."""
+    import signal
+    import threading
+
+    from jax_ipu.model.engine import cancel_runs
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+
+    def on_interrupt(signum, frame):
+        cancel_runs()
+        signal.default_int_handler(signum, frame)
+    signal.signal(signal.SIGINT, on_interrupt)
+
+
 def create_client(options: dict) -> Client:
     global CURRENT
     CURRENT = Client(config_lib.from_environment(overrides=options))
+    _cancel_runs_on_interrupt()
     if CURRENT.config.profile_directory:
         from jax_ipu import profile
         profile.start(CURRENT.config.profile_directory, write_at_exit=True)
