@@ -178,3 +178,16 @@ def test_runs_started_after_a_cancel_run_to_the_end(ipu):
     x = jax.device_put(np.zeros(3, np.float32), ipu)
     cancel_runs()
     np.testing.assert_array_equal(np.asarray(f(x)), np.full(3, 50.0))
+
+
+# ---------------------------------------------------------------- 5. JAX_IPU_DEVICE_COUNT bounded
+
+def test_an_impossible_device_count_is_refused_at_once_saying_the_limit():
+    code = ("import time, jax\nt = time.perf_counter()\ntry:\n    jax.devices('ipu')\n    print('CREATED')\n"
+            "except Exception as e:\n    print('ERROR', e)\nprint('SECONDS', time.perf_counter() - t)\n")
+    result = run_python(code, JAX_IPU_DEVICE_COUNT="100000")
+    assert result.returncode == 0, result.stderr
+    assert "ERROR" in result.stdout and "JAX_IPU_DEVICE_COUNT='100000': at most 256" in result.stdout, result.stdout
+    assert float(result.stdout.split("SECONDS")[1]) < 10
+    result = run_python(code, JAX_IPU_DEVICE_COUNT="257")
+    assert "at most 256" in result.stdout, result.stdout
