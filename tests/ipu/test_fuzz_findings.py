@@ -191,3 +191,35 @@ def test_an_impossible_device_count_is_refused_at_once_saying_the_limit():
     assert float(result.stdout.split("SECONDS")[1]) < 10
     result = run_python(code, JAX_IPU_DEVICE_COUNT="257")
     assert "at most 256" in result.stdout, result.stdout
+
+
+# ---------------------------------------------------------------- 6. host MemoryError
+
+def test_a_host_memory_error_in_a_transfer_is_resource_exhausted(ipu, monkeypatch):
+    from jax_ipu.pjrt import client
+
+    def no_memory(array, spec):
+        raise MemoryError("Unable to allocate 3.64 TiB for an array")
+    monkeypatch.setattr(client, "to_device", no_memory)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"^RESOURCE_EXHAUSTED: MemoryError: Unable to allocate"):
+        jax.device_put(np.ones(8, np.float32), ipu)
+
+
+def test_a_huge_stride_0_view_is_refused_before_the_host_copies_it(ipu):
+    view = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), shape=(10 ** 12,), strides=(0,))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"^RESOURCE_EXHAUSTED: device_put of float32\[1000000000000\]"):
+        jax.device_put(view, ipu)
+
+
+def test_a_memory_error_while_running_is_resource_exhausted(ipu, monkeypatch):
+    from jax_ipu.pjrt import client
+    engine = client.CURRENT.device(ipu.id).engine
+    f = jax.jit(lambda x: lax.fori_loop(0, 3, lambda i, c: c + 1, x))    # runs on the worker
+    x = jax.device_put(np.zeros(2, np.float32), ipu)
+    f(x).block_until_ready()
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 1.00 TiB")
+    monkeypatch.setattr(engine, "run", no_memory)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"^RESOURCE_EXHAUSTED: MemoryError"):
+        np.asarray(f(x))
