@@ -287,3 +287,57 @@ def test_subnormals_are_kept_by_small_chains_and_flushed_by_large_ones(ipu):
     assert np.all(log_large == -np.inf)                                             # read as zero
     np.testing.assert_allclose(exp_small, np.exp(np.float64(-100.0)), rtol=0.05)    # a subnormal result kept
     assert np.all(exp_large == 0)                                                   # flushed
+
+
+# ---------------------------------------------------------------- accepted differences (docs/fuzzing.md)
+
+def test_accepted_the_ipu_rounds_a_product_before_adding_where_xla_cpu_fuses_a_multiply_add(ipu, cpu):
+    rng = np.random.default_rng(3)
+    a, b, c = (rng.standard_normal(4096).astype(np.float32) for _ in range(3))
+    f = jax.jit(lambda a, b, c: a * b + c)
+    np.testing.assert_array_equal(np.asarray(f(*jax.device_put((a, b, c), ipu))), a * b + c)
+    fused = (a.astype(np.float64) * b + c).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(f(*jax.device_put((a, b, c), cpu))), fused)   # why they differ
+
+
+def test_accepted_the_ipu_rounds_every_f16_op_where_xla_cpu_keeps_a_fusion_in_f32(ipu, cpu):
+    rng = np.random.default_rng(4)
+    a, b, c = (rng.standard_normal(4096).astype(np.float16) for _ in range(3))
+    f = jax.jit(lambda a, b, c: a * b + c)
+    np.testing.assert_array_equal(np.asarray(f(*jax.device_put((a, b, c), ipu))), a * b + c)
+    wide = (a.astype(np.float32) * b + c).astype(np.float16)
+    np.testing.assert_array_equal(np.asarray(f(*jax.device_put((a, b, c), cpu))), wide)
+
+
+def test_accepted_f32_subnormal_inputs_are_read_as_themselves_on_the_ipu_and_as_zero_on_xla_cpu(ipu):
+    x = np.array([1e-40, -1e-40, 3e-39], np.float32)
+    f = lambda v: (jnp.log(jnp.abs(v)), v > 0, jnp.sqrt(jnp.abs(v)))
+    log_ipu, pos_ipu, sqrt_ipu = run_on(ipu, f, x)
+    log_cpu, pos_cpu, sqrt_cpu = on_cpu(f, x)
+    np.testing.assert_allclose(log_ipu, np.log(np.abs(x).astype(np.float64)), rtol=1e-6)
+    np.testing.assert_array_equal(pos_ipu, [True, False, True])
+    np.testing.assert_allclose(sqrt_ipu, np.sqrt(np.abs(x).astype(np.float64)), rtol=1e-6)
+    # XLA:CPU's kernels read them as zeros (DAZ): no element is positive,
+    # and log's values are not the subnormals' (-inf, or its fast log's own)
+    assert not pos_cpu.any() and np.all(sqrt_cpu == 0) and not np.isclose(log_cpu, log_ipu).any()
+
+
+def test_accepted_f32_division_on_the_ipu_is_correctly_rounded(ipu):
+    rng = np.random.default_rng(5)
+    a = (rng.standard_normal(8192) * 10.0 ** rng.integers(-30, 30, 8192)).astype(np.float32)
+    b = (rng.standard_normal(8192) * 10.0 ** rng.integers(-30, 30, 8192)).astype(np.float32)
+    got = run_on(ipu, lambda a, b: a / b, a, b)
+    np.testing.assert_array_equal(got, (a.astype(np.float64) / b).astype(np.float32))
+
+
+def test_accepted_the_maximum_of_two_zeros_is_a_zero_of_either_sign(ipu):
+    for a, b in [(-0.0, 0.0), (0.0, -0.0)]:
+        got = run_on(ipu, jnp.maximum, np.float32(a), np.float32(b))
+        assert got == 0
+        assert np.signbit(got) == np.signbit(np.maximum(np.float32(a), np.float32(b)))    # numpy's choice
+
+
+def test_accepted_f16_sums_of_a_reduce_accumulate_in_f32(ipu):
+    x = np.array([6e4, 6e4, -6e4], np.float16)
+    total = lambda v: lax.reduce(v, np.float16(0), lax.add, (0,))
+    assert run_on(ipu, total, x) == np.float16(6e4)      # f32 partials, as PopLibs' reduce

@@ -1,0 +1,140 @@
+"""Running a Program on ipu and on XLA:CPU, and the rules comparing them.
+
+Rules (docs/fuzzing.md lists them with the accepted differences):
+- Every output has the CPU's shape and dtype.
+- Integers and bools: equal, element by element.
+- Floats the generator marks exact (programs.py): equal bits, except that
+  any NaN equals any NaN (payloads and signs of NaNs are not compared) and,
+  where the value's `zero_sign` is off (after max/min, reductions, ...),
+  -0.0 equals +0.0.
+- Other floats: NaN where the CPU has NaN; an infinity where the CPU has
+  that infinity, except that a value beyond half the largest finite one
+  may be an infinity on the other side (an overflow decided by a rounding);
+  elsewhere |ipu - cpu| <= RTOL * |cpu| + RTOL * scale, scale being the
+  largest finite magnitude among the output's CPU values and 1.
+- float32 subnormals: XLA:CPU's compiled kernels treat subnormal inputs as
+  zero and flush subnormal results (DAZ/FTZ); the IPU Model keeps them
+  where it runs an op on numpy. So values below the smallest normal f32
+  compare as zero, and a program whose inputs hold subnormals is compared
+  again with those inputs flushed to zero on the ipu side: agreement then
+  counts the difference as the accepted `subnormal` one.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+RTOL = {np.dtype(np.float32): 2e-4, np.dtype(np.float16): 2e-2}
+
+
+@dataclasses.dataclass
+class Outcome:
+    status: str                  # ok | accepted | mismatch | ipu_error | cpu_error | both_error
+    detail: str = ""
+    accepted: str = ""           # which accepted difference, if status == accepted
+
+
+def run(program, device_or_devices, cpu, inputs=None):
+    """(ipu results, cpu results): lists of numpy arrays, or an exception."""
+    f = program.function()
+    args = list((inputs if inputs is not None else program.inputs).values())
+    results = []
+    for platform in ("ipu", "cpu"):
+        try:
+            if program.kind == "pmap":
+                if platform == "ipu":
+                    out = jax.pmap(f, axis_name="i", devices=device_or_devices)(*args)
+                else:
+                    out = jax.jit(jax.vmap(f, axis_name="i"))(*jax.device_put(args, cpu))
+            else:
+                device = device_or_devices[0] if platform == "ipu" else cpu
+                out = jax.jit(f)(*jax.device_put(args, device))
+            results.append([np.asarray(o) for o in out])
+        except Exception as e:   # noqa: BLE001 (an error is an outcome to compare)
+            results.append(e)
+    return results
+
+
+def _mismatch_floats(got: np.ndarray, want: np.ndarray, var) -> np.ndarray:
+    """Boolean mask of elements that break the float rules."""
+    dtype = want.dtype
+    tiny = np.finfo(dtype).tiny if dtype == np.float32 else 0.0
+    g = np.where(np.abs(got) < tiny, np.copysign(np.zeros((), dtype), got), got).astype(np.float64)
+    w = np.where(np.abs(want) < tiny, np.copysign(np.zeros((), dtype), want), want).astype(np.float64)
+    gnan, wnan = np.isnan(g), np.isnan(w)
+    bad = gnan != wnan
+    both = ~gnan & ~wnan
+    if var.exact:
+        bad |= both & (g != w)
+        if var.zero_sign:
+            bad |= both & (g == 0) & (w == 0) & (np.signbit(g) != np.signbit(w))
+        return bad
+    big = np.finfo(dtype).max / 2
+    ginf, winf = np.isinf(g), np.isinf(w)
+    overflow = (ginf & ~winf & (np.abs(w) > big)) | (winf & ~ginf & (np.abs(g) > big)) | \
+               (ginf & winf & (g == w))
+    finite = both & ~ginf & ~winf
+    finite_w = np.abs(w[np.isfinite(w)])
+    scale = max(float(finite_w.max()) if finite_w.size else 0.0, 1.0)
+    rtol = RTOL[np.dtype(dtype)]
+    with np.errstate(invalid="ignore"):     # inf - inf where both overflowed (masked out above)
+        close = np.abs(g - w) <= rtol * np.abs(w) + rtol * scale
+    bad |= both & ~overflow & ~(finite & close)
+    return bad
+
+
+def compare_results(program, got, want) -> Outcome:
+    if isinstance(want, Exception) and isinstance(got, Exception):
+        return Outcome("both_error", f"{type(got).__name__}: {got}"[:300])
+    if isinstance(want, Exception):
+        return Outcome("cpu_error", f"{type(want).__name__}: {want}"[:300])
+    if isinstance(got, Exception):
+        return Outcome("ipu_error", f"{type(got).__name__}: {got}"[:2000])
+    problems = []
+    for name, g, w in zip(program.outputs, got, want):
+        var = program.vars[name]
+        if g.shape != w.shape or g.dtype != w.dtype:
+            problems.append(f"{name}: ipu {g.dtype}{list(g.shape)}, cpu {w.dtype}{list(w.shape)}")
+            continue
+        if w.dtype.kind == "f":
+            bad = _mismatch_floats(g, w, var)
+        else:
+            bad = g != w
+        if bad.any():
+            where = np.argwhere(bad)[:3]
+            shown = ", ".join(f"{tuple(int(i) for i in ix)}: ipu {g[tuple(ix)]!r} cpu {w[tuple(ix)]!r}"
+                              for ix in where)
+            problems.append(f"{name} ({'exact' if var.exact else 'tolerance'}, {int(bad.sum())} of {bad.size} "
+                            f"differ): {shown}")
+    if problems:
+        return Outcome("mismatch", "; ".join(problems))
+    return Outcome("ok")
+
+
+def flushed(inputs: dict) -> dict | None:
+    """The inputs with float32 subnormals made zeros of their sign, or None
+    if there are none."""
+    out, changed = {}, False
+    tiny = np.finfo(np.float32).tiny
+    for k, a in inputs.items():
+        if a.dtype == np.float32:
+            sub = (a != 0) & (np.abs(a) < tiny)
+            if sub.any():
+                a = np.where(sub, np.copysign(np.float32(0), a), a).astype(np.float32)
+                changed = True
+        out[k] = a
+    return out if changed else None
+
+
+def check(program, ipus, cpu) -> Outcome:
+    got, want = run(program, ipus, cpu)
+    outcome = compare_results(program, got, want)
+    if outcome.status == "mismatch":
+        inputs = flushed(program.inputs)
+        if inputs is not None:
+            got2, _ = run(program, ipus, cpu, inputs)
+            if compare_results(program, got2, want).status == "ok":
+                return Outcome("accepted", outcome.detail, "subnormal")
+    return outcome
