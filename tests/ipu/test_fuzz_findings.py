@@ -341,3 +341,13 @@ def test_accepted_f16_sums_of_a_reduce_accumulate_in_f32(ipu):
     x = np.array([6e4, 6e4, -6e4], np.float16)
     total = lambda v: lax.reduce(v, np.float16(0), lax.add, (0,))
     assert run_on(ipu, total, x) == np.float16(6e4)      # f32 partials, as PopLibs' reduce
+
+
+def test_accepted_f32_subnormal_results_are_kept_on_the_ipu_and_flushed_on_xla_cpu(ipu):
+    x = np.array([1e-20, 1e-20, 1e20], np.float32)
+    f = lambda v: (jnp.cumprod(v), v[0] * v[1])
+    (prefix_ipu, product_ipu), (prefix_cpu, product_cpu) = run_on(ipu, f, x), on_cpu(f, x)
+    np.testing.assert_allclose(prefix_ipu, [1e-20, 1e-40, 1e-20], rtol=1e-3)   # the subnormal kept, and used
+    np.testing.assert_allclose(product_ipu, 1e-40, rtol=1e-3)
+    np.testing.assert_array_equal(prefix_cpu, np.array([1e-20, 0, 0], np.float32))
+    assert product_cpu == 0
