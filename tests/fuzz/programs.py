@@ -33,7 +33,12 @@ from jax import lax
 
 from values import ARR_SOURCE, DTYPES, FLOATS, INTS, array_source, float_specials, int_specials, random_values, scalar_source
 
-NAMESPACE = {"jax": jax, "jnp": jnp, "lax": lax, "np": np, "inf": np.inf, "nan": np.nan}
+def _ftz(x):
+    """x with float32 subnormals made zeros of their sign (compare.py)."""
+    return jnp.where(jnp.abs(x) < np.finfo(np.float32).tiny, x * np.float32(0), x)
+
+
+NAMESPACE = {"jax": jax, "jnp": jnp, "lax": lax, "np": np, "inf": np.inf, "nan": np.nan, "_ftz": _ftz}
 
 
 @dataclasses.dataclass
