@@ -351,3 +351,14 @@ def test_accepted_f32_subnormal_results_are_kept_on_the_ipu_and_flushed_on_xla_c
     np.testing.assert_allclose(product_ipu, 1e-40, rtol=1e-3)
     np.testing.assert_array_equal(prefix_cpu, np.array([1e-20, 0, 0], np.float32))
     assert product_cpu == 0
+
+
+def test_accepted_division_by_a_constant_with_a_subnormal_reciprocal_is_ieee_on_the_ipu(ipu):
+    """XLA:CPU divides by a constant as a multiply by its reciprocal, here
+    subnormal and flushed: x / -3.4e38 is -0.0 and -inf / -3.4e38 NaN. The
+    IPU divides (IEEE)."""
+    x = np.array([-np.inf, 1.0, 2.1e35], np.float32)
+    f = lambda v: v / np.float32(-3.4028234663852886e38)
+    want = (x.astype(np.float64) / -3.4028234663852886e38).astype(np.float32)
+    np.testing.assert_array_equal(run_on(ipu, f, x), want)
+    assert np.isnan(on_cpu(f, x)[0]) and on_cpu(f, x)[2] == 0
