@@ -362,3 +362,14 @@ def test_accepted_division_by_a_constant_with_a_subnormal_reciprocal_is_ieee_on_
     want = (x.astype(np.float64) / -3.4028234663852886e38).astype(np.float32)
     np.testing.assert_array_equal(run_on(ipu, f, x), want)
     assert np.isnan(on_cpu(f, x)[0]) and on_cpu(f, x)[2] == 0
+
+
+def test_accepted_an_f16_intermediate_that_overflows_is_inf_on_the_ipu(ipu):
+    """The IPU rounds every f16 op, so x * x overflows before the sqrt;
+    XLA:CPU keeps the fusion's intermediate in f32 (seed 104290)."""
+    x = np.array([-15840.0, 3.0], np.float16)
+    f = lambda v: jnp.sqrt(lax.integer_pow(v, 2))
+    np.testing.assert_array_equal(run_on(ipu, f, x), np.array([np.inf, 3.0], np.float16))
+    np.testing.assert_array_equal(on_cpu(f, x), np.array([15840.0, 3.0], np.float16))
+    barrier = lambda v: jnp.sqrt(lax.optimization_barrier(lax.integer_pow(v, 2)))   # rounded to f16 between
+    np.testing.assert_array_equal(on_cpu(barrier, x), run_on(ipu, f, x))
