@@ -203,8 +203,10 @@ def random_shape(rng, min_rank=0, max_rank=3) -> tuple:
 # name: (template, dtype kinds, class). Classes: "nature" exact by nature;
 # "round" one correctly rounded op (exact on pristine operands); "approx"
 # inexact (transcendental, or XLA:CPU's division); "disc" discontinuous
-# (operands must be exact); "amp" amplifying near a point (operands exact,
-# and the sign of their zeros known).
+# (operands must be exact; the result is); "discz" as disc, and the sign of
+# the operands' zeros must be known (signbit, nextafter); "amp" amplifying
+# an error near a point (operands exact with known zero signs; the result
+# is inexact: pow, atan2, rsqrt, tan).
 UNARY = {
     "neg": ("-{a}", "fiu", "nature"), "abs": ("jnp.abs({a})", "fi", "nature"), "not": ("~{a}", "iub", "nature"),
     "floor": ("jnp.floor({a})", "f", "disc"), "ceil": ("jnp.ceil({a})", "f", "disc"),
