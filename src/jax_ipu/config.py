@@ -43,13 +43,21 @@ class Config:
     executable_cache: str | None = None
 
 
-def _int(name: str, text: str, minimum: int) -> int:
+# The most IPUs one client models: an IPU-POD256, the largest Graphcore
+# system. Each modelled IPU has its own worker thread and engine, so far
+# larger counts fail late (no thread can start) instead of running.
+MAX_DEVICE_COUNT = 256
+
+
+def _int(name: str, text: str, minimum: int, maximum: int | None = None, why: str = "") -> int:
     try:
         value = int(text)
     except ValueError:
         value = minimum - 1
     if value < minimum:
         raise IpuInvalidArgument(f"{name}={text!r}: expected a whole number >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise IpuInvalidArgument(f"{name}={text!r}: at most {maximum} ({why})")
     return value
 
 
@@ -105,7 +113,8 @@ def from_environment(env=None, overrides: dict | None = None) -> Config:
     engine = _engine_options(env.get("POPLAR_ENGINE_OPTIONS", ""))
     allow_oom = env.get("JAX_IPU_ALLOW_OUT_OF_MEMORY") or engine.get("debug.allowOutOfMemory", "false")
     return Config(
-        device_count=_int("JAX_IPU_DEVICE_COUNT", str(count), 1),
+        device_count=_int("JAX_IPU_DEVICE_COUNT", str(count), 1, MAX_DEVICE_COUNT,
+                          "the IPUs of an IPU-POD256, the largest system; the IPU Model runs a thread per IPU"),
         target=str(overrides.get("target") or env.get("JAX_IPU_TARGET", "ipu2")),
         num_tiles=_int("JAX_IPU_MODEL_NUM_TILES", str(tiles), 1) if tiles else None,
         allow_out_of_memory=_flag("JAX_IPU_ALLOW_OUT_OF_MEMORY", allow_oom),

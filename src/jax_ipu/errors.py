@@ -58,3 +58,17 @@ class IpuInvalidArgument(IpuError):
     """Bad input at the API: a dtype the IPU does not hold, a wrong shape."""
 
     pjrt_code = "INVALID_ARGUMENT"
+
+
+class IpuResourceExhausted(IpuError):
+    """A transfer or allocation that does not fit: the device's memory (a
+    device_put beyond what is free) or the host's (MemoryError)."""
+
+    pjrt_code = "RESOURCE_EXHAUSTED"
+
+
+class IpuRunCancelled(IpuRuntimeError):
+    """A run stopped at a loop iteration because the user interrupted the
+    program (Ctrl-C)."""
+
+    pjrt_code = "CANCELLED"

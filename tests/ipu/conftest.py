@@ -38,6 +38,13 @@ IPU_DTYPES = [np.float32, np.float16, np.int32, np.uint32, np.int16, np.uint16,
               np.int8, np.uint8, np.bool_]
 
 
+def pytest_addoption(parser):
+    parser.addoption("--fuzz-programs", type=int, default=None,
+                     help="programs for `pytest -m fuzz` (default: JAX_IPU_FUZZ_PROGRAMS, else 5000)")
+    parser.addoption("--fuzz-seed", type=int, default=None,
+                     help="first seed for `pytest -m fuzz` (default: JAX_IPU_FUZZ_SEED, else 0)")
+
+
 @pytest.fixture(scope="session")
 def ipus():
     return jax.devices("ipu")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from jax_ipu.errors import IpuRuntimeError
+from jax_ipu.errors import IpuRunCancelled, IpuRuntimeError
 from jax_ipu.graph import codelets
 from jax_ipu.graph import programs as p
 from jax_ipu.graph.program import Program
@@ -248,6 +248,7 @@ class _Loaded:
 
     def __init__(self, program: Program):
         self.template: list = [t.constant for t in program.tensors]
+        self.started = 0      # cancel_runs' generation when the last run began
         self.scratch = _scratch_partials(program)
         self.lazy = lazy_copies(program) if LAZY_COPIES else {}
         self.has_control = any(isinstance(s, p.CONTROL) for s in program.body.steps)
@@ -440,6 +441,8 @@ class _Loaded:
 
             def repeat(state):
                 for _ in range(count):
+                    if _generation[0] != self.started:
+                        _check_cancelled(self)
                     run(body, state)
             return repeat
         if isinstance(step, p.RepeatWhileTrue):
@@ -448,6 +451,8 @@ class _Loaded:
             def repeat_while(state):
                 run(cond, state)
                 while state[pred]:
+                    if _generation[0] != self.started:
+                        _check_cancelled(self)
                     run(body, state)
                     run(cond, state)
             return repeat_while
@@ -550,6 +555,23 @@ def _host_call(step: p.HostCall):
     return host_call
 
 
+# Bumped by cancel_runs(): a loop whose run started before stops at its next
+# iteration (Ctrl-C stops what runs on the devices, as it stops the host).
+_generation = [0]
+
+
+def cancel_runs() -> None:
+    """Cancels the runs in progress on every device at their next loop
+    iteration (a step boundary): their outputs fail with IpuRunCancelled.
+    Runs started afterwards are not affected."""
+    _generation[0] += 1
+
+
+def _check_cancelled(loaded: _Loaded) -> None:
+    if _generation[0] != loaded.started:
+        raise IpuRunCancelled(f"the run of {loaded.name} was cancelled (KeyboardInterrupt) at a loop iteration")
+
+
 def _run_steps(steps, state) -> None:
     for fn in steps:
         fn(state)
@@ -650,6 +672,7 @@ class Engine:
                 state[output_id] = state[input_id]
         if loaded.trace is not None:
             loaded.trace.clear()
+        loaded.started = _generation[0]
         if loaded.shares:
             helper.begin_session()
         token = None if get_ident() in _QUIET_THREADS else _quiet_numpy()

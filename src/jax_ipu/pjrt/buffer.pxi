@@ -188,7 +188,7 @@ cdef PJRT_Error* copy_buffer_to(PJRT_Buffer* b, PJRT_Device* dst, int memory, PJ
     with gil:
         saved = py_enter()
         try:
-            out[0] = wrap_buffer(b.client, (<object>b.client.py).copy_buffer(<object>b.py, dst.id, memory))
+            out[0] = wrap_buffer(b.client, (<object>b.client.py).copy_buffer(<object>b.py, dst.id, memory, dst.bytes_in_use))
             return NULL
         except BaseException as exc:
             return error_from_exception(exc)
@@ -240,7 +240,7 @@ cdef PJRT_Error* e_client_buffer_from_host(PJRT_Client_BufferFromHostBuffer_Args
                 raise NotImplementedError("jax-ipu keeps arrays in the default (row-major) layout; "
                                           "custom device layouts are not supported")
             drain_released_now()
-            py_buffer = (<object>a.client.py).buffer_from_host(host_array(a), dev.id, memory)
+            py_buffer = (<object>a.client.py).buffer_from_host(host_array(a), dev.id, memory, dev.bytes_in_use)
             a.buffer = wrap_buffer(a.client, py_buffer)
             # The data was copied during the call: the host buffer is free now.
             a.done_with_host_buffer = ready_event()

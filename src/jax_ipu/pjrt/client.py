@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from jax_ipu import config as config_lib, profile
-from jax_ipu.errors import IpuError, IpuInternalCompilerError, IpuInvalidArgument, IpuOutOfMemoryError
+from jax_ipu.errors import (IpuError, IpuInternalCompilerError, IpuInvalidArgument, IpuOutOfMemoryError,
+                            IpuResourceExhausted)
 from jax_ipu.targets import get_target
 from jax_ipu.version import __version__
 from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer, check_ipu_dtype, to_device
@@ -93,20 +94,62 @@ class Client:
         from jax_ipu.pjrt.executable import from_bytes
         return from_bytes(self, data, options)
 
-    def buffer_from_host(self, array: np.ndarray, device_id: int, memory: int = 0) -> DeviceBuffer:
+    def buffer_from_host(self, array: np.ndarray, device_id: int, memory: int = 0,
+                         bytes_in_use: int = 0) -> DeviceBuffer:
         check_ipu_dtype(array.dtype, self.f64_as_f32)
         device = self.device(device_id)
         spec = ArraySpec.of(array.dtype, array.shape)
+        if memory == 0 and not self.config.allow_out_of_memory:   # (Poplar's debug.allowOutOfMemory)
+            _check_room(device, spec, bytes_in_use, "device_put")
         data = to_device(array, spec)
         device.transfers.host_to_device += data.nbytes
         return DeviceBuffer(device, spec, data, memory=memory)
 
-    def copy_buffer(self, buffer: DeviceBuffer, device_id: int, memory: int = 0) -> DeviceBuffer:
-        return buffer.copy_to_device(self.device(device_id), memory)
+    def copy_buffer(self, buffer: DeviceBuffer, device_id: int, memory: int = 0,
+                    bytes_in_use: int = 0) -> DeviceBuffer:
+        device = self.device(device_id)
+        if memory == 0 and not self.config.allow_out_of_memory:   # (streaming memory is not tile SRAM)
+            _check_room(device, buffer.spec, bytes_in_use, f"a copy from IPU {buffer.device.id}")
+        return buffer.copy_to_device(device, memory)
 
     def close(self) -> None:
         for device in self.devices:
             device.worker.close()
+
+
+def _check_room(device: Device, spec: ArraySpec, bytes_in_use: int, what: str) -> None:
+    """Refuses an array the device's memory cannot hold beside the buffers
+    it holds now (`bytes_in_use`, counted at the PJRT boundary), as a
+    device's allocator fails a transfer that does not fit, instead of
+    accepting it and failing the next compile."""
+    free = device.bytes_limit - bytes_in_use
+    if spec.nbytes > free:
+        raise IpuResourceExhausted(
+            f"{what} of {spec.dtype}{list(spec.shape)} ({spec.nbytes:,} bytes) does not fit in IPU {device.id}'s "
+            f"memory: {bytes_in_use:,} of {device.bytes_limit:,} bytes are in use ({free:,} free). Delete arrays "
+            f"you no longer need, shard the array over several IPUs, or use a larger target")
+
+
+def _cancel_runs_on_interrupt() -> None:
+    """Ctrl-C stops the runs on the devices too, at their next loop
+    iteration, instead of letting a long loop hold its IPU: Python's SIGINT
+    handler (when it is the default one, on the main thread) is chained
+    with one that first cancels them, then raises KeyboardInterrupt as
+    before. A handler the user installed is left alone."""
+    import signal
+    import threading
+
+    from jax_ipu.model.engine import cancel_runs
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+
+    def on_interrupt(signum, frame):
+        cancel_runs()
+        signal.default_int_handler(signum, frame)
+    signal.signal(signal.SIGINT, on_interrupt)
 
 
 def create_client(options: dict) -> Client:
@@ -114,6 +157,7 @@ def create_client(options: dict) -> Client:
     CURRENT = Client(config_lib.from_environment(overrides=options))
     client = CURRENT
     profile.set_devices(lambda: client.devices)
+    _cancel_runs_on_interrupt()
     if CURRENT.config.profile_directory:
         profile.start(CURRENT.config.profile_directory, write_at_exit=True)
     return CURRENT

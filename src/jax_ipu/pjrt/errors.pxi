@@ -50,7 +50,8 @@ cdef PJRT_Error* error_from_exception(object exc) noexcept:
         code = CODES.get(getattr(exc, "pjrt_code", None), None)
         if code is None:
             code = CODE_UNIMPLEMENTED if isinstance(exc, NotImplementedError) else (
-                CODE_INVALID_ARGUMENT if isinstance(exc, (ValueError, TypeError)) else CODE_INTERNAL)
+                CODE_INVALID_ARGUMENT if isinstance(exc, (ValueError, TypeError)) else
+                CODE_RESOURCE_EXHAUSTED if isinstance(exc, MemoryError) else CODE_INTERNAL)
         text = str(exc) or type(exc).__name__
         if not getattr(exc, "pjrt_code", None):
             text = f"{type(exc).__name__}: {text}"

@@ -80,7 +80,8 @@ cdef class Event:
         cdef size_t n
         cdef Waiter* waiters
         if error is not None:
-            code = CODES.get(getattr(error, "pjrt_code", None), CODE_INTERNAL)
+            code = CODES.get(getattr(error, "pjrt_code", None),
+                             CODE_RESOURCE_EXHAUSTED if isinstance(error, MemoryError) else CODE_INTERNAL)
             text = str(error) if getattr(error, "pjrt_code", None) else f"{type(error).__name__}: {error}"
             msg = text.encode("utf-8", "replace")
         p = msg

@@ -13,6 +13,8 @@ from jax_ipu.compiler.builder import Builder, Splat
 from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.compiler.lowering.layout import copy_padded, copy_to_new, name_of
 from jax_ipu.compiler.planners.matmul import fits, plan_matmul
+from jax_ipu.compiler.lowering.elementwise import lower_cluster
+from jax_ipu.compiler.passes.fuse import Cluster
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
 from jax_ipu.graph.compute import Region, Vertex
@@ -57,6 +59,9 @@ def dot_general(b: Builder, op: ir.Op) -> None:
         return
     lhs = _canonical(b, op, op.operands[0], lb + lf + lc, (batch, m, k))
     rhs = _canonical(b, op, op.operands[1], rb + rc + rf, (batch, k, n))
+    if k == 1:
+        _outer_product(b, op, lhs, rhs, out_dtype)
+        return
     proportion = b.options.available_memory_proportion
     plan = plan_matmul(b.target, batch, m, n, k, lhs_t.dtype, acc, proportion)
     steps = [(0, m, 0, n, plan)]
@@ -75,6 +80,32 @@ def dot_general(b: Builder, op: ir.Op) -> None:
         return
     whole = copy_to_new(b, op, Concat(tuple(results), 1 if steps[0][1] - steps[0][0] < m else 2))
     b.values[op.results[0]] = whole.then("reshape", out_t.shape)
+
+
+def _outer_product(b: Builder, op: ir.Op, lhs: View, rhs: View, out_dtype) -> None:
+    """A product over K = 1 as one element-wise multiply of the broadcast
+    operands (in the result's type), as XLA's algebraic simplifier rewrites
+    it: each element is one product, so -0.0 * 1 keeps its sign (a sum from
+    a zeroed accumulator would give +0.0) and the bits equal XLA:CPU's."""
+    batch, m, _ = lhs.shape
+    n = rhs.shape[2]
+    shape = (batch, m, n)
+    ops, operands = [], []
+    for view in (lhs, rhs):
+        value = ir.Value(ir.TensorType(shape, view.dtype))
+        b.values[value] = view.then("broadcast", shape, (0, 1, 2))
+        if view.dtype != out_dtype:
+            convert = ir.Op("convert", [value], [ir.Value(ir.TensorType(shape, out_dtype))], {}, loc=op.loc)
+            ops.append(convert)
+            value = convert.results[0]
+        operands.append(value)
+    multiply = ir.Op("multiply", operands, [ir.Value(ir.TensorType(shape, out_dtype))], {}, loc=op.loc)
+    ops.append(multiply)
+    lower_cluster(b, Cluster(shape, ops), {multiply.results[0]})
+    b.flops += 2.0 * batch * m * n
+    result = b.values[multiply.results[0]]
+    b.values[op.results[0]] = (Splat(result.value, op.results[0].type.shape) if isinstance(result, Splat)
+                               else result.then("reshape", op.results[0].type.shape))
 
 
 # At most this many products in turn for one dot_general (see _serial_steps).

@@ -214,7 +214,13 @@ def reduce(b: Builder, op: ir.Op) -> None:
         if pad:
             x = copy_padded(b, op, x.then("reshape", (kept, reduced)), 1, pad, _init_source(init))
         xs.append(x.then("reshape", (kept, chunks, size)))
-    accs = [np.dtype(np.float32) if d == np.float16 and single in ("add", "multiply") else d for d in dtypes]
+    # fp16 sums and products of a reduce accumulate in fp32, as PopLibs'
+    # reductions do; a reduce_window's (cumsum, cumprod, pooling) round every
+    # step in fp16, as the IPU's f16 adds and XLA:CPU's window loop do, so a
+    # prefix that overflowed stays infinite.
+    widen = op.name != "reduce_window"
+    accs = [np.dtype(np.float32) if d == np.float16 and single in ("add", "multiply") and widen else d
+            for d in dtypes]
     what = single or "+".join(dict.fromkeys(i.op for i in program if i.op != "constant"))
     per_element = max(1, len(program))
     if SINGLE_STAGE and chunks == 1 and single is not None and accs[0] == dtypes[0]:

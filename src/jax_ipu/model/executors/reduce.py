@@ -35,6 +35,14 @@ def _build_reduce_partials(k: codelets.ReducePartials):
 
 def _partials_runner(k: codelets.ReducePartials, get, ufunc, acc):
     """fn(state) -> the partials [O, chunks]."""
+    if k.outer and acc == np.float16 and ufunc in (np.add, np.multiply):
+        def run_outer_in_order(state):
+            x = get(state)
+            total = x[:, 0].astype(acc)
+            for i in range(1, x.shape[1]):
+                ufunc(total, x[:, i], out=total)
+            return np.ascontiguousarray(total.T)
+        return run_outer_in_order
     if k.outer:
         def run_outer(state):
             # [chunks, O], each chunk's rows combined in order, as [O, chunks].
@@ -42,7 +50,11 @@ def _partials_runner(k: codelets.ReducePartials, get, ufunc, acc):
         return run_outer
 
     rows, size = k.input.shape[0] * k.input.shape[1], k.input.shape[2]
-    if 1 < size <= SHORT_AXIS and rows >= SHORT_AXIS_ROWS:
+    # numpy's fp16 add and multiply reductions accumulate in fp32; an fp16
+    # accumulator (a reduce_window's) rounds each step, so it goes element
+    # after element.
+    in_order = acc == np.float16 and ufunc in (np.add, np.multiply)
+    if 1 < size and (in_order or (size <= SHORT_AXIS and rows >= SHORT_AXIS_ROWS)):
         def run_short(state):
             # Element after element into the accumulator: numpy's reduce over
             # a short contiguous axis costs 10-20x as much (a max pool's 2x2
@@ -80,6 +92,11 @@ def _build_reduce_combine(k: codelets.ReduceCombine):
         raw = state[pid]
         if may_be_combined and type(raw) is Combined:
             value = raw.value
+        elif acc == np.float16 and ufunc in (np.add, np.multiply):    # each step rounded (see above)
+            parts = np.moveaxis(get(state), axis, 0)
+            value = parts[0].astype(acc)
+            for part in parts[1:]:
+                ufunc(value, part, out=value)
         else:
             value = ufunc.reduce(get(state), axis=axis, dtype=acc)
         if init is not None:
