@@ -136,7 +136,7 @@ class Gpt2Small(nn.Module):
         for _ in range(self.layers):
             x = Gpt2Block(self.heads, self.hidden, self.dtype)(x, mask)
         x = nn.LayerNorm(dtype=self.dtype)(x)
-        return nn.Dense(self.vocab, use_bias=False, dtype=self.dtype)(x).astype(jnp.float32)
+        return nn.Dense(self.vocab, use_bias=False, dtype=self.dtype)(x)
 
 
 # ---------------------------------------------------------------- programs
@@ -195,7 +195,7 @@ def gpt2_train(batch: int, length: int, dtype):
     scale = LOSS_SCALE if dtype == jnp.float16 else 1.0
 
     def loss_fn(params, tokens):
-        logits = model.apply({"params": params}, tokens[:, :-1])
+        logits = model.apply({"params": params}, tokens[:, :-1]).astype(jnp.float32)
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
         return loss * scale, loss
 

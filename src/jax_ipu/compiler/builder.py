@@ -64,6 +64,9 @@ class Builder:
         self.flops = 0.0
         self.transcendentals = 0.0
         self._mappings: dict = {}
+        # Where the next small tensor's linear mapping starts (see
+        # start_tile): small tensors go round the tiles, not all to tile 0.
+        self._next_tile = 0
         # The block being lowered: reads of each value still to come (its ops'
         # and nested regions', and its results), and the tensors it may
         # update in place (made within it, or a loop's carried tensors in
@@ -79,6 +82,58 @@ class Builder:
             self._mappings[key] = mapping.linear(self.target, size, dtype)
         return self._mappings[key]
 
+    def start_tile(self, tiles_used: int) -> int:
+        """The first tile of something that takes `tiles_used` consecutive
+        tiles: 0 when it takes them all, otherwise the tile after the last
+        small one, round the IPU. Poplar spreads small variables so (its
+        linear mapping of a small tensor starts at a varying tile); starting
+        each at tile 0 made tile 0 hold every scalar, bias and statistic of a
+        model, and the code and vertex state of every small compute set."""
+        tiles = self.target.num_tiles
+        if tiles_used >= tiles:
+            return 0
+        start = self._next_tile
+        self._next_tile = (start + tiles_used) % tiles
+        return start
+
+    def rotated(self, m: TileMapping) -> TileMapping:
+        """m (a mapping starting at tile 0 on consecutive tiles) moved to
+        start at start_tile."""
+        used = int(m.tiles.max()) + 1 if len(m.tiles) else 0
+        start = self.start_tile(used) if used else 0
+        if not start:
+            return m
+        return TileMapping(m.size, (m.tiles + start) % self.target.num_tiles, m.starts, m.stops)
+
+    def small_linear_mapping(self, size: int, dtype: np.dtype) -> TileMapping:
+        """The linear mapping of a new tensor. One on at most half the tiles
+        starts at the next start_tile, its own; a bigger one on fewer than
+        all tiles starts where every tensor of its size and width starts (so
+        that element-wise ops between big tensors exchange nothing); one on
+        every tile is the shared linear mapping."""
+        m = self.linear_mapping(size, dtype)
+        used, tiles = len(m.tiles), self.target.num_tiles
+        if used >= tiles:
+            return m
+        if used <= tiles // 2:
+            return self.rotated(m)
+        key = ("rotated", size, np.dtype(dtype).itemsize)
+        if key not in self._mappings:
+            self._mappings[key] = self.rotated(m)
+        return self._mappings[key]
+
+    def output_mapping(self, size: int, dtype: np.dtype, inputs) -> TileMapping:
+        """The mapping of an element-wise result of `size` elements: for one
+        on at most half the tiles, the mapping of its first input of the same
+        size read whole (as popops maps a result like its first operand, so
+        nothing is exchanged); else as small_linear_mapping."""
+        m = self.linear_mapping(size, dtype)
+        if len(m.tiles) <= self.target.num_tiles // 2:
+            for v in inputs:
+                if isinstance(v, View) and v.size == size and v.is_whole_tensor:
+                    return v.tensor.mapping
+        return self.small_linear_mapping(size, dtype)
+
     def tensor(self, name: str, shape, dtype, tile_mapping: TileMapping | None = None,
                constant: np.ndarray | None = None) -> Tensor:
         shape, dtype = tuple(int(d) for d in shape), np.dtype(dtype)
@@ -93,7 +148,7 @@ class Builder:
                 f"than all of {self.target.describe()} holds ({total:,} bytes). Use smaller arrays or "
                 f"batches, or split the work over several IPUs")
         t = Tensor(len(self.tensors), name, shape, dtype,
-                   tile_mapping or self.linear_mapping(size, dtype), constant)
+                   tile_mapping or self.small_linear_mapping(size, dtype), constant)
         self.tensors.append(t)
         return t
 

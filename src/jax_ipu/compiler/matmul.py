@@ -132,6 +132,9 @@ def _product(b: Builder, op: ir.Op, lhs: View, rhs: View, window: tuple, acc, ou
     col_blocks = np.arange(-(-cols // nb))
     tile_of = (((np.arange(pk)[:, None, None, None] * pb + np.arange(batch)[None, :, None, None] // bb) * pm
                 + np.arange(rows)[None, None, :, None] // mb) * pn + col_blocks)    # [pk, batch, rows, col blocks]
+    # A plan on few tiles starts where the last small one ended (as small
+    # tensors do), not at tile 0 with every other small product.
+    tile_of = (tile_of + b.start_tile(plan.tiles)) % b.target.num_tiles
     run_starts = np.arange(pk * batch * rows)[:, None] * cols + col_blocks * nb
     partials = b.tensor(f"{name_of(op)}/partials", (pk, batch, rows, cols), acc,
                         TileMapping.from_runs(pk * batch * rows * cols, tile_of, run_starts))

@@ -220,7 +220,8 @@ def reduce(b: Builder, op: ir.Op) -> None:
         return
 
     # Several chunks per output: one chunk per tile, while tiles last.
-    mapping = spread(b.target, kept * chunks) if chunks > 1 else b.linear_mapping(kept * chunks, accs[0])
+    mapping = (b.rotated(spread(b.target, kept * chunks)) if chunks > 1
+               else b.small_linear_mapping(kept * chunks, accs[0]))
     partials = [b.tensor(f"{name_of(op)}/partials", (kept, chunks), acc, mapping) for acc in accs]
     vertices = []
     codelet = f"ReducePartial<{what},{dtypes[0].name}>"    # (dtype.name costs 16 us)
