@@ -17,7 +17,7 @@ from jax_ipu.compiler import cost, mapping
 from jax_ipu.compiler.options import CompileOptions
 from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.graph import codelets
-from jax_ipu.graph.compute import ComputeSet, Region, Vertex
+from jax_ipu.graph.compute import ComputeSet, Region, Vertex, VertexArray
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.programs import Copy, Execute
 from jax_ipu.graph.tensors import Tensor
@@ -190,32 +190,50 @@ class Builder:
                      self.vertices_over(f"Fill<{t.dtype.name}>", [t], [],
                                         lambda n: cost.elementwise_cycles(self.target, n, t.dtype, [])))
 
-    def execute(self, name: str, kernel, vertices: list[Vertex], exchange=None) -> None:
+    def execute(self, name: str, kernel, vertices, exchange=None) -> None:
         self.steps.append(Execute(ComputeSet(name, vertices, kernel, exchange)))
 
     def copy(self, src: View | Concat, dst: Tensor) -> None:
         self.steps.append(Copy(src, dst))
 
-    def vertices_over(self, codelet: str, outs: list[Tensor], inputs: list[View], cycles) -> list[Vertex]:
+    @staticmethod
+    def by_tile(m: TileMapping) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """A mapping's intervals grouped by tile, as a VertexArray holds
+        them: (tiles [v], intervals [k, 2] in tile order, offsets [v + 1],
+        elements per tile [v])."""
+        order = np.argsort(m.tiles, kind="stable")
+        tiles_sorted = m.tiles[order]
+        intervals = np.stack([m.starts[order], m.stops[order]], axis=1)
+        if not len(order):
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, intervals, np.zeros(1, dtype=np.int64), empty
+        first = np.flatnonzero(np.r_[True, tiles_sorted[1:] != tiles_sorted[:-1]])
+        counts = np.add.reduceat(intervals[:, 1] - intervals[:, 0], first)
+        return tiles_sorted[first], intervals, np.r_[first, len(order)], counts
+
+    @staticmethod
+    def cycles_by_count(counts: np.ndarray, cycles) -> np.ndarray:
+        """cycles(n) of each count, called once per distinct count (most
+        tiles hold the same one)."""
+        unique, inverse = np.unique(counts, return_inverse=True)
+        return np.array([int(cycles(int(n))) for n in unique], dtype=np.int64)[inverse.ravel()]
+
+    @staticmethod
+    def one_element(vertices: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each vertex's read of element 0 (a scalar input): (intervals, offsets)."""
+        return np.tile(np.array([[0, 1]], dtype=np.int64), (vertices, 1)), np.arange(vertices + 1)
+
+    def vertices_over(self, codelet: str, outs: list[Tensor], inputs: list[View], cycles) -> VertexArray:
         """One vertex per tile of the outputs' (shared) mapping, writing that
         tile's part of each output and reading the same elements of each
         whole-tensor input (or the one element of a scalar input).
         cycles(n) -> cycles of a vertex over n elements."""
         m = outs[0].mapping
-        vertices = []
-        whole = [v.size == m.size for v in inputs]
-        one = np.array([[0, 1]])
-        counts = m.elements_per_tile(self.target.num_tiles)
-        cycles_of: dict[int, int] = {}      # most tiles hold the same count
-        for tile, intervals in m.intervals_by_tile().items():      # ascending tiles
-            n = int(counts[tile])
-            c = cycles_of.get(n)
-            if c is None:
-                c = cycles_of[n] = int(cycles(n))
-            reads = tuple(Region(v.tensor, intervals if w else one) for v, w in zip(inputs, whole))
-            writes = tuple(Region(out, intervals) for out in outs)
-            vertices.append(Vertex(codelet, tile, reads, writes, c))
-        return vertices
+        tiles, intervals, offsets, counts = self.by_tile(m)
+        one = self.one_element(len(tiles))
+        reads = tuple((v.tensor, intervals, offsets) if v.size == m.size else (v.tensor, *one) for v in inputs)
+        writes = tuple((out, intervals, offsets) for out in outs)
+        return VertexArray(codelet, tiles, self.cycles_by_count(counts, cycles), reads, writes)
 
 
 def _tensors_of(lowered) -> tuple:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from jax_ipu.graph import programs as p
+from jax_ipu.graph.compute import region_arrays, vertex_cycles, vertex_tiles
 from jax_ipu.graph.programs import CONTROL, Copy, Execute, HostCall, leaves
 from jax_ipu.graph.views import source_tiles
 from jax_ipu.model.targets import Target
@@ -79,8 +80,9 @@ def cost_execute(target: Target, step: Execute) -> np.ndarray:
     buffers per tile (what each tile receives, or a data-dependent
     exchange's planned buffers)."""
     vertices = step.compute_set.vertices
-    compute = np.bincount([v.tile for v in vertices], weights=[v.cycles for v in vertices],
-                          minlength=target.num_tiles) if vertices else np.zeros(target.num_tiles)
+    tiles = vertex_tiles(vertices)
+    compute = np.bincount(tiles, weights=vertex_cycles(vertices), minlength=target.num_tiles) \
+        if len(vertices) else np.zeros(target.num_tiles)
     plan = step.compute_set.exchange
     if plan is not None:   # each round: exchange, then sync (vertex cycles include every round)
         step.exchange_bytes = int(plan.received.sum())
@@ -90,14 +92,13 @@ def cost_execute(target: Target, step: Execute) -> np.ndarray:
         step.cycles = int(step.exchange_cycles + compute.max(initial=0) + step.sync_cycles)
         return plan.buffers
     by_tensor: dict = {}
-    for v in vertices:
-        for region in v.reads:
-            by_tensor.setdefault(region.tensor, []).append((v.tile, region.intervals))
+    for tensor, intervals, index in region_arrays(vertices, "reads"):
+        by_tensor.setdefault(tensor, []).append((tiles[index], intervals))
     sent = np.zeros(target.num_tiles, dtype=np.int64)
     received = np.zeros(target.num_tiles, dtype=np.int64)
     for tensor, parts in by_tensor.items():
-        intervals = np.concatenate([iv for _, iv in parts])
-        readers = np.repeat([t for t, _ in parts], [len(iv) for _, iv in parts])
+        intervals = np.concatenate([iv for _, iv in parts]) if len(parts) > 1 else parts[0][1]
+        readers = np.concatenate([r for r, _ in parts]) if len(parts) > 1 else parts[0][0]
         which, owners, lengths = _owners(tensor.mapping, intervals)
         readers = readers[which]
         remote = readers != owners

@@ -14,7 +14,7 @@ from jax_ipu.compiler.layout import copy_padded, copy_to_new, name_of
 from jax_ipu.compiler.plan_matmul import fits, plan_matmul
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
-from jax_ipu.graph.compute import Region, Vertex
+from jax_ipu.graph.compute import VertexArray, Region, Vertex
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import Concat, View
@@ -174,14 +174,13 @@ def _reduce_partials(b: Builder, op: ir.Op, partials: View, out: Tensor) -> None
     """out[i] = sum over j of partials[j, i], each tile summing the
     partials of its own elements of out."""
     count, size = partials.shape
-    vertices = []
     codelet = f"ReduceAdd<{partials.dtype.name},{out.dtype.name}>"
-    for tile in out.mapping.tiles_used():
-        intervals = out.mapping.intervals_on(tile)
-        reads = (intervals[None] + (np.arange(count) * size)[:, None, None]).reshape(-1, 2)
-        n = int((intervals[:, 1] - intervals[:, 0]).sum())
-        vertices.append(Vertex(codelet, int(tile), (Region(partials.tensor, reads),),
-                               (Region(out, intervals),), cost.reduce_cycles(b.target, n * count, partials.dtype)))
+    tiles, intervals, offsets, counts = b.by_tile(out.mapping)
+    # Each tile reads its elements' partials, count intervals per interval of out.
+    reads = (intervals[:, None, :] + (np.arange(count) * size)[None, :, None]).reshape(-1, 2)
+    cycles = b.cycles_by_count(counts, lambda n: cost.reduce_cycles(b.target, n * count, partials.dtype))
+    vertices = VertexArray(codelet, tiles, cycles, ((partials.tensor, reads, offsets * count),),
+                           ((out, intervals, offsets),))
     b.execute(f"matmul reduce {name_of(op)}", codelets.ReduceCombine(partials, 0, "add", None, out), vertices)
 
 
