@@ -16,7 +16,8 @@ measured), the busiest tile's peak over the mean tile's, the plan's total
 peak over a lower bound (XLA:CPU's memory_analysis(): arguments + outputs
 - aliased + temporaries, plus the IPU program's code and vertex state),
 the bytes by category against the IPU's SRAM, compile time IPU / XLA:CPU
-with the IPU's time by pass, the host memory the IPU compile added (peak
+(wall, and process CPU time, steadier on a shared machine) with the IPU's
+time by pass, the host memory the IPU compile added (peak
 RSS over RSS before it), the estimated samples/s per IPU (static cycles at
 the target's clock), and the wall time of a step on the IPU Model against
 XLA:CPU's (medians over --steps calls after a first one).
@@ -34,10 +35,9 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-import models_zoo  # noqa: E402
+import jax
+import models_zoo
+import numpy as np
 
 
 def resident_bytes() -> int:
@@ -67,8 +67,7 @@ def instrument():
     """Times each pass of jax_ipu.compiler.compile_module (the names it
     looks up in its module when called) and the StableHLO import, and keeps
     the last Program compiled."""
-    import jax_ipu.compiler as compiler
-    import jax_ipu.stablehlo as stablehlo
+    from jax_ipu import compiler, stablehlo
 
     names = ["remove_tokens", "expand_rng", "demote_64bit", "legalize", "fold_result_transposes", "fuse",
              "lower", "cost_steps", "charge_links", "schedule", "static_cycles", "lifetimes", "plan_memory",
@@ -134,18 +133,18 @@ def main():
     # IPU first, so that the peak RSS it adds is its own.
     lowered = f.lower(*jax.device_put(host_args, ipu))
     before = resident_bytes()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         compiled_ipu = lowered.compile(compiler_options={"allow_out_of_memory": True})
-    ipu_compile = time.perf_counter() - start
+    ipu_compile, ipu_compile_cpu = time.perf_counter() - start, time.process_time() - cpu_start
     host_added = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
     program = CAPTURED["program"]
 
     lowered_cpu = f.lower(*jax.device_put(host_args, cpu))
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     compiled_cpu = lowered_cpu.compile()
-    cpu_compile = time.perf_counter() - start
+    cpu_compile, cpu_compile_cpu = time.perf_counter() - start, time.process_time() - cpu_start
     cpu_bytes, cpu_parts = cpu_lower_bound(compiled_cpu)
 
     from jax_ipu.model.targets import get_target
@@ -164,6 +163,7 @@ def main():
                         "temporaries (sum of tile peaks)": int(mem.not_always_live_peak.sum()),
                         "SRAM": target.num_tiles * target.bytes_per_tile},
         "compile_ipu_s": ipu_compile, "compile_cpu_s": cpu_compile, "compile_ratio": ipu_compile / cpu_compile,
+        "compile_ipu_process_s": ipu_compile_cpu, "compile_cpu_process_s": cpu_compile_cpu,
         "passes_s": dict(PASSES), "host_added_bytes": host_added,
         "cycles": program.cycles, "flops": program.flops,
     }
@@ -182,7 +182,8 @@ def main():
           f"{cpu_bytes / mb:.1f} + {code / mb:.1f} MB)")
     print("  bytes by category: " + ", ".join(f"{k} {v / mb:.1f} MB" for k, v in r["by_category"].items()))
     print(f"  compile IPU / XLA:CPU: {r['compile_ratio']:.2f} ({ipu_compile:.1f} s / {cpu_compile:.1f} s); "
-          f"host memory +{host_added / 1e9:.2f} GB")
+          f"process CPU time {ipu_compile_cpu / cpu_compile_cpu:.2f} ({ipu_compile_cpu:.1f} s / "
+          f"{cpu_compile_cpu:.1f} s); host memory +{host_added / 1e9:.2f} GB")
     inner = {k: v for k, v in PASSES.items() if k != "compile_module"}
     other = PASSES.get("compile_module", 0.0) - sum(v for k, v in inner.items() if k != "import (StableHLO)")
     print("  IPU compile by pass: " + ", ".join(f"{k} {v:.2f}" for k, v in

@@ -8,10 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_compiler import compile_fn, run_cpu
 
 from jax_ipu.model.engine import Engine
 from jax_ipu.model.targets import get_target
-from test_compiler import compile_fn, run_cpu
 
 
 def many_small(params, x):

@@ -17,7 +17,7 @@ from jax_ipu.compiler import cost, mapping
 from jax_ipu.compiler.options import CompileOptions
 from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.graph import codelets
-from jax_ipu.graph.compute import ComputeSet, Region, Vertex, VertexArray
+from jax_ipu.graph.compute import ComputeSet, VertexArray
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.programs import Copy, Execute
 from jax_ipu.graph.tensors import Tensor

@@ -20,8 +20,8 @@ from jax_ipu.compiler.layout import copy_padded, copy_to_new, name_of
 from jax_ipu.compiler.mapping import MIN_BYTES_PER_TILE, spread
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
-from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.compute import Region, Vertex, VertexArray
+from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.views import View
 from jax_ipu.model.elementwise import ELEMENTWISE_OPS
 
@@ -224,7 +224,7 @@ def reduce(b: Builder, op: ir.Op) -> None:
                else b.small_linear_mapping(kept * chunks, accs[0]))
     partials = [b.tensor(f"{name_of(op)}/partials", (kept, chunks), acc, mapping) for acc in accs]
     codelet = f"ReducePartial<{what},{dtypes[0].name}>"    # (dtype.name costs 16 us)
-    cycles = lambda n: cost.reduce_cycles(b.target, n * size * per_element, dtypes[0])  # noqa: E731
+    cycles = lambda n: cost.reduce_cycles(b.target, n * size * per_element, dtypes[0])
     if outer:
         vertices = []
         outer_reads = _outer_reads_by_tile(mapping, chunks, size, kept)
