@@ -85,6 +85,26 @@ def instrument():
     compiler.compile_module = capture
 
 
+def cycles_by_kind(program) -> dict:
+    """The estimate's cycles by kind of step (steps in loops once each):
+    per kind of compute set (its name's first word: matmul, reduce,
+    fused...) its vertices' compute, its exchange and its syncs; copies
+    (layout changes, im2col patches) their exchange and syncs."""
+    from jax_ipu.graph.programs import Copy, Execute, leaves
+
+    out = collections.Counter()
+    for step in leaves(program.body):
+        if isinstance(step, Execute):
+            kind = step.compute_set.name.split(" ")[0]
+            out[f"{kind} compute"] += step.cycles - step.exchange_cycles - step.sync_cycles
+            out[f"{kind} exchange"] += step.exchange_cycles
+            out["sync"] += step.sync_cycles
+        elif isinstance(step, Copy):
+            out["copy exchange"] += step.exchange_cycles
+            out["sync"] += step.sync_cycles
+    return dict(out.most_common())
+
+
 def cpu_lower_bound(compiled) -> tuple[int, dict]:
     m = compiled.memory_analysis()
     parts = {"arguments": m.argument_size_in_bytes, "outputs": m.output_size_in_bytes,
@@ -147,6 +167,7 @@ def main():
     cpu_compile, cpu_compile_cpu = time.perf_counter() - start, time.process_time() - cpu_start
     cpu_bytes, cpu_parts = cpu_lower_bound(compiled_cpu)
 
+    from jax_ipu.graph.programs import leaves
     from jax_ipu.model.targets import get_target
     target = get_target("ipu2", num_tiles=program.num_tiles)
     mem = program.memory
@@ -165,7 +186,8 @@ def main():
         "compile_ipu_s": ipu_compile, "compile_cpu_s": cpu_compile, "compile_ratio": ipu_compile / cpu_compile,
         "compile_ipu_process_s": ipu_compile_cpu, "compile_cpu_process_s": cpu_compile_cpu,
         "passes_s": dict(PASSES), "host_added_bytes": host_added,
-        "cycles": program.cycles, "flops": program.flops,
+        "cycles": program.cycles, "flops": program.flops, "cycles_by_kind": cycles_by_kind(program),
+        "steps": sum(1 for _ in leaves(program.body)),
     }
     step = program.cycles / target.clock_hz
     r["estimated_step_s"] = step
@@ -192,6 +214,9 @@ def main():
             f"{ipu_compile - PASSES.get('compile_module', 0.0) - PASSES.get('import (StableHLO)', 0.0):.2f} s")
     print(f"  estimate: {r['cycles']:,} cycles = {step * 1e3:.2f} ms a step, "
           f"{r['estimated_samples_per_s']:.1f} samples/s per IPU, {r['estimated_tflops']:.1f} TFLOPS")
+    total = max(r["cycles"], 1)
+    print(f"  cycles by kind ({r['steps']} steps): " + ", ".join(
+        f"{k} {v / total:.0%}" for k, v in r["cycles_by_kind"].items() if v / total >= 0.005))
     if args.steps:
         r["wall_ipu_s"] = step_seconds(compiled_ipu, host_args, ipu, args.steps)
         r["wall_cpu_s"] = step_seconds(compiled_cpu, host_args, cpu, args.steps)
