@@ -75,6 +75,17 @@ def _owners(mapping, intervals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     return which, mapping.tiles[held], lengths
 
 
+def _held_bytes(target: Target, tensors) -> np.ndarray:
+    """Bytes of these tensors each tile holds: the most a tile sends in one
+    exchange, as the exchange multicasts (a tile sends an element once and
+    every tile that needs it receives it in the same cycles), so a
+    broadcast or a gather reading an element many times sends it once."""
+    held = np.zeros(target.num_tiles, dtype=np.int64)
+    for t in set(tensors):
+        held += t.mapping.elements_per_tile(target.num_tiles) * t.dtype.itemsize
+    return held
+
+
 def cost_execute(target: Target, step: Execute) -> np.ndarray:
     """Fills step.cycles / exchange_bytes; returns the bytes of exchange
     buffers per tile (what each tile receives, or a data-dependent
@@ -105,6 +116,8 @@ def cost_execute(target: Target, step: Execute) -> np.ndarray:
         nbytes = lengths[remote] * tensor.dtype.itemsize
         sent += np.bincount(owners[remote], weights=nbytes, minlength=target.num_tiles).astype(np.int64)
         received += np.bincount(readers[remote], weights=nbytes, minlength=target.num_tiles).astype(np.int64)
+    if by_tensor:
+        sent = np.minimum(sent, _held_bytes(target, by_tensor))
     step.exchange_bytes = int(received.sum())
     step.exchange_cycles = int(exchange_cycles(target, sent, received))
     step.sync_cycles = target.sync_cycles
@@ -121,6 +134,7 @@ def cost_copy(target: Target, step: Copy) -> np.ndarray:
     # passes took 3 s of a ResNet-18 step's compile).
     local = np.bincount(readers[readers == owners], minlength=target.num_tiles) * itemsize
     sent = np.bincount(owners, minlength=target.num_tiles) * itemsize - local
+    sent = np.minimum(sent, _held_bytes(target, step.src.tensors))
     received = step.dst.mapping.elements_per_tile(target.num_tiles) * itemsize - local
     # Elements staying on their tile still move through the tile's memory.
     on_tile = -(-local.max(initial=0) // target.sram_write_bytes_per_cycle)
