@@ -3,7 +3,7 @@ as textbook Flax programs (benchmarks/models_zoo.py), compiled for the
 default ipu2 and for XLA:CPU in the same process, one program per run:
 
     python benchmarks/models.py --model resnet50 --mode train --dtype f32 --batch 4
-    python benchmarks/models.py --model resnet50 --mode train --dtype f16 --batch 8
+    python benchmarks/models.py --model resnet50 --mode train --dtype f16 --batch 3
     python benchmarks/models.py --model bert --mode infer --dtype f16 --batch 4
     python benchmarks/models.py --model gpt2 --mode infer --dtype f16 --batch 4
     python benchmarks/models.py --model gpt2 --mode train --dtype f32 --batch 1
