@@ -18,7 +18,7 @@ from jax_ipu.compiler.planners import mapping
 from jax_ipu.compiler.options import CompileOptions
 from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.graph import codelets
-from jax_ipu.graph.compute import ComputeSet, Region, Vertex
+from jax_ipu.graph.compute import ComputeSet, VertexArray
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.programs import Copy, Execute
 from jax_ipu.graph.tensors import Tensor
@@ -65,6 +65,9 @@ class Builder:
         self.flops = 0.0
         self.transcendentals = 0.0
         self._mappings: dict = {}
+        # Where the next small tensor's linear mapping starts (see
+        # start_tile): small tensors go round the tiles, not all to tile 0.
+        self._next_tile = 0
         # The block being lowered: reads of each value still to come (its ops'
         # and nested regions', and its results), and the tensors it may
         # update in place (made within it, or a loop's carried tensors in
@@ -80,6 +83,58 @@ class Builder:
             self._mappings[key] = mapping.linear(self.target, size, dtype)
         return self._mappings[key]
 
+    def start_tile(self, tiles_used: int) -> int:
+        """The first tile of something that takes `tiles_used` consecutive
+        tiles: 0 when it takes them all, otherwise the tile after the last
+        small one, round the IPU. Poplar spreads small variables so (its
+        linear mapping of a small tensor starts at a varying tile); starting
+        each at tile 0 made tile 0 hold every scalar, bias and statistic of a
+        model, and the code and vertex state of every small compute set."""
+        tiles = self.target.num_tiles
+        if tiles_used >= tiles:
+            return 0
+        start = self._next_tile
+        self._next_tile = (start + tiles_used) % tiles
+        return start
+
+    def rotated(self, m: TileMapping) -> TileMapping:
+        """m (a mapping starting at tile 0 on consecutive tiles) moved to
+        start at start_tile."""
+        used = int(m.tiles.max()) + 1 if len(m.tiles) else 0
+        start = self.start_tile(used) if used else 0
+        if not start:
+            return m
+        return TileMapping(m.size, (m.tiles + start) % self.target.num_tiles, m.starts, m.stops)
+
+    def small_linear_mapping(self, size: int, dtype: np.dtype) -> TileMapping:
+        """The linear mapping of a new tensor. One on at most half the tiles
+        starts at the next start_tile, its own; a bigger one on fewer than
+        all tiles starts where every tensor of its size and width starts (so
+        that element-wise ops between big tensors exchange nothing); one on
+        every tile is the shared linear mapping."""
+        m = self.linear_mapping(size, dtype)
+        used, tiles = len(m.tiles), self.target.num_tiles
+        if used >= tiles:
+            return m
+        if used <= tiles // 2:
+            return self.rotated(m)
+        key = ("rotated", size, np.dtype(dtype).itemsize)
+        if key not in self._mappings:
+            self._mappings[key] = self.rotated(m)
+        return self._mappings[key]
+
+    def output_mapping(self, size: int, dtype: np.dtype, inputs) -> TileMapping:
+        """The mapping of an element-wise result of `size` elements: for one
+        on at most half the tiles, the mapping of its first input of the same
+        size read whole (as popops maps a result like its first operand, so
+        nothing is exchanged); else as small_linear_mapping."""
+        m = self.linear_mapping(size, dtype)
+        if len(m.tiles) <= self.target.num_tiles // 2:
+            for v in inputs:
+                if isinstance(v, View) and v.size == size and v.is_whole_tensor:
+                    return v.tensor.mapping
+        return self.small_linear_mapping(size, dtype)
+
     def tensor(self, name: str, shape, dtype, tile_mapping: TileMapping | None = None,
                constant: np.ndarray | None = None) -> Tensor:
         shape, dtype = tuple(int(d) for d in shape), np.dtype(dtype)
@@ -94,7 +149,7 @@ class Builder:
                 f"than all of {self.target.describe()} holds ({total:,} bytes). Use smaller arrays or "
                 f"batches, or split the work over several IPUs")
         t = Tensor(len(self.tensors), name, shape, dtype,
-                   tile_mapping or self.linear_mapping(size, dtype), constant)
+                   tile_mapping or self.small_linear_mapping(size, dtype), constant)
         self.tensors.append(t)
         return t
 
@@ -136,32 +191,50 @@ class Builder:
                      self.vertices_over(f"Fill<{t.dtype.name}>", [t], [],
                                         lambda n: cost.elementwise_cycles(self.target, n, t.dtype, [])))
 
-    def execute(self, name: str, kernel, vertices: list[Vertex], exchange=None) -> None:
+    def execute(self, name: str, kernel, vertices, exchange=None) -> None:
         self.steps.append(Execute(ComputeSet(name, vertices, kernel, exchange)))
 
     def copy(self, src: View | Concat, dst: Tensor) -> None:
         self.steps.append(Copy(src, dst))
 
-    def vertices_over(self, codelet: str, outs: list[Tensor], inputs: list[View], cycles) -> list[Vertex]:
+    @staticmethod
+    def by_tile(m: TileMapping) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """A mapping's intervals grouped by tile, as a VertexArray holds
+        them: (tiles [v], intervals [k, 2] in tile order, offsets [v + 1],
+        elements per tile [v])."""
+        order = np.argsort(m.tiles, kind="stable")
+        tiles_sorted = m.tiles[order]
+        intervals = np.stack([m.starts[order], m.stops[order]], axis=1)
+        if not len(order):
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, intervals, np.zeros(1, dtype=np.int64), empty
+        first = np.flatnonzero(np.r_[True, tiles_sorted[1:] != tiles_sorted[:-1]])
+        counts = np.add.reduceat(intervals[:, 1] - intervals[:, 0], first)
+        return tiles_sorted[first], intervals, np.r_[first, len(order)], counts
+
+    @staticmethod
+    def cycles_by_count(counts: np.ndarray, cycles) -> np.ndarray:
+        """cycles(n) of each count, called once per distinct count (most
+        tiles hold the same one)."""
+        unique, inverse = np.unique(counts, return_inverse=True)
+        return np.array([int(cycles(int(n))) for n in unique], dtype=np.int64)[inverse.ravel()]
+
+    @staticmethod
+    def one_element(vertices: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each vertex's read of element 0 (a scalar input): (intervals, offsets)."""
+        return np.tile(np.array([[0, 1]], dtype=np.int64), (vertices, 1)), np.arange(vertices + 1)
+
+    def vertices_over(self, codelet: str, outs: list[Tensor], inputs: list[View], cycles) -> VertexArray:
         """One vertex per tile of the outputs' (shared) mapping, writing that
         tile's part of each output and reading the same elements of each
         whole-tensor input (or the one element of a scalar input).
         cycles(n) -> cycles of a vertex over n elements."""
         m = outs[0].mapping
-        vertices = []
-        whole = [v.size == m.size for v in inputs]
-        one = np.array([[0, 1]])
-        counts = m.elements_per_tile(self.target.num_tiles)
-        cycles_of: dict[int, int] = {}      # most tiles hold the same count
-        for tile, intervals in m.intervals_by_tile().items():      # ascending tiles
-            n = int(counts[tile])
-            c = cycles_of.get(n)
-            if c is None:
-                c = cycles_of[n] = int(cycles(n))
-            reads = tuple(Region(v.tensor, intervals if w else one) for v, w in zip(inputs, whole))
-            writes = tuple(Region(out, intervals) for out in outs)
-            vertices.append(Vertex(codelet, tile, reads, writes, c))
-        return vertices
+        tiles, intervals, offsets, counts = self.by_tile(m)
+        one = self.one_element(len(tiles))
+        reads = tuple((v.tensor, intervals, offsets) if v.size == m.size else (v.tensor, *one) for v in inputs)
+        writes = tuple((out, intervals, offsets) for out in outs)
+        return VertexArray(codelet, tiles, self.cycles_by_count(counts, cycles), reads, writes)
 
 
 def _tensors_of(lowered) -> tuple:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from jax_ipu.graph import programs as p
+from jax_ipu.graph.compute import region_arrays, vertex_cycles, vertex_tiles
 from jax_ipu.graph.programs import CONTROL, Copy, Execute, HostCall, leaves
 from jax_ipu.graph.views import source_tiles
 from jax_ipu.ops import cycles_per_vector
@@ -64,13 +65,25 @@ def _owners(mapping, intervals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     return which, mapping.tiles[held], lengths
 
 
+def _held_bytes(target: Target, tensors) -> np.ndarray:
+    """Bytes of these tensors each tile holds: the most a tile sends in one
+    exchange, as the exchange multicasts (a tile sends an element once and
+    every tile that needs it receives it in the same cycles), so a
+    broadcast or a gather reading an element many times sends it once."""
+    held = np.zeros(target.num_tiles, dtype=np.int64)
+    for t in set(tensors):
+        held += t.mapping.elements_per_tile(target.num_tiles) * t.dtype.itemsize
+    return held
+
+
 def cost_execute(target: Target, step: Execute) -> np.ndarray:
     """Fills step.cycles / exchange_bytes; returns the bytes of exchange
     buffers per tile (what each tile receives, or a data-dependent
     exchange's planned buffers)."""
     vertices = step.compute_set.vertices
-    compute = np.bincount([v.tile for v in vertices], weights=[v.cycles for v in vertices],
-                          minlength=target.num_tiles) if vertices else np.zeros(target.num_tiles)
+    tiles = vertex_tiles(vertices)
+    compute = np.bincount(tiles, weights=vertex_cycles(vertices), minlength=target.num_tiles) \
+        if len(vertices) else np.zeros(target.num_tiles)
     plan = step.compute_set.exchange
     if plan is not None:   # each round: exchange, then sync (vertex cycles include every round)
         step.exchange_bytes = int(plan.received.sum())
@@ -80,20 +93,21 @@ def cost_execute(target: Target, step: Execute) -> np.ndarray:
         step.cycles = int(step.exchange_cycles + compute.max(initial=0) + step.sync_cycles)
         return plan.buffers
     by_tensor: dict = {}
-    for v in vertices:
-        for region in v.reads:
-            by_tensor.setdefault(region.tensor, []).append((v.tile, region.intervals))
+    for tensor, intervals, index in region_arrays(vertices, "reads"):
+        by_tensor.setdefault(tensor, []).append((tiles[index], intervals))
     sent = np.zeros(target.num_tiles, dtype=np.int64)
     received = np.zeros(target.num_tiles, dtype=np.int64)
     for tensor, parts in by_tensor.items():
-        intervals = np.concatenate([iv for _, iv in parts])
-        readers = np.repeat([t for t, _ in parts], [len(iv) for _, iv in parts])
+        intervals = np.concatenate([iv for _, iv in parts]) if len(parts) > 1 else parts[0][1]
+        readers = np.concatenate([r for r, _ in parts]) if len(parts) > 1 else parts[0][0]
         which, owners, lengths = _owners(tensor.mapping, intervals)
         readers = readers[which]
         remote = readers != owners
         nbytes = lengths[remote] * tensor.dtype.itemsize
         sent += np.bincount(owners[remote], weights=nbytes, minlength=target.num_tiles).astype(np.int64)
         received += np.bincount(readers[remote], weights=nbytes, minlength=target.num_tiles).astype(np.int64)
+    if by_tensor:
+        sent = np.minimum(sent, _held_bytes(target, by_tensor))
     step.exchange_bytes = int(received.sum())
     step.exchange_cycles = int(exchange_cycles(target, sent, received))
     step.sync_cycles = target.sync_cycles
@@ -110,6 +124,7 @@ def cost_copy(target: Target, step: Copy) -> np.ndarray:
     # passes took 3 s of a ResNet-18 step's compile).
     local = np.bincount(readers[readers == owners], minlength=target.num_tiles) * itemsize
     sent = np.bincount(owners, minlength=target.num_tiles) * itemsize - local
+    sent = np.minimum(sent, _held_bytes(target, step.src.tensors))
     received = step.dst.mapping.elements_per_tile(target.num_tiles) * itemsize - local
     # Elements staying on their tile still move through the tile's memory.
     on_tile = -(-local.max(initial=0) // target.sram_write_bytes_per_cycle)

@@ -6,6 +6,7 @@ vectorised step instead of vertex by vertex."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -48,9 +49,80 @@ class DataDependentExchange:
 @dataclasses.dataclass(eq=False)
 class ComputeSet:
     name: str
-    vertices: list[Vertex]
+    vertices: list[Vertex]          # or a VertexArray
     kernel: object                 # a graph.codelets kernel
     exchange: DataDependentExchange | None = None
 
     def tiles(self) -> np.ndarray:
-        return np.unique([v.tile for v in self.vertices])
+        return np.unique(vertex_tiles(self.vertices))
+
+
+class VertexArray(Sequence):
+    """The vertices of one codelet in a compute set, as arrays over the
+    vertices (Poplar's graphs are built so, from regular mappings): tile
+    and cycles of each, and per tensor read or written, its intervals
+    grouped by vertex (CSR: vertex i's are intervals[offsets[i]:offsets[i+1]]).
+    The compiler's passes read the arrays; indexing or iterating makes
+    Vertex objects (validation, profiles). A compiled ResNet-50 holds
+    millions of vertices: as Python objects they cost most of its compile."""
+
+    def __init__(self, codelet: str, tiles: np.ndarray, cycles: np.ndarray,
+                 reads: tuple = (), writes: tuple = ()):
+        self.codelet = codelet
+        self.tiles = np.asarray(tiles, dtype=np.int64)
+        self.cycles = np.asarray(cycles, dtype=np.int64)
+        self.reads = tuple(reads)     # (tensor, intervals [k, 2], offsets [v + 1])
+        self.writes = tuple(writes)
+
+    def __len__(self) -> int:
+        return len(self.tiles)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = range(len(self))[i]
+
+        def regions(parts):
+            return tuple(Region(t, iv[off[i]:off[i + 1]]) for t, iv, off in parts)
+        return Vertex(self.codelet, int(self.tiles[i]), regions(self.reads), regions(self.writes),
+                      int(self.cycles[i]))
+
+    def region_arrays(self, field: str):
+        """(tensor, intervals [k, 2], vertex index [k]) per region."""
+        for tensor, intervals, offsets in getattr(self, field):
+            yield tensor, intervals, np.repeat(np.arange(len(self.tiles)), np.diff(offsets))
+
+
+def vertex_tiles(vertices) -> np.ndarray:
+    if isinstance(vertices, VertexArray):
+        return vertices.tiles
+    return np.fromiter((v.tile for v in vertices), dtype=np.int64, count=len(vertices))
+
+
+def vertex_cycles(vertices) -> np.ndarray:
+    if isinstance(vertices, VertexArray):
+        return vertices.cycles
+    return np.fromiter((v.cycles for v in vertices), dtype=np.int64, count=len(vertices))
+
+
+def vertex_codelets(vertices) -> list[str]:
+    if isinstance(vertices, VertexArray):
+        return [vertices.codelet] * len(vertices)
+    return [v.codelet for v in vertices]
+
+
+def region_arrays(vertices, field: str):
+    """(tensor, intervals [k, 2], vertex index [k]) of each region of the
+    vertices' reads or writes (a tensor may come more than once)."""
+    if isinstance(vertices, VertexArray):
+        yield from vertices.region_arrays(field)
+        return
+    for i, v in enumerate(vertices):
+        for region in getattr(v, field):
+            yield region.tensor, region.intervals, np.full(len(region.intervals), i)
+
+
+def region_tensor_ids(vertices, field: str) -> set:
+    if isinstance(vertices, VertexArray):
+        return {t.id for t, _, _ in getattr(vertices, field)}
+    return {r.tensor.id for v in vertices for r in getattr(v, field)}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from jax_ipu.errors import IpuCompileError
+from jax_ipu.graph.compute import region_arrays
 from jax_ipu.graph.programs import Execute, leaves
 
 
@@ -43,13 +44,12 @@ def check_mapping(tensor, num_tiles: int) -> None:
 def _intervals_by_tensor(vertices, field: str) -> dict:
     """tensor -> (starts, stops, vertex index), sorted by start."""
     found: dict = {}
-    for i, vertex in enumerate(vertices):
-        for region in getattr(vertex, field):
-            found.setdefault(region.tensor, []).append((region.intervals, i))
+    for tensor, intervals, owners in region_arrays(vertices, field):
+        found.setdefault(tensor, []).append((intervals, owners))
     out = {}
     for tensor, parts in found.items():
         intervals = np.concatenate([p for p, _ in parts])
-        owners = np.concatenate([np.full(len(p), i) for p, i in parts])
+        owners = np.concatenate([o for _, o in parts])
         order = np.argsort(intervals[:, 0], kind="stable")
         out[tensor] = (intervals[order, 0], intervals[order, 1], owners[order])
     return out

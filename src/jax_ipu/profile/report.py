@@ -51,6 +51,7 @@ import weakref
 
 import numpy as np
 
+from jax_ipu.graph.compute import vertex_codelets
 from jax_ipu.graph.programs import (Call, Copy, DeviceToHost, Execute, HostCall, HostToDevice, If, Repeat,
                                     RepeatWhileTrue, Sequence, Switch, children, leaves)
 from jax_ipu.profile.breakdown import time_breakdown
@@ -249,7 +250,7 @@ def compute_sets(program) -> list[dict]:
     for step in leaves(program.body):
         if isinstance(step, Execute):
             cs = step.compute_set
-            codelets = collections.Counter(v.codelet for v in cs.vertices)
+            codelets = collections.Counter(vertex_codelets(cs.vertices))
             out.append({"name": cs.name, "vertices": len(cs.vertices), "tiles": len(cs.tiles()),
                         "codelets": dict(codelets), "cycles": step.cycles, "exchange_bytes": step.exchange_bytes})
     return out

@@ -104,12 +104,15 @@ def convolution(b: Builder, op: ir.Op) -> None:
     # Kernel [groups, cg, *window, og] -> [groups, k, og].
     rhs_strides = row_major_strides(rhs_t.shape)
     krank = 3 + spatial
-    kernel_axes = [_expand(np.arange(cg), [1], krank) * rhs_strides[dn.kernel_input_feature_dimension],
-                   (_expand(group, [0], krank) * og + _expand(np.arange(og), [krank - 1], krank))
-                   * rhs_strides[dn.kernel_output_feature_dimension]]
-    kernel_axes += [_expand(np.arange(window[d]), [2 + d], krank) * rhs_strides[dn.kernel_spatial_dimensions[d]]
-                    for d in range(spatial)]
-    kernel_index = np.broadcast_to(sum(kernel_axes), (groups, cg, *window, og)).reshape(groups, k, og)
+    kernel_axes = [_expand(np.arange(cg), [1], krank),
+                   _expand(group, [0], krank) * og + _expand(np.arange(og), [krank - 1], krank)]
+    kernel_axes += [_expand(np.arange(window[d]), [2 + d], krank) for d in range(spatial)]
+    kernel_strides = [rhs_strides[dn.kernel_input_feature_dimension], rhs_strides[dn.kernel_output_feature_dimension]]
+    kernel_strides += [rhs_strides[dn.kernel_spatial_dimensions[d]] for d in range(spatial)]
+    # Summed smallest parts first, in int32 where it fits (a weight
+    # gradient's "kernel" is the output gradient: millions of elements).
+    kernel_index = np.broadcast_to(combine(kernel_axes, kernel_strides, narrow=True),
+                                   (groups, cg, *window, og)).reshape(groups, k, og)
     kernel = _gathered(b, op, rhs, kernel_index, None)
 
     # The planned matmul [groups, m, k] x [groups, k, og] -> [groups, m, og].

@@ -92,7 +92,7 @@ def lower_cluster(b: Builder, cluster: Cluster, used_outside: set) -> None:
                 outputs.append((value, first_result + x, op))
     if not outputs:
         return
-    tile_mapping = b.linear_mapping(size, outputs[0][0].type.dtype)
+    tile_mapping = b.output_mapping(size, outputs[0][0].type.dtype, views)
     tensors = []
     for value, reg, op in outputs:
         t = b.tensor(f"{op.name}@{op.loc}", shape, value.type.dtype, tile_mapping)

@@ -17,7 +17,7 @@ from jax_ipu.compiler.lowering.elementwise import lower_cluster
 from jax_ipu.compiler.passes.fuse import Cluster
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
-from jax_ipu.graph.compute import Region, Vertex
+from jax_ipu.graph.compute import VertexArray
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import Concat, View
@@ -29,11 +29,6 @@ def _canonical(b: Builder, op: ir.Op, value: ir.Value, order: list[int], shape3)
     if order != sorted(order):
         x = copy_to_new(b, op, x.then("transpose", tuple(order)))
     return x.then("reshape", shape3)
-
-
-def _rows(first: np.ndarray, length: int) -> np.ndarray:
-    """[k, 2] intervals of `length` elements starting at each of `first`."""
-    return first[:, None] + np.array([0, length])
 
 
 @register("dot_general")
@@ -165,32 +160,14 @@ def _product(b: Builder, op: ir.Op, lhs: View, rhs: View, window: tuple, acc, ou
     col_blocks = np.arange(-(-cols // nb))
     tile_of = (((np.arange(pk)[:, None, None, None] * pb + np.arange(batch)[None, :, None, None] // bb) * pm
                 + np.arange(rows)[None, None, :, None] // mb) * pn + col_blocks)    # [pk, batch, rows, col blocks]
+    # A plan on few tiles starts where the last small one ended (as small
+    # tensors do), not at tile 0 with every other small product.
+    tile_of = (tile_of + b.start_tile(plan.tiles)) % b.target.num_tiles
     run_starts = np.arange(pk * batch * rows)[:, None] * cols + col_blocks * nb
     partials = b.tensor(f"{name_of(op)}/partials", (pk, batch, rows, cols), acc,
                         TileMapping.from_runs(pk * batch * rows * cols, tile_of, run_starts))
-    vertices = []
     codelet = f"MatMulPartial<{lhs.dtype.name},{acc.name}>"
-    lhs_regions: dict = {}    # (k-chunk, batch block, row block) -> intervals read
-    rhs_regions: dict = {}    # (k-chunk, batch block, column block) -> intervals read
-    for kk in range(pk):
-        ks = np.arange(kk * kc, (kk + 1) * kc)
-        for b0 in range(0, batch, bb):
-            bs = np.arange(b0, min(b0 + bb, batch))
-            for m0 in range(0, rows, mb):
-                ms = np.arange(m0, min(m0 + mb, rows))
-                lhs_key = (kk, b0, m0)
-                lhs_regions[lhs_key] = _rows(((bs[:, None] * m + r0 + ms) * kp + kk * kc).ravel(), kc)
-                out_rows = (((kk * batch + bs[:, None]) * rows + ms) * cols).ravel()
-                for n0 in range(0, cols, nb):
-                    width = min(n0 + nb, cols) - n0
-                    if (kk, b0, n0) not in rhs_regions:
-                        rhs_regions[kk, b0, n0] = _rows(((bs[:, None] * kp + ks) * n + c0 + n0).ravel(), width)
-                    macs = len(bs) * len(ms) * width * kc
-                    vertices.append(Vertex(codelet, int(tile_of[kk, b0, m0, n0 // nb]),
-                                           (Region(lhs.tensor, lhs_regions[lhs_key]),
-                                            Region(rhs.tensor, rhs_regions[kk, b0, n0])),
-                                           (Region(partials, _rows(out_rows + n0, width)),),
-                                           int(cost.matmul_cycles(b.target, macs, lhs.dtype))))
+    vertices = _partial_vertices(b, codelet, lhs, rhs, partials, tile_of, window, plan, batch, m, n, kp)
     b.execute(f"matmul {name_of(op)} {pb}x{pm}x{pn}x{pk} tiles", codelets.MatMulPartials(lhs, rhs, partials),
               vertices)
     if pk == 1 and acc == out_dtype:
@@ -200,16 +177,54 @@ def _product(b: Builder, op: ir.Op, lhs: View, rhs: View, window: tuple, acc, ou
     return View(out).then("reshape", (batch, rows, cols))
 
 
+def _partial_vertices(b: Builder, codelet: str, lhs: View, rhs: View, partials, tile_of: np.ndarray,
+                      window: tuple, plan, batch: int, m: int, n: int, kp: int) -> VertexArray:
+    """The partial products' vertices as arrays: vertex (kk, bi, mi, ni)
+    (K-chunk, batch, row and column block, in that order) on tile_of of its
+    block, reading its rows of lhs' K-chunk and the K-chunk's rows of rhs'
+    column block, writing its block of partials [pk, batch, rows, cols]."""
+    r0, r1, c0, c1, _ = window
+    rows, cols = r1 - r0, c1 - c0
+    _, _, _, pk = plan.splits
+    bb, mb, nb, kc = plan.blocks
+    nbb, nmb, nnb = -(-batch // bb), -(-rows // mb), -(-cols // nb)
+    widths = np.minimum(nb, cols - np.arange(nnb) * nb)                      # [nnb]
+    kk, bs, rs, ni = np.ix_(np.arange(pk), np.arange(batch), np.arange(rows), np.arange(nnb))
+    vid = (((kk * nbb + bs // bb) * nmb + rs // mb) * nnb + ni).ravel()
+    order = np.argsort(vid, kind="stable")
+    vertices = pk * nbb * nmb * nnb
+    offsets = np.r_[0, np.cumsum(np.bincount(vid, minlength=vertices))]
+    width = np.broadcast_to(widths[ni], (pk, batch, rows, nnb)).ravel()[order]
+    lhs_first = np.broadcast_to((bs * m + r0 + rs) * kp + kk * kc, (pk, batch, rows, nnb)).ravel()[order]
+    lhs_iv = np.stack([lhs_first, lhs_first + kc], axis=1)
+    out_first = np.broadcast_to(((kk * batch + bs) * rows + rs) * cols + ni * nb, (pk, batch, rows, nnb)).ravel()[order]
+    out_iv = np.stack([out_first, out_first + width], axis=1)
+    # rhs: rows k of the K-chunk for each batch element of the block.
+    kk2, bs2, ks, mi2, ni2 = np.ix_(np.arange(pk), np.arange(batch), np.arange(kc), np.arange(nmb), np.arange(nnb))
+    shape2 = (pk, batch, kc, nmb, nnb)
+    vid2 = np.broadcast_to(((kk2 * nbb + bs2 // bb) * nmb + mi2) * nnb + ni2, shape2).ravel()
+    order2 = np.argsort(vid2, kind="stable")
+    offsets2 = np.r_[0, np.cumsum(np.bincount(vid2, minlength=vertices))]
+    rhs_first = np.broadcast_to((bs2 * kp + kk2 * kc + ks) * n + c0 + ni2 * nb, shape2).ravel()[order2]
+    rhs_iv = np.stack([rhs_first, rhs_first + np.broadcast_to(widths[ni2], shape2).ravel()[order2]], axis=1)
+    # Per vertex: its block's tile and multiply-adds.
+    vk, vb, vm, vn = np.unravel_index(np.arange(vertices), (pk, nbb, nmb, nnb))
+    tiles = tile_of[vk, vb * bb, vm * mb, vn]
+    macs = (np.minimum(bb, batch - vb * bb) * np.minimum(mb, rows - vm * mb) * widths[vn] * kc)
+    cycles = np.asarray(cost.matmul_cycles(b.target, macs, lhs.dtype)).astype(np.int64)
+    return VertexArray(codelet, tiles, cycles, ((lhs.tensor, lhs_iv, offsets), (rhs.tensor, rhs_iv, offsets2)),
+                       ((partials, out_iv, offsets),))
+
+
 def _reduce_partials(b: Builder, op: ir.Op, partials: View, out: Tensor) -> None:
     """out[i] = sum over j of partials[j, i], each tile summing the
     partials of its own elements of out."""
     count, size = partials.shape
-    vertices = []
     codelet = f"ReduceAdd<{partials.dtype.name},{out.dtype.name}>"
-    for tile in out.mapping.tiles_used():
-        intervals = out.mapping.intervals_on(tile)
-        reads = (intervals[None] + (np.arange(count) * size)[:, None, None]).reshape(-1, 2)
-        n = int((intervals[:, 1] - intervals[:, 0]).sum())
-        vertices.append(Vertex(codelet, int(tile), (Region(partials.tensor, reads),),
-                               (Region(out, intervals),), cost.reduce_cycles(b.target, n * count, partials.dtype)))
+    tiles, intervals, offsets, counts = b.by_tile(out.mapping)
+    # Each tile reads its elements' partials, count intervals per interval of out.
+    reads = (intervals[:, None, :] + (np.arange(count) * size)[None, :, None]).reshape(-1, 2)
+    cycles = b.cycles_by_count(counts, lambda n: cost.reduce_cycles(b.target, n * count, partials.dtype))
+    vertices = VertexArray(codelet, tiles, cycles, ((partials.tensor, reads, offsets * count),),
+                           ((out, intervals, offsets),))
     b.execute(f"matmul reduce {name_of(op)}", codelets.ReduceCombine(partials, 0, "add", None, out), vertices)

@@ -21,8 +21,8 @@ from jax_ipu.compiler.lowering.layout import copy_padded, copy_to_new, name_of
 from jax_ipu.compiler.planners.mapping import MIN_BYTES_PER_TILE, spread
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
+from jax_ipu.graph.compute import Region, Vertex, VertexArray
 from jax_ipu.graph.mapping import TileMapping
-from jax_ipu.graph.compute import Region, Vertex
 from jax_ipu.graph.views import View
 from jax_ipu.ops import ELEMENTWISE_OPS
 
@@ -228,35 +228,40 @@ def reduce(b: Builder, op: ir.Op) -> None:
         return
 
     # Several chunks per output: one chunk per tile, while tiles last.
-    mapping = spread(b.target, kept * chunks) if chunks > 1 else b.linear_mapping(kept * chunks, accs[0])
+    mapping = (b.rotated(spread(b.target, kept * chunks)) if chunks > 1
+               else b.small_linear_mapping(kept * chunks, accs[0]))
     partials = [b.tensor(f"{name_of(op)}/partials", (kept, chunks), acc, mapping) for acc in accs]
-    vertices = []
     codelet = f"ReducePartial<{what},{dtypes[0].name}>"    # (dtype.name costs 16 us)
-    outer_reads = _outer_reads_by_tile(mapping, chunks, size, kept) if outer else None
-    for tile in mapping.tiles_used():
-        intervals = mapping.intervals_on(tile)
-        count = int((intervals[:, 1] - intervals[:, 0]).sum())
-        reads = outer_reads[int(tile)] if outer else intervals * size
-        vertices.append(Vertex(codelet, int(tile),
-                               tuple(Region(x.tensor, reads) for x in xs),
-                               tuple(Region(p, intervals) for p in partials),
-                               cost.reduce_cycles(b.target, count * size * per_element, dtypes[0])))
+    cycles = lambda n: cost.reduce_cycles(b.target, n * size * per_element, dtypes[0])
+    if outer:
+        vertices = []
+        outer_reads = _outer_reads_by_tile(mapping, chunks, size, kept)
+        for tile in mapping.tiles_used():
+            intervals = mapping.intervals_on(tile)
+            count = int((intervals[:, 1] - intervals[:, 0]).sum())
+            vertices.append(Vertex(codelet, int(tile),
+                                   tuple(Region(x.tensor, outer_reads[int(tile)]) for x in xs),
+                                   tuple(Region(p, intervals) for p in partials), cycles(count)))
+    else:
+        tiles, intervals, offsets, counts = b.by_tile(mapping)
+        vertices = VertexArray(codelet, tiles, b.cycles_by_count(counts, cycles),
+                               tuple((x.tensor, intervals * size, offsets) for x in xs),
+                               tuple((p, intervals, offsets) for p in partials))
     kernel = (codelets.ReducePartials(xs[0], single, partials[0], outer) if single else
               codelets.TreeReduce(tuple(xs), 2, program, results, None, tuple(partials)))
     b.execute(f"reduce {what} {name_of(op)} partials", kernel, vertices)
 
     outs = [b.tensor(name_of(op), (kept,), d) for d in dtypes]
     init_sources = [_init_source(i) for i in inits]
-    vertices = []
     codelet = f"ReduceCombine<{what},{accs[0].name},{dtypes[0].name}>"
-    for tile in outs[0].mapping.tiles_used():
-        intervals = outs[0].mapping.intervals_on(tile)
-        count = int((intervals[:, 1] - intervals[:, 0]).sum())
-        reads = [Region(p, intervals * chunks) for p in partials]
-        reads += [Region(i.tensor, np.array([[0, 1]])) for i in init_sources if isinstance(i, View)]
-        vertices.append(Vertex(codelet, int(tile),
-                               tuple(reads), tuple(Region(o, intervals) for o in outs),
-                               cost.reduce_cycles(b.target, count * chunks * per_element, accs[0])))
+    tiles, intervals, offsets, counts = b.by_tile(outs[0].mapping)
+    one = b.one_element(len(tiles))
+    reads = [(p, intervals * chunks, offsets) for p in partials]
+    reads += [(i.tensor, *one) for i in init_sources if isinstance(i, View)]
+    vertices = VertexArray(
+        codelet, tiles,
+        b.cycles_by_count(counts, lambda n: cost.reduce_cycles(b.target, n * chunks * per_element, accs[0])),
+        tuple(reads), tuple((o, intervals, offsets) for o in outs))
     kernel = (codelets.ReduceCombine(View(partials[0]), 1, single, init_sources[0], outs[0]) if single else
               codelets.TreeReduce(tuple(View(p) for p in partials), 1, program, results,
                                   tuple(init_sources), tuple(outs)))
@@ -275,16 +280,25 @@ def _single_stage(b: Builder, op: ir.Op, x: View, single: str, init, dtype: np.d
     partial stage's, then the init; the combine of a single partial is
     that partial). x: [kept, 1, size], or [1, size, kept] if outer."""
     out = b.tensor(name_of(op), (kept,), dtype)
-    vertices = []
     codelet = f"Reduce<{single},{dtype.name}>"
-    for tile in out.mapping.tiles_used():
-        intervals = out.mapping.intervals_on(tile)
-        count = int((intervals[:, 1] - intervals[:, 0]).sum())
-        reads = [Region(x.tensor, _outer_reads(intervals, size, kept) if outer else intervals * size)]
+    if outer:
+        vertices = []
+        for tile in out.mapping.tiles_used():
+            intervals = out.mapping.intervals_on(tile)
+            count = int((intervals[:, 1] - intervals[:, 0]).sum())
+            reads = [Region(x.tensor, _outer_reads(intervals, size, kept))]
+            if isinstance(init, View):
+                reads.append(Region(init.tensor, np.array([[0, 1]])))
+            vertices.append(Vertex(codelet, int(tile), tuple(reads),
+                                   (Region(out, intervals),), cost.reduce_cycles(b.target, count * size, dtype)))
+    else:
+        tiles, intervals, offsets, counts = b.by_tile(out.mapping)
+        reads = [(x.tensor, intervals * size, offsets)]
         if isinstance(init, View):
-            reads.append(Region(init.tensor, np.array([[0, 1]])))
-        vertices.append(Vertex(codelet, int(tile), tuple(reads),
-                               (Region(out, intervals),), cost.reduce_cycles(b.target, count * size, dtype)))
+            reads.append((init.tensor, *b.one_element(len(tiles))))
+        vertices = VertexArray(codelet, tiles,
+                               b.cycles_by_count(counts, lambda n: cost.reduce_cycles(b.target, n * size, dtype)),
+                               tuple(reads), ((out, intervals, offsets),))
     b.execute(f"reduce {single} {name_of(op)}", codelets.ReducePartials(x, single, out, outer, init), vertices)
     b.flops += kept * size
     b.values[op.results[0]] = View(out).then("reshape", op.results[0].type.shape)

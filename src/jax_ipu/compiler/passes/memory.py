@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from jax_ipu.errors import IpuOutOfMemoryError
+from jax_ipu.graph.compute import VertexArray, vertex_tiles
 from jax_ipu.graph.memory import MemoryReport
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.graph.tensors import Tensor
@@ -15,15 +16,21 @@ from jax_ipu.targets import Target
 
 def _code_bytes(target: Target, steps: list) -> np.ndarray:
     vertices = np.zeros(target.num_tiles, dtype=np.int64)
-    codelets: set = set()
+    on_tiles: dict = {}        # codelet kind -> [tiles] of its vertices
     for step in (leaf for top in steps for leaf in leaves(top)):   # loop bodies too
         if isinstance(step, Execute):
-            for v in step.compute_set.vertices:
-                vertices[v.tile] += 1
-                codelets.add((v.tile, v.codelet.split("[")[0]))
+            vs = step.compute_set.vertices
+            tiles = vertex_tiles(vs)
+            vertices += np.bincount(tiles, minlength=target.num_tiles)
+            if isinstance(vs, VertexArray):
+                on_tiles.setdefault(vs.codelet.split("[")[0], []).append(np.unique(tiles))
+            else:
+                for v in vs:
+                    on_tiles.setdefault(v.codelet.split("[")[0], []).append([v.tile])
+    # Code: each codelet kind once on each tile that runs it.
     code = np.zeros(target.num_tiles, dtype=np.int64)
-    if codelets:
-        np.add.at(code, [t for t, _ in codelets], target.code_bytes_per_codelet)
+    for parts in on_tiles.values():
+        code[np.unique(np.concatenate(parts))] += target.code_bytes_per_codelet
     return code + vertices * target.vertex_state_bytes
 
 

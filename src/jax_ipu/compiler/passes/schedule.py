@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from jax_ipu.graph import codelets
+from jax_ipu.graph.compute import region_tensor_ids
 from jax_ipu.graph.programs import CONTROL, Copy, DeviceToHost, Execute, HostCall, HostToDevice, Sequence, leaves
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View
@@ -15,7 +16,7 @@ from jax_ipu.targets import Target
 
 def reads(step) -> set[int]:
     if isinstance(step, Execute):
-        return {r.tensor.id for v in step.compute_set.vertices for r in v.reads}
+        return region_tensor_ids(step.compute_set.vertices, "reads")
     if isinstance(step, Copy):
         return {t.id for t in step.src.tensors}
     if isinstance(step, HostCall):
@@ -28,7 +29,7 @@ def reads(step) -> set[int]:
 
 def writes(step) -> set[int]:
     if isinstance(step, Execute):
-        return {r.tensor.id for v in step.compute_set.vertices for r in v.writes}
+        return region_tensor_ids(step.compute_set.vertices, "writes")
     if isinstance(step, Copy):
         return {step.dst.id}
     if isinstance(step, HostCall):

@@ -1,0 +1,231 @@
+"""Real models on one IPU (issue 24): ResNet-50, BERT-base and GPT-2 small
+as textbook Flax programs (benchmarks/models_zoo.py), compiled for the
+default ipu2 and for XLA:CPU in the same process, one program per run:
+
+    python benchmarks/models.py --model resnet50 --mode train --dtype f32 --batch 4
+    python benchmarks/models.py --model resnet50 --mode train --dtype f16 --batch 3
+    python benchmarks/models.py --model bert --mode infer --dtype f16 --batch 4
+    python benchmarks/models.py --model gpt2 --mode infer --dtype f16 --batch 4
+    python benchmarks/models.py --model gpt2 --mode train --dtype f32 --batch 1
+    (--steps 0 skips running the step; --json prints the figures as JSON;
+     --tiles T compiles for a T-tile ipu2; --image and --length shrink inputs)
+
+Prints: whether the program fits (it is always compiled with
+allow_out_of_memory, so that a program that does not fit is still
+measured), the busiest tile's peak over the mean tile's, the plan's total
+peak over a lower bound (XLA:CPU's memory_analysis(): arguments + outputs
+- aliased + temporaries, plus the IPU program's code and vertex state),
+the bytes by category against the IPU's SRAM, compile time IPU / XLA:CPU
+(wall, and process CPU time, steadier on a shared machine) with the IPU's
+time by pass, the host memory the IPU compile added (peak
+RSS over RSS before it), the estimated samples/s per IPU (static cycles at
+the target's clock), and the wall time of a step on the IPU Model against
+XLA:CPU's (medians over --steps calls after a first one).
+"""
+import argparse
+import collections
+import functools
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jax
+import models_zoo
+import numpy as np
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+# -- per-pass compile timing: wraps the passes compile_module calls by name
+PASSES = collections.OrderedDict()
+
+
+def _timed(name, fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            PASSES[name] = PASSES.get(name, 0.0) + time.perf_counter() - start
+    return wrapper
+
+
+CAPTURED = {}
+
+
+def instrument():
+    """Times each pass of jax_ipu.compiler.compile_module (the names it
+    looks up in its module when called) and the StableHLO import, and keeps
+    the last Program compiled."""
+    from jax_ipu import compiler, stablehlo
+
+    names = ["remove_tokens", "expand_rng", "demote_64bit", "legalize", "fold_result_transposes", "fuse",
+             "lower", "cost_steps", "charge_links", "schedule", "static_cycles", "lifetimes", "plan_memory",
+             "in_place_outputs", "check_fits"]
+    for name in names:
+        if hasattr(compiler, name):
+            setattr(compiler, name, _timed(name, getattr(compiler, name)))
+    compiler.spmd.partition = _timed("spmd.partition", compiler.spmd.partition)
+    stablehlo.import_module = _timed("import (StableHLO)", stablehlo.import_module)
+    compile_module = compiler.compile_module
+
+    def capture(*args, **kwargs):
+        CAPTURED["program"] = program = _timed("compile_module", compile_module)(*args, **kwargs)
+        return program
+    compiler.compile_module = capture
+
+
+def cycles_by_kind(program) -> dict:
+    """The estimate's cycles by kind of step (steps in loops once each):
+    per kind of compute set (its name's first word: matmul, reduce,
+    fused...) its vertices' compute, its exchange and its syncs; copies
+    (layout changes, im2col patches) their exchange and syncs."""
+    from jax_ipu.graph.programs import Copy, Execute, leaves
+
+    out = collections.Counter()
+    for step in leaves(program.body):
+        if isinstance(step, Execute):
+            kind = step.compute_set.name.split(" ")[0]
+            out[f"{kind} compute"] += step.cycles - step.exchange_cycles - step.sync_cycles
+            out[f"{kind} exchange"] += step.exchange_cycles
+            out["sync"] += step.sync_cycles
+        elif isinstance(step, Copy):
+            out["copy exchange"] += step.exchange_cycles
+            out["sync"] += step.sync_cycles
+    return dict(out.most_common())
+
+
+def cpu_lower_bound(compiled) -> tuple[int, dict]:
+    m = compiled.memory_analysis()
+    parts = {"arguments": m.argument_size_in_bytes, "outputs": m.output_size_in_bytes,
+             "aliased": m.alias_size_in_bytes, "temporaries": m.temp_size_in_bytes,
+             "cpu code": m.generated_code_size_in_bytes}
+    return parts["arguments"] + parts["outputs"] - parts["aliased"] + parts["temporaries"], parts
+
+
+def step_seconds(f, args, device, steps: int) -> float:
+    """Median wall seconds of f on device over `steps` calls after a first
+    (donated arguments are put anew before each call, outside the timing)."""
+    times = []
+    for i in range(steps + 1):
+        put = jax.device_put(args, device)
+        jax.block_until_ready(put)
+        start = time.perf_counter()
+        jax.block_until_ready(f(*put))
+        if i:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=["resnet50", "bert", "gpt2"], required=True)
+    parser.add_argument("--mode", choices=["train", "infer"], default="train")
+    parser.add_argument("--dtype", choices=["f32", "f16"], default="f32")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--image", type=int, default=224)
+    parser.add_argument("--tiles", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.tiles:
+        os.environ["JAX_IPU_MODEL_NUM_TILES"] = str(args.tiles)
+    instrument()
+    f, host_args, samples = models_zoo.program(args.model, args.mode, args.dtype, args.batch, args.length,
+                                               args.image)
+    # On the host, so that each device_put copies (a CPU array put on the
+    # CPU is itself, and donating it would delete the benchmark's input).
+    host_args = jax.tree.map(np.asarray, host_args)
+    ipu, cpu = jax.devices("ipu")[0], jax.devices("cpu")[0]
+    label = f"{args.model} {args.mode} {args.dtype} batch {args.batch}"
+
+    # IPU first, so that the peak RSS it adds is its own.
+    lowered = f.lower(*jax.device_put(host_args, ipu))
+    before = resident_bytes()
+    start, cpu_start = time.perf_counter(), time.process_time()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled_ipu = lowered.compile(compiler_options={"allow_out_of_memory": True})
+    ipu_compile, ipu_compile_cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    host_added = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    program = CAPTURED["program"]
+
+    lowered_cpu = f.lower(*jax.device_put(host_args, cpu))
+    start, cpu_start = time.perf_counter(), time.process_time()
+    compiled_cpu = lowered_cpu.compile()
+    cpu_compile, cpu_compile_cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    cpu_bytes, cpu_parts = cpu_lower_bound(compiled_cpu)
+
+    from jax_ipu.graph.programs import leaves
+    from jax_ipu.targets import get_target
+    target = get_target("ipu2", num_tiles=program.num_tiles)
+    mem = program.memory
+    peak = mem.peak
+    code = int(mem.code.sum())
+    constants = sum(t.nbytes for t in program.tensors if t.constant is not None)
+    r = {
+        "program": label, "tiles": program.num_tiles, "fits": bool(mem.fits),
+        "max_tile": mem.max_tile, "max_tile_bytes": mem.max_bytes, "mean_tile_bytes": float(peak.mean()),
+        "peak_over_mean": mem.max_bytes / max(float(peak.mean()), 1.0),
+        "total_peak_bytes": mem.total_bytes, "cpu_bytes": cpu_bytes, "cpu_parts": cpu_parts,
+        "code_bytes": code, "total_over_lower_bound": mem.total_bytes / max(cpu_bytes + code, 1),
+        "by_category": {"arguments": mem.argument_bytes, "constants": constants, "code and vertex state": code,
+                        "temporaries (sum of tile peaks)": int(mem.not_always_live_peak.sum()),
+                        "SRAM": target.num_tiles * target.bytes_per_tile},
+        "compile_ipu_s": ipu_compile, "compile_cpu_s": cpu_compile, "compile_ratio": ipu_compile / cpu_compile,
+        "compile_ipu_process_s": ipu_compile_cpu, "compile_cpu_process_s": cpu_compile_cpu,
+        "passes_s": dict(PASSES), "host_added_bytes": host_added,
+        "cycles": program.cycles, "flops": program.flops, "cycles_by_kind": cycles_by_kind(program),
+        "steps": sum(1 for _ in leaves(program.body)),
+    }
+    step = program.cycles / target.clock_hz
+    r["estimated_step_s"] = step
+    r["estimated_samples_per_s"] = samples / step if step else float("inf")
+    r["estimated_tflops"] = program.flops / step / 1e12 if step else 0.0
+    del program, CAPTURED["program"]
+    mb = 1e6
+    print(f"{label} on {target.describe()}")
+    print(f"  fits: {'yes' if r['fits'] else 'NO'} (busiest tile {r['max_tile']}: {r['max_tile_bytes']:,} B "
+          f"of {target.bytes_per_tile:,})")
+    print(f"  peak tile / mean tile: {r['peak_over_mean']:.2f} ({r['max_tile_bytes']:,} / "
+          f"{r['mean_tile_bytes']:,.0f} B)")
+    print(f"  total peak / XLA:CPU + code: {r['total_over_lower_bound']:.2f} ({r['total_peak_bytes'] / mb:.1f} MB / "
+          f"{cpu_bytes / mb:.1f} + {code / mb:.1f} MB)")
+    print("  bytes by category: " + ", ".join(f"{k} {v / mb:.1f} MB" for k, v in r["by_category"].items()))
+    print(f"  compile IPU / XLA:CPU: {r['compile_ratio']:.2f} ({ipu_compile:.1f} s / {cpu_compile:.1f} s); "
+          f"process CPU time {ipu_compile_cpu / cpu_compile_cpu:.2f} ({ipu_compile_cpu:.1f} s / "
+          f"{cpu_compile_cpu:.1f} s); host memory +{host_added / 1e9:.2f} GB")
+    inner = {k: v for k, v in PASSES.items() if k != "compile_module"}
+    other = PASSES.get("compile_module", 0.0) - sum(v for k, v in inner.items() if k != "import (StableHLO)")
+    print("  IPU compile by pass: " + ", ".join(f"{k} {v:.2f}" for k, v in
+                                               sorted(inner.items(), key=lambda kv: -kv[1]) if v >= 0.005)
+          + f", rest of compile_module {other:.2f}, outside compile_module "
+            f"{ipu_compile - PASSES.get('compile_module', 0.0) - PASSES.get('import (StableHLO)', 0.0):.2f} s")
+    print(f"  estimate: {r['cycles']:,} cycles = {step * 1e3:.2f} ms a step, "
+          f"{r['estimated_samples_per_s']:.1f} samples/s per IPU, {r['estimated_tflops']:.1f} TFLOPS")
+    total = max(r["cycles"], 1)
+    print(f"  cycles by kind ({r['steps']} steps): " + ", ".join(
+        f"{k} {v / total:.0%}" for k, v in r["cycles_by_kind"].items() if v / total >= 0.005))
+    if args.steps:
+        r["wall_ipu_s"] = step_seconds(compiled_ipu, host_args, ipu, args.steps)
+        r["wall_cpu_s"] = step_seconds(compiled_cpu, host_args, cpu, args.steps)
+        r["wall_ratio"] = r["wall_ipu_s"] / r["wall_cpu_s"]
+        print(f"  wall time a step IPU Model / XLA:CPU: {r['wall_ratio']:.2f} ({r['wall_ipu_s']:.2f} s / "
+              f"{r['wall_cpu_s']:.2f} s)")
+    if args.json:
+        print(json.dumps(r))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""Textbook Flax models for benchmarks/models.py, written as a JAX user
+writes them: flax.linen modules, optax optimisers, mixed precision as
+`dtype=jnp.float16` (compute) with `param_dtype=jnp.float32` (master
+weights) and a static loss scale.
+
+- ResNet-50 (He et al. 2015, v1.5 strides as in Flax's ImageNet example):
+  bottleneck blocks [3, 4, 6, 3], BatchNorm, 1000 classes, 224x224x3 NHWC.
+- BERT-base encoder: 12 layers, 768 wide, 12 heads, MLP 3072, 30,522-word
+  vocabulary, learned positions, post-LayerNorm, GELU.
+- GPT-2 small: 12 pre-LayerNorm blocks of causal nn.SelfAttention, 768 wide,
+  12 heads, MLP 3072, 1024 positions, untied 50,257-word head.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+Dtype = Any
+
+
+# ---------------------------------------------------------------- ResNet-50
+class Bottleneck(nn.Module):
+    filters: int
+    strides: int = 1
+    dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype)
+        norm = functools.partial(nn.BatchNorm, use_running_average=not train, momentum=0.9, epsilon=1e-5,
+                                 dtype=self.dtype)
+        residual = x
+        y = nn.relu(norm()(conv(self.filters, (1, 1))(x)))
+        y = nn.relu(norm()(conv(self.filters, (3, 3), self.strides)(y)))
+        y = norm(scale_init=nn.initializers.zeros)(conv(self.filters * 4, (1, 1))(y))
+        if residual.shape != y.shape:
+            residual = norm()(conv(self.filters * 4, (1, 1), self.strides)(residual))
+        return nn.relu(residual + y)
+
+
+class ResNet50(nn.Module):
+    stages: Sequence[int] = (3, 4, 6, 3)
+    num_classes: int = 1000
+    dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        x = nn.Conv(64, (7, 7), (2, 2), padding=[(3, 3), (3, 3)], use_bias=False, dtype=self.dtype)(x)
+        x = nn.relu(nn.BatchNorm(use_running_average=not train, momentum=0.9, dtype=self.dtype)(x))
+        x = nn.max_pool(x, (3, 3), (2, 2), padding="SAME")
+        for i, blocks in enumerate(self.stages):
+            for j in range(blocks):
+                x = Bottleneck(64 * 2 ** i, 2 if i > 0 and j == 0 else 1, self.dtype)(x, train)
+        x = jnp.mean(x, axis=(1, 2))
+        return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
+
+
+# ---------------------------------------------------------------- transformers
+class Mlp(nn.Module):
+    hidden: int
+    dtype: Dtype
+
+    @nn.compact
+    def __call__(self, x):
+        width = x.shape[-1]
+        x = nn.gelu(nn.Dense(self.hidden, dtype=self.dtype)(x))
+        return nn.Dense(width, dtype=self.dtype)(x)
+
+
+class BertLayer(nn.Module):
+    heads: int
+    hidden: int
+    dtype: Dtype
+
+    @nn.compact
+    def __call__(self, x, mask):
+        a = nn.SelfAttention(self.heads, dtype=self.dtype, deterministic=True)(x, mask=mask)
+        x = nn.LayerNorm(epsilon=1e-12, dtype=self.dtype)(x + a)
+        return nn.LayerNorm(epsilon=1e-12, dtype=self.dtype)(x + Mlp(self.hidden, self.dtype)(x))
+
+
+class BertBase(nn.Module):
+    vocab: int = 30522
+    layers: int = 12
+    width: int = 768
+    heads: int = 12
+    hidden: int = 3072
+    positions: int = 512
+    dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(self.vocab, self.width, dtype=self.dtype)(tokens)
+        x = x + nn.Embed(self.positions, self.width, dtype=self.dtype)(jnp.arange(tokens.shape[1]))[None]
+        x = x + nn.Embed(2, self.width, dtype=self.dtype)(jnp.zeros_like(tokens))
+        x = nn.LayerNorm(epsilon=1e-12, dtype=self.dtype)(x)
+        mask = nn.make_attention_mask(tokens > 0, tokens > 0)
+        for _ in range(self.layers):
+            x = BertLayer(self.heads, self.hidden, self.dtype)(x, mask)
+        # Pooler: the [CLS] token through a tanh layer, as BERT's.
+        return nn.tanh(nn.Dense(self.width, dtype=self.dtype)(x[:, 0])).astype(jnp.float32)
+
+
+class Gpt2Block(nn.Module):
+    heads: int
+    hidden: int
+    dtype: Dtype
+
+    @nn.compact
+    def __call__(self, x, mask):
+        x = x + nn.SelfAttention(self.heads, dtype=self.dtype, deterministic=True)(
+            nn.LayerNorm(dtype=self.dtype)(x), mask=mask)
+        return x + Mlp(self.hidden, self.dtype)(nn.LayerNorm(dtype=self.dtype)(x))
+
+
+class Gpt2Small(nn.Module):
+    vocab: int = 50257
+    layers: int = 12
+    width: int = 768
+    heads: int = 12
+    hidden: int = 3072
+    positions: int = 1024
+    dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(self.vocab, self.width, dtype=self.dtype)(tokens)
+        x = x + nn.Embed(self.positions, self.width, dtype=self.dtype)(jnp.arange(tokens.shape[1]))[None]
+        mask = nn.make_causal_mask(tokens)
+        for _ in range(self.layers):
+            x = Gpt2Block(self.heads, self.hidden, self.dtype)(x, mask)
+        x = nn.LayerNorm(dtype=self.dtype)(x)
+        return nn.Dense(self.vocab, use_bias=False, dtype=self.dtype)(x)
+
+
+# ---------------------------------------------------------------- programs
+LOSS_SCALE = 128.0   # static loss scale for float16 training (as Graphcore's examples use)
+
+
+def resnet50_train(batch: int, dtype, image: int = 224, classes: int = 1000):
+    """(step, args): one SGD-momentum step of ResNet-50 on a batch, the
+    parameters, batch statistics and optimiser state donated. With float16
+    compute the loss is scaled and the gradients (float32, of the float32
+    master weights) unscaled."""
+    model = ResNet50(dtype=dtype, num_classes=classes)
+    tx = optax.sgd(0.1, momentum=0.9)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, image, image, 3)).astype(np.float32)
+    y = (np.arange(batch) % classes).astype(np.int32)
+    variables = jax.jit(lambda: model.init(jax.random.PRNGKey(0), x[:1], False), backend="cpu")()
+    scale = LOSS_SCALE if dtype == jnp.float16 else 1.0
+
+    def loss_fn(params, stats, x, y):
+        logits, updates = model.apply({"params": params, "batch_stats": stats}, x.astype(dtype), True,
+                                      mutable=["batch_stats"])
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+        return loss * scale, (loss, updates["batch_stats"])
+
+    def step(params, stats, opt_state, x, y):
+        (_, (loss, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, stats, x, y)
+        grads = jax.tree.map(lambda g: g / scale, grads)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), stats, opt_state, loss
+
+    args = (variables["params"], variables["batch_stats"], tx.init(variables["params"]), x, y)
+    return jax.jit(step, donate_argnums=(0, 1, 2)), args
+
+
+def _tokens(batch: int, length: int, vocab: int) -> np.ndarray:
+    return np.random.default_rng(0).integers(1, vocab, (batch, length)).astype(np.int32)
+
+
+def transformer_infer(model: nn.Module, batch: int, length: int):
+    """(forward, args): the model's forward pass on a batch of tokens, the
+    parameters cast to the model's compute dtype (as one serves a model)."""
+    tokens = _tokens(batch, length, model.vocab)
+    params = jax.jit(lambda: model.init(jax.random.PRNGKey(0), tokens[:1])["params"], backend="cpu")()
+    params = jax.tree.map(lambda p: np.asarray(p).astype(model.dtype), params)
+    return jax.jit(lambda params, tokens: model.apply({"params": params}, tokens)), (params, tokens)
+
+
+def gpt2_train(batch: int, length: int, dtype):
+    """(step, args): one AdamW step of GPT-2 small on next-token prediction,
+    parameters and optimiser state donated."""
+    model = Gpt2Small(dtype=dtype)
+    tokens = _tokens(batch, length + 1, model.vocab)
+    params = jax.jit(lambda: model.init(jax.random.PRNGKey(0), tokens[:1, :-1])["params"], backend="cpu")()
+    tx = optax.adamw(1e-4)
+    scale = LOSS_SCALE if dtype == jnp.float16 else 1.0
+
+    def loss_fn(params, tokens):
+        logits = model.apply({"params": params}, tokens[:, :-1]).astype(jnp.float32)
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+        return loss * scale, loss
+
+    def step(params, opt_state, tokens):
+        (_, loss), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, tokens)
+        grads = jax.tree.map(lambda g: g / scale, grads)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return jax.jit(step, donate_argnums=(0, 1)), (params, tx.init(params), tokens)
+
+
+def program(model: str, mode: str, dtype: str, batch: int, length: int = 128, image: int = 224):
+    """(jitted function, host arguments, samples per call)."""
+    dt = {"f32": jnp.float32, "f16": jnp.float16}[dtype]
+    if model == "resnet50":
+        if mode != "train":
+            raise SystemExit("resnet50: only --mode train")
+        f, args = resnet50_train(batch, dt, image)
+    elif model == "bert":
+        if mode != "infer":
+            raise SystemExit("bert: only --mode infer")
+        f, args = transformer_infer(BertBase(dtype=dt), batch, length)
+    elif model == "gpt2":
+        f, args = (transformer_infer(Gpt2Small(dtype=dt), batch, length) if mode == "infer"
+                   else gpt2_train(batch, length, dt))
+    else:
+        raise SystemExit(f"unknown model {model!r}")
+    return f, args, batch
