@@ -45,7 +45,7 @@ def resident_bytes() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
-# -- per-pass compile timing: wraps the passes compile_module calls by name
+# -- per-pass compile timing: wraps the passes of jax_ipu.compiler.PASSES
 PASSES = collections.OrderedDict()
 
 
@@ -64,18 +64,12 @@ CAPTURED = {}
 
 
 def instrument():
-    """Times each pass of jax_ipu.compiler.compile_module (the names it
-    looks up in its module when called) and the StableHLO import, and keeps
-    the last Program compiled."""
+    """Times each pass of jax_ipu.compiler.PASSES (the named list
+    compile_module runs) and the StableHLO import, and keeps the last
+    Program compiled."""
     from jax_ipu import compiler, stablehlo
 
-    names = ["remove_tokens", "expand_rng", "demote_64bit", "legalize", "fold_result_transposes", "fuse",
-             "lower", "cost_steps", "charge_links", "schedule", "static_cycles", "lifetimes", "plan_memory",
-             "in_place_outputs", "check_fits"]
-    for name in names:
-        if hasattr(compiler, name):
-            setattr(compiler, name, _timed(name, getattr(compiler, name)))
-    compiler.spmd.partition = _timed("spmd.partition", compiler.spmd.partition)
+    compiler.PASSES[:] = [(name, _timed(name, run)) for name, run in compiler.PASSES]
     stablehlo.import_module = _timed("import (StableHLO)", stablehlo.import_module)
     compile_module = compiler.compile_module
 

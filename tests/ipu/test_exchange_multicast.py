@@ -8,7 +8,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import numpy as np
-from test_compiler import compile_fn, run_cpu
+from conftest import compile_fn, run_cpu
 
 from jax_ipu.graph.programs import Copy, leaves
 from jax_ipu.model.engine import Engine
