@@ -57,76 +57,14 @@ def mlp():
 
 
 def resnet(kind: str):
-    import flax.linen as nn
-    import jax
-    import numpy as np
-    import optax
+    """The ResNet-18-style CIFAR step (batch 32) or ResNet-50's (float32,
+    batch 2), from models_zoo."""
+    import jax.numpy as jnp
+    import models_zoo
 
-    class Basic(nn.Module):
-        features: int
-        stride: int
-
-        @nn.compact
-        def __call__(self, x, train):
-            norm = functools.partial(nn.BatchNorm, use_running_average=not train)
-            y = nn.relu(norm()(nn.Conv(self.features, (3, 3), self.stride, use_bias=False)(x)))
-            y = norm()(nn.Conv(self.features, (3, 3), use_bias=False)(y))
-            if x.shape != y.shape:
-                x = norm()(nn.Conv(self.features, (1, 1), self.stride, use_bias=False)(x))
-            return nn.relu(x + y)
-
-    class Bottleneck(nn.Module):
-        features: int
-        stride: int
-
-        @nn.compact
-        def __call__(self, x, train):
-            norm = functools.partial(nn.BatchNorm, use_running_average=not train)
-            y = nn.relu(norm()(nn.Conv(self.features, (1, 1), use_bias=False)(x)))
-            y = nn.relu(norm()(nn.Conv(self.features, (3, 3), self.stride, use_bias=False)(y)))
-            y = norm()(nn.Conv(self.features * 4, (1, 1), use_bias=False)(y))
-            if x.shape != y.shape:
-                x = norm()(nn.Conv(self.features * 4, (1, 1), self.stride, use_bias=False)(x))
-            return nn.relu(x + y)
-
-    class ResNet18(nn.Module):
-        @nn.compact
-        def __call__(self, x, train):
-            x = nn.relu(nn.BatchNorm(use_running_average=not train)(nn.Conv(32, (3, 3), use_bias=False)(x)))
-            for features, stride in [(32, 1), (32, 1), (64, 2), (64, 1), (128, 2), (128, 1), (256, 2), (256, 1)]:
-                x = Basic(features, stride)(x, train)
-            return nn.Dense(10)(x.mean((1, 2)))
-
-    class ResNet50(nn.Module):
-        @nn.compact
-        def __call__(self, x, train):
-            x = nn.Conv(64, (7, 7), 2, padding=[(3, 3), (3, 3)], use_bias=False)(x)
-            x = nn.relu(nn.BatchNorm(use_running_average=not train)(x))
-            x = nn.max_pool(x, (3, 3), (2, 2), padding="SAME")
-            for i, (blocks, features) in enumerate([(3, 64), (4, 128), (6, 256), (3, 512)]):
-                for j in range(blocks):
-                    x = Bottleneck(features, 2 if i and not j else 1)(x, train)
-            return nn.Dense(1000)(x.mean((1, 2)))
-
-    model, shape, batch, classes = {"resnet18": (ResNet18(), (32, 32, 3), 32, 10),
-                                    "resnet50": (ResNet50(), (224, 224, 3), 2, 1000)}[kind]
-    tx = optax.sgd(0.1, momentum=0.9)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((batch, *shape)).astype(np.float32)
-    y = (np.arange(batch) % classes).astype(np.int32)
-    variables = jax.jit(lambda: model.init(jax.random.PRNGKey(0), x[:1], False), backend="cpu")()
-
-    def loss_fn(params, stats, x, y):
-        logits, updates = model.apply({"params": params, "batch_stats": stats}, x, True, mutable=["batch_stats"])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), updates["batch_stats"]
-
-    @functools.partial(jax.jit, donate_argnums=(0, 1, 2))
-    def step(params, stats, opt_state, x, y):
-        (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, stats, x, y)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), stats, opt_state, loss
-
-    return step, (variables["params"], variables["batch_stats"], tx.init(variables["params"]), x, y)
+    if kind == "resnet18":
+        return models_zoo.cifar_resnet18_train(32)
+    return models_zoo.resnet50_train(2, jnp.float32)
 
 
 PROGRAMS = {"mlp": mlp, "resnet18": functools.partial(resnet, "resnet18"),

@@ -14,7 +14,6 @@ peaked at 8.7 GB, before the compiler dropped its per-element caches and
 gather views kept one index array each.
 """
 import argparse
-import functools
 import json
 import resource
 import subprocess
@@ -28,50 +27,12 @@ def resident_bytes() -> int:
 
 
 def child(platform: str, batch: int) -> dict:
-    import flax.linen as nn
     import jax
-    import numpy as np
-    import optax
+    import models_zoo
 
-    class Block(nn.Module):
-        features: int
-        stride: int
-
-        @nn.compact
-        def __call__(self, x, train):
-            norm = functools.partial(nn.BatchNorm, use_running_average=not train)
-            y = nn.relu(norm()(nn.Conv(self.features, (3, 3), self.stride, use_bias=False)(x)))
-            y = norm()(nn.Conv(self.features, (3, 3), use_bias=False)(y))
-            if x.shape != y.shape:
-                x = norm()(nn.Conv(self.features, (1, 1), self.stride, use_bias=False)(x))
-            return nn.relu(x + y)
-
-    class ResNet(nn.Module):
-        @nn.compact
-        def __call__(self, x, train):
-            x = nn.relu(nn.BatchNorm(use_running_average=not train)(nn.Conv(32, (3, 3), use_bias=False)(x)))
-            for features, stride in [(32, 1), (32, 1), (64, 2), (64, 1), (128, 2), (128, 1), (256, 2), (256, 1)]:
-                x = Block(features, stride)(x, train)
-            return nn.Dense(10)(x.mean((1, 2)))
-
-    model, tx = ResNet(), optax.sgd(0.1, momentum=0.9)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((batch, 32, 32, 3)).astype(np.float32)
-    y = (np.arange(batch) % 10).astype(np.int32)
-    variables = jax.jit(lambda: model.init(jax.random.PRNGKey(0), x[:2], False), backend="cpu")()
-
-    def loss_fn(params, stats, x, y):
-        logits, updates = model.apply({"params": params, "batch_stats": stats}, x, True, mutable=["batch_stats"])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), updates["batch_stats"]
-
-    @functools.partial(jax.jit, donate_argnums=(0, 1, 2))
-    def step(params, stats, opt_state, x, y):
-        (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, stats, x, y)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), stats, opt_state, loss
-
+    step, host_args = models_zoo.cifar_resnet18_train(batch)
     device = jax.devices(platform)[0]
-    args = jax.device_put((variables["params"], variables["batch_stats"], tx.init(variables["params"]), x, y), device)
+    args = jax.device_put(host_args, device)
     lowered = step.lower(*args)
     before = resident_bytes()
     start = time.perf_counter()

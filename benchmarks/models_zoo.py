@@ -7,6 +7,9 @@ weights) and a static loss scale.
   bottleneck blocks [3, 4, 6, 3], BatchNorm, 1000 classes, 224x224x3 NHWC.
 - BERT-base encoder: 12 layers, 768 wide, 12 heads, MLP 3072, 30,522-word
   vocabulary, learned positions, post-LayerNorm, GELU.
+- A ResNet-18-style CIFAR network (basic blocks, 32 to 256 channels,
+  32x32x3 images, 10 classes): the compile-time benchmarks' convolutional
+  training step.
 - GPT-2 small: 12 pre-LayerNorm blocks of causal nn.SelfAttention, 768 wide,
   12 heads, MLP 3072, 1024 positions, untied 50,257-word head.
 """
@@ -26,6 +29,29 @@ Dtype = Any
 
 
 # ---------------------------------------------------------------- ResNet-50
+class BasicBlock(nn.Module):
+    features: int
+    stride: int
+
+    @nn.compact
+    def __call__(self, x, train):
+        norm = functools.partial(nn.BatchNorm, use_running_average=not train)
+        y = nn.relu(norm()(nn.Conv(self.features, (3, 3), self.stride, use_bias=False)(x)))
+        y = norm()(nn.Conv(self.features, (3, 3), use_bias=False)(y))
+        if x.shape != y.shape:
+            x = norm()(nn.Conv(self.features, (1, 1), self.stride, use_bias=False)(x))
+        return nn.relu(x + y)
+
+
+class CifarResNet18(nn.Module):
+    @nn.compact
+    def __call__(self, x, train):
+        x = nn.relu(nn.BatchNorm(use_running_average=not train)(nn.Conv(32, (3, 3), use_bias=False)(x)))
+        for features, stride in [(32, 1), (32, 1), (64, 2), (64, 1), (128, 2), (128, 1), (256, 2), (256, 1)]:
+            x = BasicBlock(features, stride)(x, train)
+        return nn.Dense(10)(x.mean((1, 2)))
+
+
 class Bottleneck(nn.Module):
     filters: int
     strides: int = 1
@@ -166,6 +192,28 @@ def resnet50_train(batch: int, dtype, image: int = 224, classes: int = 1000):
     def step(params, stats, opt_state, x, y):
         (_, (loss, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, stats, x, y)
         grads = jax.tree.map(lambda g: g / scale, grads)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), stats, opt_state, loss
+
+    args = (variables["params"], variables["batch_stats"], tx.init(variables["params"]), x, y)
+    return jax.jit(step, donate_argnums=(0, 1, 2)), args
+
+
+def cifar_resnet18_train(batch: int):
+    """(step, args): one float32 SGD-momentum step of CifarResNet18, the
+    parameters, batch statistics and optimiser state donated."""
+    model, tx = CifarResNet18(), optax.sgd(0.1, momentum=0.9)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, 32, 32, 3)).astype(np.float32)
+    y = (np.arange(batch) % 10).astype(np.int32)
+    variables = jax.jit(lambda: model.init(jax.random.PRNGKey(0), x[:1], False), backend="cpu")()
+
+    def loss_fn(params, stats, x, y):
+        logits, updates = model.apply({"params": params, "batch_stats": stats}, x, True, mutable=["batch_stats"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), updates["batch_stats"]
+
+    def step(params, stats, opt_state, x, y):
+        (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, stats, x, y)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), stats, opt_state, loss
 
