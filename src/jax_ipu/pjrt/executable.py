@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from jax_ipu import profile
+from jax_ipu import profile, protowire
 from jax_ipu.graph import programs as p
 from jax_ipu.errors import IpuInvalidArgument, IpuRuntimeError
 from jax_ipu.model import links
@@ -20,49 +20,22 @@ from jax_ipu.pjrt.device import Device
 from jax_ipu.pjrt.shardings import executable_shardings
 
 
-def _varints(data: bytes):
-    """(field number, wire type, value) of a protobuf message, one level."""
-    i = 0
-    while i < len(data):
-        key, i = _varint(data, i)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            value, i = _varint(data, i)
-        elif wire == 2:
-            size, i = _varint(data, i)
-            value, i = data[i:i + size], i + size
-        else:
-            raise ValueError(f"unexpected protobuf wire type {wire}")
-        yield field, wire, value
-
-
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, i
-
-
 def device_assignment_ids(serialized: bytes) -> list[list[int]]:
     """DeviceAssignmentProto -> ids[replica][partition]. jaxlib exposes no
     reader for it, and it is three fields: replica_count (1),
     computation_count (2), computation_devices (3, each a list of device ids
     per replica)."""
     replicas, columns = 0, []
-    for field, wire, value in _varints(serialized):
+    for field, wire, value in protowire.fields(serialized):
         if field == 1:
             replicas = value
         elif field == 3:
             ids = []
-            for f, w, v in _varints(value):
+            for f, w, v in protowire.fields(value):
                 if w == 2:  # packed
                     pos = 0
                     while pos < len(v):
-                        x, pos = _varint(v, pos)
+                        x, pos = protowire.varint(v, pos)
                         ids.append(x)
                 else:
                     ids.append(v)
@@ -74,6 +47,7 @@ def device_assignment_ids(serialized: bytes) -> list[list[int]]:
 # ids they hold name Python functions registered here, so such a program
 # loads only in the process that compiled it.
 PROCESS = uuid.uuid4().hex
+
 
 class Executable:
     def __init__(self, client, program, name: str, fingerprint: bytes,

@@ -18,6 +18,8 @@ import socket
 import threading
 import time
 
+from jax_ipu import protowire
+
 RUNNING: tuple = ()          # the running Tracers
 _lock = threading.Lock()
 # Steps one trace keeps at most: a long training loop can run millions
@@ -39,37 +41,10 @@ class PartRun:
 def device_tracer_level(options: bytes) -> int:
     """tensorflow.ProfileOptions.device_tracer_level (field 3, a varint) of
     serialized options; 0 turns device tracing off, as for JAX's GPUs."""
-    i = 0
-    while i < len(options):
-        key, i = _varint(options, i)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, i = _varint(options, i)
-            if number == 3:
-                return value
-        elif wire == 1:
-            i += 8
-        elif wire == 2:
-            size, i = _varint(options, i)
-            i += size
-        elif wire == 5:
-            i += 4
-        else:
-            raise ValueError(f"jax-ipu: unreadable profiler options (wire type {wire} at byte {i})")
+    for number, wire, value in protowire.fields(options, "profiler options"):
+        if number == 3 and wire == 0:
+            return value
     return 0
-
-
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if i >= len(data):
-            raise ValueError("jax-ipu: truncated profiler options")
-        byte = data[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, i
-        shift += 7
 
 
 class Tracer:
