@@ -119,9 +119,11 @@ def test_outer_reads_by_tile_cover_exactly_the_rows_of_each_tiles_partials(chunk
     element_tiles = rng.integers(0, 5, kept * chunks)
     element_tiles[: kept * chunks // 3] = 1          # some long runs on one tile
     mapping = TileMapping.from_element_tiles(element_tiles)
-    reads = _outer_reads_by_tile(mapping, chunks, size, kept)
-    assert sorted(reads) == sorted(set(element_tiles.tolist()))
-    for tile, intervals in reads.items():
+    all_intervals, offsets = _outer_reads_by_tile(mapping, chunks, size, kept)
+    tiles = sorted(set(element_tiles.tolist()))        # Builder.by_tile's order
+    assert len(offsets) == len(tiles) + 1 and offsets[-1] == len(all_intervals)
+    for tile, lo, hi in zip(tiles, offsets[:-1], offsets[1:]):
+        intervals = all_intervals[lo:hi]
         assert (intervals[:, 0] < intervals[:, 1]).all() and (intervals[1:, 0] >= intervals[:-1, 1]).all()
         got = np.concatenate([np.arange(a, z) for a, z in intervals])
         e = np.flatnonzero(element_tiles == tile)

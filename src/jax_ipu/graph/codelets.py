@@ -50,13 +50,13 @@ class MatMulPartials:
 @dataclasses.dataclass(eq=False)
 class ReducePartials:
     """out[o, j] = op-reduction of input[o, j, :], accumulated in out.dtype;
-    `outer`: of input[j, :, o] (reduced dims leading, as a batch sum's),
-    the chunk's rows combined one after the other. With `init` (one chunk:
-    a single-stage reduction), out[o] = init op that reduction: the
-    reduction's result, with no combine stage."""
+    `outer`: out[j, o] = that of input[j, :, o] (reduced dims leading, as a
+    batch sum's), the chunk's rows combined one after the other. With
+    `init` (one chunk: a single-stage reduction), out[o] = init op that
+    reduction: the reduction's result, with no combine stage."""
     input: View                    # [O, chunks, chunk_size], or [chunks, chunk_size, O] if outer
     op: str                        # "add" | "multiply" | "maximum" | "minimum" | "and" | "or"
-    out: Tensor                    # [O, chunks], or [O] with init
+    out: Tensor                    # [O, chunks] ([chunks, O] if outer), or [O] with init
     outer: bool = False
     init: View | np.ndarray | None = None   # a scalar tensor or an immediate
 

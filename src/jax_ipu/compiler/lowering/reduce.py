@@ -21,8 +21,9 @@ from jax_ipu.compiler.lowering.layout import copy_padded, copy_to_new, name_of
 from jax_ipu.compiler.planners.mapping import MIN_BYTES_PER_TILE, spread
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
-from jax_ipu.graph.compute import Region, Vertex, VertexArray
+from jax_ipu.graph.compute import VertexArray
 from jax_ipu.graph.mapping import TileMapping
+from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View
 from jax_ipu.ops import ELEMENTWISE_OPS
 
@@ -114,21 +115,10 @@ def _chunking(reduced: int, kept: int, tiles: int, min_chunk: int) -> tuple[int,
 # gradient (sum of [32, 28, 28, 16] over all but the channels) took 0.56 ms
 # transposed, 0.1 ms by rows of 16.
 OUTER_MIN_KEPT = 16
+# Rows a tile reduces at least in an outer reduction: the partials are at
+# most 1/8 of the input's bytes.
+OUTER_MIN_ROWS = 8
 INT32_MAX = 2**31 - 1
-
-
-def _outer_reads(intervals: np.ndarray, size: int, kept: int) -> np.ndarray:
-    """Intervals of the [1, size, kept] input behind the outputs `intervals`
-    (one chunk): each run of outputs in each of the `size` rows."""
-    if len(intervals) == 1:
-        starts, ends = intervals[:, 0], intervals[:, 1]
-    else:                 # touching intervals joined
-        apart = np.ones(len(intervals) + 1, bool)
-        apart[1:-1] = intervals[1:, 0] != intervals[:-1, 1]
-        starts, ends = intervals[apart[:-1], 0], intervals[apart[1:], 1]
-    rows = np.arange(size) * kept
-    lo, hi = (rows[None, :] + starts[:, None]).T.ravel(), (rows[None, :] + ends[:, None]).T.ravel()
-    return _as_intervals(lo, hi)
 
 
 def _as_intervals(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -139,12 +129,14 @@ def _as_intervals(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return out
 
 
-def _outer_reads_by_tile(mapping: TileMapping, chunks: int, size: int, kept: int) -> dict[int, np.ndarray]:
-    """tile -> intervals of the [chunks, size, kept] input behind its
-    elements of the partials [kept, chunks]: for each chunk j and run of
-    outputs [o0, o1) on the tile, that run in each of the chunk's `size`
-    rows, in ascending order. All tiles at once (one call per tile took
-    3.8 s of a ResNet-18 step's compile)."""
+def _outer_reads_by_tile(mapping: TileMapping, chunks: int, size: int, kept: int) -> tuple[np.ndarray, np.ndarray]:
+    """The intervals of the [chunks, size, kept] input behind each tile's
+    elements of the partials [kept, chunks], as a VertexArray holds them
+    (intervals in ascending tile order, offsets [tiles + 1]; the tiles of
+    Builder.by_tile(mapping)): for each chunk j and run of outputs [o0, o1)
+    on the tile, that run in each of the chunk's `size` rows, ascending.
+    All tiles at once (one call per tile took 3.8 s of a ResNet-18 step's
+    compile; a Vertex object per tile, 10 s of a ResNet-50 step's costing)."""
     lengths = mapping.stops - mapping.starts
     e = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths - mapping.starts, lengths)
     tile = np.repeat(mapping.tiles, lengths)
@@ -164,8 +156,7 @@ def _outer_reads_by_tile(mapping: TileMapping, chunks: int, size: int, kept: int
         order = np.lexsort((lo, tile))
         lo, hi, tile = lo[order], hi[order], tile[order]
     cuts = np.flatnonzero(tile[1:] != tile[:-1]) + 1
-    out = _as_intervals(lo, hi)
-    return {int(t): part for t, part in zip(tile[np.append(0, cuts)] if len(tile) else [], np.split(out, cuts))}
+    return _as_intervals(lo, hi), np.r_[0, cuts, len(tile)] if len(tile) else np.zeros(1, np.int64)
 
 
 def _init_source(lowered) -> View | np.ndarray:
@@ -193,12 +184,15 @@ def reduce(b: Builder, op: ir.Op) -> None:
                                 else ScalarBroadcast(_init_source(init), result.type.shape))
         return
     dtypes = [r.type.dtype for r in op.results]
-    chunks, size, pad = _chunking(reduced, kept, b.target.num_tiles,
-                                  max(1, MIN_BYTES_PER_TILE // max(d.itemsize for d in dtypes)))
-    # Reduced dims leading (a sum over the batch): each tile combines whole
-    # rows of its outputs' elements, as Poplar reduces outer dimensions,
-    # instead of a transposing Copy first.
+    min_chunk = max(1, MIN_BYTES_PER_TILE // max(d.itemsize for d in dtypes))
+    # Reduced dims leading (a sum over the batch, BatchNorm's statistics):
+    # each tile combines a run of whole rows where they live, as Poplar
+    # reduces outer dimensions, instead of a transposing Copy first.
     outer = (single is not None and kept >= OUTER_MIN_KEPT and dims == list(range(len(dims))))
+    if outer:
+        chunks, size, pad = _chunking(reduced, 1, b.target.num_tiles, max(OUTER_MIN_ROWS, -(-min_chunk // kept)))
+    else:
+        chunks, size, pad = _chunking(reduced, kept, b.target.num_tiles, min_chunk)
     xs = []
     for value, init in zip(op.operands[:n], inits):
         x = b.view(value, name_of(op))
@@ -227,48 +221,70 @@ def reduce(b: Builder, op: ir.Op) -> None:
         _single_stage(b, op, xs[0], single, _init_source(inits[0]), dtypes[0], kept, size, outer)
         return
 
-    # Several chunks per output: one chunk per tile, while tiles last.
-    mapping = (b.rotated(spread(b.target, kept * chunks)) if chunks > 1
-               else b.small_linear_mapping(kept * chunks, accs[0]))
-    partials = [b.tensor(f"{name_of(op)}/partials", (kept, chunks), acc, mapping) for acc in accs]
     codelet = f"ReducePartial<{what},{dtypes[0].name}>"    # (dtype.name costs 16 us)
-    cycles = lambda n: cost.reduce_cycles(b.target, n * size * per_element, dtypes[0])
     if outer:
-        vertices = []
-        outer_reads = _outer_reads_by_tile(mapping, chunks, size, kept)
-        for tile in mapping.tiles_used():
-            intervals = mapping.intervals_on(tile)
-            count = int((intervals[:, 1] - intervals[:, 0]).sum())
-            vertices.append(Vertex(codelet, int(tile),
-                                   tuple(Region(x.tensor, outer_reads[int(tile)]) for x in xs),
-                                   tuple(Region(p, intervals) for p in partials), cycles(count)))
+        partials = [_outer_partials(b, op, xs[0], single, codelet, chunks, size, kept, accs[0])]
     else:
+        # Several chunks per output: one chunk per tile, while tiles last.
+        mapping = (b.rotated(spread(b.target, kept * chunks)) if chunks > 1
+                   else b.small_linear_mapping(kept * chunks, accs[0]))
+        partials = [b.tensor(f"{name_of(op)}/partials", (kept, chunks), acc, mapping) for acc in accs]
+        cycles = lambda n: cost.reduce_cycles(b.target, n * size * per_element, dtypes[0])
         tiles, intervals, offsets, counts = b.by_tile(mapping)
         vertices = VertexArray(codelet, tiles, b.cycles_by_count(counts, cycles),
                                tuple((x.tensor, intervals * size, offsets) for x in xs),
                                tuple((p, intervals, offsets) for p in partials))
-    kernel = (codelets.ReducePartials(xs[0], single, partials[0], outer) if single else
-              codelets.TreeReduce(tuple(xs), 2, program, results, None, tuple(partials)))
-    b.execute(f"reduce {what} {name_of(op)} partials", kernel, vertices)
+        kernel = (codelets.ReducePartials(xs[0], single, partials[0]) if single else
+                  codelets.TreeReduce(tuple(xs), 2, program, results, None, tuple(partials)))
+        b.execute(f"reduce {what} {name_of(op)} partials", kernel, vertices)
 
     outs = [b.tensor(name_of(op), (kept,), d) for d in dtypes]
     init_sources = [_init_source(i) for i in inits]
     codelet = f"ReduceCombine<{what},{accs[0].name},{dtypes[0].name}>"
     tiles, intervals, offsets, counts = b.by_tile(outs[0].mapping)
     one = b.one_element(len(tiles))
-    reads = [(p, intervals * chunks, offsets) for p in partials]
+    # Each output's partials: a column of the outer [chunks, kept], else a row of [kept, chunks].
+    reads = [(p, *(_outer_reads_by_tile(outs[0].mapping, 1, chunks, kept) if outer
+                   else (intervals * chunks, offsets))) for p in partials]
     reads += [(i.tensor, *one) for i in init_sources if isinstance(i, View)]
     vertices = VertexArray(
         codelet, tiles,
         b.cycles_by_count(counts, lambda n: cost.reduce_cycles(b.target, n * chunks * per_element, accs[0])),
         tuple(reads), tuple((o, intervals, offsets) for o in outs))
-    kernel = (codelets.ReduceCombine(View(partials[0]), 1, single, init_sources[0], outs[0]) if single else
+    kernel = (codelets.ReduceCombine(View(partials[0]), 0 if outer else 1, single, init_sources[0], outs[0])
+              if single else
               codelets.TreeReduce(tuple(View(p) for p in partials), 1, program, results,
                                   tuple(init_sources), tuple(outs)))
     b.execute(f"reduce {what} {name_of(op)}", kernel, vertices)
     b.flops += kept * reduced * per_element
     for result, out in zip(op.results, outs):
         b.values[result] = View(out).then("reshape", result.type.shape)
+
+
+def _outer_partials(b: Builder, op: ir.Op, x: View, single: str, codelet: str, chunks: int, size: int,
+                    kept: int, acc: np.dtype) -> Tensor:
+    """Partials [chunks, kept] of x [chunks, size, kept], reduced over
+    each chunk's rows: one vertex per chunk, on the tile that holds the
+    chunk's middle row (the reduction runs where the data lives, as
+    Poplar's reductions of outer dimensions do), reading the chunk as one
+    interval and writing its row of partials. (A tile per output and
+    chunk read every row of its column: 92M one-element intervals of a
+    ResNet-50 step's BatchNorm statistics, a third of its compile.)"""
+    source = x.tensor.mapping
+    middle = np.minimum((np.arange(chunks) * size + size // 2) * kept, x.tensor.size - 1) \
+        if x.is_whole_tensor else None
+    tiles = (source.tiles[np.searchsorted(source.stops, middle, side="right")] if middle is not None
+             else (b.start_tile(chunks) + np.arange(chunks)) % b.target.num_tiles)
+    starts = np.arange(chunks, dtype=np.int64) * kept
+    partials = b.tensor(f"{name_of(op)}/partials", (chunks, kept), acc,
+                        TileMapping.from_runs(chunks * kept, tiles, starts))
+    offsets = np.arange(chunks + 1)
+    reads = np.stack([starts * size, (starts + kept) * size], axis=1)
+    writes = np.stack([starts, starts + kept], axis=1)
+    cycles = np.full(chunks, int(cost.reduce_cycles(b.target, size * kept, x.dtype)), np.int64)
+    vertices = VertexArray(codelet, tiles, cycles, ((x.tensor, reads, offsets),), ((partials, writes, offsets),))
+    b.execute(f"reduce {single} {name_of(op)} partials", codelets.ReducePartials(x, single, partials, True), vertices)
+    return partials
 
 
 def _single_stage(b: Builder, op: ir.Op, x: View, single: str, init, dtype: np.dtype, kept: int, size: int,
@@ -281,24 +297,14 @@ def _single_stage(b: Builder, op: ir.Op, x: View, single: str, init, dtype: np.d
     that partial). x: [kept, 1, size], or [1, size, kept] if outer."""
     out = b.tensor(name_of(op), (kept,), dtype)
     codelet = f"Reduce<{single},{dtype.name}>"
-    if outer:
-        vertices = []
-        for tile in out.mapping.tiles_used():
-            intervals = out.mapping.intervals_on(tile)
-            count = int((intervals[:, 1] - intervals[:, 0]).sum())
-            reads = [Region(x.tensor, _outer_reads(intervals, size, kept))]
-            if isinstance(init, View):
-                reads.append(Region(init.tensor, np.array([[0, 1]])))
-            vertices.append(Vertex(codelet, int(tile), tuple(reads),
-                                   (Region(out, intervals),), cost.reduce_cycles(b.target, count * size, dtype)))
-    else:
-        tiles, intervals, offsets, counts = b.by_tile(out.mapping)
-        reads = [(x.tensor, intervals * size, offsets)]
-        if isinstance(init, View):
-            reads.append((init.tensor, *b.one_element(len(tiles))))
-        vertices = VertexArray(codelet, tiles,
-                               b.cycles_by_count(counts, lambda n: cost.reduce_cycles(b.target, n * size, dtype)),
-                               tuple(reads), ((out, intervals, offsets),))
+    tiles, intervals, offsets, counts = b.by_tile(out.mapping)
+    reads = [(x.tensor, *(_outer_reads_by_tile(out.mapping, 1, size, kept) if outer
+                          else (intervals * size, offsets)))]
+    if isinstance(init, View):
+        reads.append((init.tensor, *b.one_element(len(tiles))))
+    vertices = VertexArray(codelet, tiles,
+                           b.cycles_by_count(counts, lambda n: cost.reduce_cycles(b.target, n * size, dtype)),
+                           tuple(reads), ((out, intervals, offsets),))
     b.execute(f"reduce {single} {name_of(op)}", codelets.ReducePartials(x, single, out, outer, init), vertices)
     b.flops += kept * size
     b.values[op.results[0]] = View(out).then("reshape", op.results[0].type.shape)

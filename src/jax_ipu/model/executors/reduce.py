@@ -34,19 +34,19 @@ def _build_reduce_partials(k: codelets.ReducePartials):
 
 
 def _partials_runner(k: codelets.ReducePartials, get, ufunc, acc):
-    """fn(state) -> the partials [O, chunks]."""
+    """fn(state) -> the partials [O, chunks] ([chunks, O] if outer)."""
     if k.outer and acc == np.float16 and ufunc in (np.add, np.multiply):
         def run_outer_in_order(state):
             x = get(state)
             total = x[:, 0].astype(acc)
             for i in range(1, x.shape[1]):
                 ufunc(total, x[:, i], out=total)
-            return np.ascontiguousarray(total.T)
+            return total
         return run_outer_in_order
     if k.outer:
         def run_outer(state):
-            # [chunks, O], each chunk's rows combined in order, as [O, chunks].
-            return np.ascontiguousarray(ufunc.reduce(get(state), axis=1, dtype=acc).T)
+            # Each chunk's rows combined in order.
+            return ufunc.reduce(get(state), axis=1, dtype=acc)
         return run_outer
 
     rows, size = k.input.shape[0] * k.input.shape[1], k.input.shape[2]
