@@ -20,8 +20,9 @@ shape) raises ProgramFormatError naming what and where.
 Sizes grow with the program, not with tiles x elements: tile mappings are
 stored as runs, the vertices of all compute sets as one table of arrays
 (codelet, tile, cycles, regions), interval arrays that vertices share are
-stored once, and integer arrays whose differences repeat (im2col gather
-indices, interval starts) as runs of equal differences.
+stored once, and integer arrays whose differences repeat (gather indices,
+interval starts) as runs of equal differences; im2col patches and pooling
+windows are "windows" view ops: a few integers each.
 """
 from __future__ import annotations
 
@@ -777,6 +778,16 @@ def _check_view(tensor: Tensor, ops, shape, where: str) -> None:
             if fill is not None and not (isinstance(fill, np.generic) or type(fill) in (bool, int, float)
                                          or type(fill) is np.ndarray and fill.ndim == 0):
                 _fail(f"{where}: gather fill is not a scalar")
+        if kind == "windows":
+            spec = args[0] if len(args) == 2 else None
+            if not (type(spec) is tuple and 0 < len(spec) <= len(current)
+                    and all(type(a) is tuple and len(a) == 7 and all(type(i) is int for i in a)
+                            and min(a[0], a[1], a[4], a[5]) >= 1 and a[6] in (0, 1)
+                            and max(abs(a[2]), abs(a[3]), *a[:2], *a[4:6]) < 1 << 31 for a in spec)):
+                _fail(f"{where}: windows {args!r:.60} of {current}")
+            fill = args[1]
+            if fill is not None and not (isinstance(fill, np.generic) or type(fill) is np.ndarray and fill.ndim == 0):
+                _fail(f"{where}: windows fill is not a scalar")
         current = _SHAPE[kind](current, *args)
     if current != shape:
         _fail(f"{where}: ops give shape {current}, the view says {shape}")

@@ -18,8 +18,14 @@ class View:
     ("transpose", perm), ("slice", starts, limits, strides),
     ("broadcast", shape, dims) with StableHLO's broadcast_in_dim meaning,
     ("gather", indices, fill): element i is the flat element indices[i],
-    or the numpy scalar `fill` where indices[i] < 0 (padding; im2col
-    patches and windows are Copies of such views)."""
+    or the numpy scalar `fill` where indices[i] < 0 (padding),
+    ("windows", spec, fill): the sliding windows of the trailing
+    len(spec) axes, [..., *sizes] -> [..., *outputs, *window], one
+    (window, stride, pad_low, pad_high, base_dilation, window_dilation,
+    reverse) per axis with StableHLO's convolution / reduce_window meaning,
+    padding and base-dilation holes reading `fill` (im2col patches and
+    pooling windows are Copies of such views: a pattern, not an index per
+    element)."""
     tensor: Tensor
     ops: tuple = ()
     shape: tuple[int, ...] = None
@@ -89,6 +95,48 @@ def apply_ops(array: np.ndarray, ops: tuple) -> np.ndarray:
     return array
 
 
+def window_outputs(sizes, spec) -> tuple[int, ...]:
+    """Output positions along each windowed axis (the StableHLO formula)."""
+    outs = []
+    for n, (window, stride, lo, hi, base, dilation, _) in zip(sizes, spec):
+        padded = (n - 1) * base + 1 + lo + hi if n else lo + hi
+        span = (window - 1) * dilation + 1
+        outs.append(max(0, (padded - span) // stride + 1) if padded >= span else 0)
+    return tuple(outs)
+
+
+def _windows(array: np.ndarray, spec, fill) -> np.ndarray:
+    """The "windows" op: the trailing axes padded (and base-dilated) into a
+    new array only when needed, then read as overlapping windows through
+    strides (a read-only view; a later reshape copies it)."""
+    rank = len(spec)
+    lead, sizes = array.shape[:array.ndim - rank], array.shape[array.ndim - rank:]
+    padded_shape, source, target = list(lead), [slice(None)] * len(lead), [slice(None)] * len(lead)
+    reshaped = False
+    for n, (window, stride, lo, hi, base, dilation, _) in zip(sizes, spec):
+        extent = max((n - 1) * base + 1 + lo + hi if n else lo + hi, 0)
+        first = -(-max(0, -lo) // base)                               # elements cropped by a negative low pad
+        stop = min(n, max(first, -(-(extent - lo) // base)))          # and by a negative high pad
+        source.append(slice(first, stop))
+        target.append(slice(lo + first * base, lo + (stop - 1) * base + 1 if stop > first else lo + first * base,
+                            base))
+        padded_shape.append(extent)
+        reshaped |= (lo, hi, base) != (0, 0, 1)
+    if reshaped:
+        padded = np.full(padded_shape, 0 if fill is None else fill, dtype=array.dtype)
+        padded[tuple(target)] = array[tuple(source)]
+    else:
+        padded = array
+    outs = window_outputs(sizes, spec)
+    axis_strides = padded.strides[len(lead):]
+    shape = (*lead, *outs, *(w for w, *_ in spec))
+    strides = (*padded.strides[:len(lead)], *(st * a for (_, st, *_), a in zip(spec, axis_strides)),
+               *(d * a for (*_, d, _), a in zip(spec, axis_strides)))
+    out = np.lib.stride_tricks.as_strided(padded, shape, strides, writeable=False)
+    flips = tuple(slice(None, None, -1) if spec[d][6] else slice(None) for d in range(rank))
+    return out[(Ellipsis, *flips)] if any(r for *_, r in spec) else out
+
+
 def _broadcast(array: np.ndarray, shape, dims) -> np.ndarray:
     expanded = [1] * len(shape)
     for i, d in enumerate(dims):
@@ -148,6 +196,7 @@ _APPLY = {
     "slice": lambda a, starts, limits, strides: a[tuple(map(slice, starts, limits, strides))],
     "broadcast": _broadcast,
     "gather": _gather,
+    "windows": _windows,
 }
 
 
@@ -158,6 +207,9 @@ _SHAPE = {
         len(range(a, b, c)) for a, b, c in zip(starts, limits, strides)),
     "broadcast": lambda shape, new, dims: tuple(new),
     "gather": lambda shape, indices, fill: tuple(indices.shape),
+    "windows": lambda shape, spec, fill: (*shape[:len(shape) - len(spec)],
+                                          *window_outputs(shape[len(shape) - len(spec):], spec),
+                                          *(w for w, *_ in spec)),
 }
 
 
@@ -166,6 +218,11 @@ def _shape_after(shape: tuple[int, ...], ops: tuple) -> tuple[int, ...]:
     for op in ops:
         shape = _SHAPE[op[0]](shape, *op[1:])
     return shape
+
+
+# View ops that read elements in a new order (not a strided view of memory),
+# with a fill value for padding as their last argument.
+REARRANGING = frozenset({"gather", "windows"})
 
 
 def source_tiles(view: View | Concat) -> np.ndarray:
@@ -180,7 +237,7 @@ def source_tiles(view: View | Concat) -> np.ndarray:
     def charged(v: View) -> View:
         t = tiles(v.tensor)
         last = t[-1] if len(t) else t.dtype.type(0)
-        return View(v.tensor, tuple(("gather", op[1], last) if op[0] == "gather" else op for op in v.ops))
+        return View(v.tensor, tuple((op[0], op[1], last) if op[0] in REARRANGING else op for op in v.ops))
     if isinstance(view, View):
         return charged(view).apply(tiles).ravel()
     return Concat(tuple(charged(p) for p in view.parts), view.axis).apply(tiles).ravel()

@@ -1,11 +1,11 @@
 """convolution, planned as Poplar plans it: as a matmul. The input is
 rearranged into im2col patches [groups, batch x output positions, input
-features x window] by one Copy (padding, lhs and rhs dilation, strides and
-window reversal resolved at compile time into the Copy's source indices),
-the kernel into [groups, input features x window, output features], and the
-planned matmul (compiler.matmul: tile mapping, K-split partials, cost)
-multiplies them; a last Copy lays the product out in the output's
-dimension order. Groups (feature_group_count or batch_group_count) are the
+features x window] by one Copy of a "windows" view (padding, lhs and rhs
+dilation, strides and window reversal as a pattern over the spatial axes,
+not an index per element), the kernel into [groups, input features x
+window, output features], and the planned matmul (compiler.matmul: tile
+mapping, K-split partials, cost) multiplies them; a last Copy lays the
+product out in the output's dimension order when that is not a reshape. Groups (feature_group_count or batch_group_count) are the
 matmul's batch dimension, as the StableHLO spec splits them."""
 from __future__ import annotations
 
@@ -16,26 +16,16 @@ from jax_ipu.compiler.lowering import matmul
 from jax_ipu.compiler.builder import Builder, Splat
 from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.compiler.lowering.layout import copy_to_new, name_of
-from jax_ipu.compiler.planners.windows import attr, axis_windows, combine, out_size, padding, row_major_strides
+from jax_ipu.compiler.planners.windows import attr, out_size, padding
 from jax_ipu.errors import IpuUnimplementedError
+from jax_ipu.graph.views import View
 from jax_ipu.ir import DotDimensionNumbers
 
 
-def _expand(index: np.ndarray, axes: list[int], rank: int) -> np.ndarray:
-    """`index` (one axis per entry of `axes`) placed on those axes of a
-    rank-`rank` broadcastable array."""
-    shape = [1] * rank
-    for i, a in enumerate(axes):
-        shape[a] = index.shape[i]
-    return index.reshape(shape)
-
-
-def _gathered(b: Builder, op: ir.Op, value: ir.Value, indices: np.ndarray, fill) -> ir.Value:
-    """A new IR value holding value's elements at `indices` (a Copy)."""
-    source = b.view(value, name_of(op))
-    out = copy_to_new(b, op, source.then("gather", np.ascontiguousarray(indices), fill))
-    result = ir.Value(ir.TensorType(tuple(indices.shape), value.type.dtype))
-    b.values[result] = out
+def _values(b: Builder, view: View) -> ir.Value:
+    """A new IR value holding the view's elements (a Copy)."""
+    result = ir.Value(ir.TensorType(tuple(view.shape), view.dtype))
+    b.values[result] = view
     return result
 
 
@@ -79,41 +69,29 @@ def convolution(b: Builder, op: ir.Op) -> None:
         b.values[op.results[0]] = Splat(np.zeros((), out_dtype), out_t.shape)
         return
 
-    # Patches [groups, nb, *outs, cg, *window] -> [groups, m, k].
-    rank = 3 + 2 * spatial
-    g_ax, n_ax, c_ax = 0, 1, 2 + spatial
-    o_axes = list(range(2, 2 + spatial))
-    w_axes = list(range(3 + spatial, rank))
-    lhs_strides = row_major_strides(lhs_t.shape)
-    group = np.arange(groups)
-    batch_index = _expand(np.arange(nb), [n_ax], rank) + (
-        _expand(group * nb, [g_ax], rank) if groups_b > 1 else 0)
-    feature_index = _expand(np.arange(cg), [c_ax], rank) + (
-        _expand(group * cg, [g_ax], rank) if groups_f > 1 else 0)
-    per_axis = [batch_index, feature_index]
-    axis_strides = [lhs_strides[dn.input_batch_dimension], lhs_strides[dn.input_feature_dimension]]
-    for d in range(spatial):
-        idx = axis_windows(in_sizes[d], window[d], strides[d], pads[d], lhs_dilation[d], rhs_dilation[d],
-                           outs[d], reversal[d])
-        per_axis.append(_expand(idx, [o_axes[d], w_axes[d]], rank))
-        axis_strides.append(lhs_strides[dn.input_spatial_dimensions[d]])
-    full = (groups, nb, *outs, cg, *window)
-    patches_index = np.broadcast_to(combine(per_axis, axis_strides, narrow=True), full).reshape(groups, m, k)
-    patches = _gathered(b, op, lhs, patches_index, np.zeros((), lhs_t.dtype))
+    # Patches [groups, nb, *outs, cg, *window] -> [groups, m, k]: the input
+    # as [groups, nb, cg, *sizes], its spatial axes read as windows (a
+    # pattern: no index per element), one Copy.
+    name = name_of(op)
+    lhs_view = b.view(lhs, name).then("transpose", (dn.input_batch_dimension, dn.input_feature_dimension,
+                                                    *dn.input_spatial_dimensions))
+    lhs_view = lhs_view.then("reshape", (groups_b, nb, groups_f, cg, *in_sizes)).then(
+        "transpose", (0, 2, 1, 3, *range(4, 4 + spatial))).then("reshape", (groups, nb, cg, *in_sizes))
+    spec = tuple((window[d], strides[d], pads[d][0], pads[d][1], lhs_dilation[d], rhs_dilation[d], int(reversal[d]))
+                 for d in range(spatial))
+    fill = np.zeros((), lhs_t.dtype) if any(lo > 0 or hi > 0 or base > 1 for _, _, lo, hi, base, _, _ in spec) else None
+    patches_view = lhs_view.then("windows", spec, fill).then(
+        "transpose", (0, 1, *range(3, 3 + spatial), 2, *range(3 + spatial, 3 + 2 * spatial))).then(
+        "reshape", (groups, m, k))
+    patches = _values(b, copy_to_new(b, op, patches_view))
 
     # Kernel [groups, cg, *window, og] -> [groups, k, og].
-    rhs_strides = row_major_strides(rhs_t.shape)
-    krank = 3 + spatial
-    kernel_axes = [_expand(np.arange(cg), [1], krank),
-                   _expand(group, [0], krank) * og + _expand(np.arange(og), [krank - 1], krank)]
-    kernel_axes += [_expand(np.arange(window[d]), [2 + d], krank) for d in range(spatial)]
-    kernel_strides = [rhs_strides[dn.kernel_input_feature_dimension], rhs_strides[dn.kernel_output_feature_dimension]]
-    kernel_strides += [rhs_strides[dn.kernel_spatial_dimensions[d]] for d in range(spatial)]
-    # Summed smallest parts first, in int32 where it fits (a weight
-    # gradient's "kernel" is the output gradient: millions of elements).
-    kernel_index = np.broadcast_to(combine(kernel_axes, kernel_strides, narrow=True),
-                                   (groups, cg, *window, og)).reshape(groups, k, og)
-    kernel = _gathered(b, op, rhs, kernel_index, None)
+    kernel_view = b.view(rhs, name).then("transpose", (dn.kernel_output_feature_dimension,
+                                                       dn.kernel_input_feature_dimension,
+                                                       *dn.kernel_spatial_dimensions))
+    kernel_view = kernel_view.then("reshape", (groups, og, cg, *window)).then(
+        "transpose", (0, 2, *range(3, 3 + spatial), 1)).then("reshape", (groups, k, og))
+    kernel = _values(b, copy_to_new(b, op, kernel_view))
 
     # The planned matmul [groups, m, k] x [groups, k, og] -> [groups, m, og].
     product = ir.Value(ir.TensorType((groups, m, og), out_dtype))
@@ -125,17 +103,17 @@ def convolution(b: Builder, op: ir.Op) -> None:
         b.values[op.results[0]] = Splat(lowered.value, out_t.shape)
         return
 
-    # Output element (batch, feature, *positions) <- product[group, (nb, *positions), og].
-    orank = len(out_t.shape)
-    ob = _expand(np.arange(out_t.shape[dn.output_batch_dimension]), [dn.output_batch_dimension], orank)
-    of = _expand(np.arange(o), [dn.output_feature_dimension], orank)
-    flat = (of // og) * (m * og) + (of % og) + ob * (positions * og)
-    position_strides = row_major_strides(outs)
-    for d in range(spatial):
-        axis = dn.output_spatial_dimensions[d]
-        flat = flat + _expand(np.arange(outs[d]), [axis], orank) * (position_strides[d] * og)
-    out_index = np.broadcast_to(flat, out_t.shape)
-    if np.array_equal(out_index.ravel(), np.arange(out_t.size)):
+    # Output (batch, feature, *positions) <- product[group, (batch, *positions), feature in group]:
+    # [groups, nb, *outs, og] as [nb, groups x og, *outs] in the output's dimension order.
+    canonical = (dn.output_batch_dimension, dn.output_feature_dimension, *dn.output_spatial_dimensions)
+    order = tuple(int(a) for a in np.argsort(canonical))
+    # The product's axes each output axis walks, in order: none moved (size-1 axes aside) is a reshape.
+    walks = {0: [1], 1: [0, 2 + spatial], **{2 + d: [2 + d] for d in range(spatial)}}
+    sizes = (groups, nb, *outs, og)
+    walked = [a for c in order for a in walks[c] if sizes[a] > 1]
+    if walked == sorted(walked):
         b.values[op.results[0]] = lowered.then("reshape", out_t.shape)
-    else:
-        b.values[op.results[0]] = copy_to_new(b, op, lowered.then("gather", np.ascontiguousarray(out_index), None))
+        return
+    out_view = lowered.then("reshape", sizes).then("transpose", (1, 0, 2 + spatial, *range(2, 2 + spatial))).then(
+        "reshape", (nb, groups * og, *outs)).then("transpose", order)
+    b.values[op.results[0]] = copy_to_new(b, op, out_view)

@@ -6,7 +6,8 @@ body, partials over tiles); select_and_scatter scans each window in
 order with its select body (a WindowSelect vertex, as XLA does: first of
 equal maxima, NaNs as XLA leaves them, any comparator), then each operand
 element gathers the source values of the windows that may select it and
-reduces those that did with the scatter body. pad and reverse are single gather Copies."""
+reduces those that did with the scatter body. pad is one Copy of a windows
+view (window 1, interior padding as base dilation), reverse one gather Copy."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,7 +27,7 @@ from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
 from jax_ipu.graph.compute import Region, Vertex
 from jax_ipu.graph.mapping import TileMapping
-from jax_ipu.graph.views import View
+from jax_ipu.graph.views import View, apply_ops, window_outputs
 from jax_ipu.ops import ELEMENTWISE_OPS
 
 def _constant_scalar(b: Builder, op: ir.Op, value: ir.Value, what: str) -> np.ndarray:
@@ -85,7 +86,12 @@ def pad(b: Builder, op: ir.Op) -> None:
     if x_t.size == 0:
         b.values[op.results[0]] = Splat(fill, out_t.shape)
         return
-    b.values[op.results[0]] = b.values[_gathered(b, op, op.operands[0], _pad_indices(op), fill)]
+    rank = len(x_t.shape)
+    lows, highs = attr(op, "edge_padding_low", rank, 0), attr(op, "edge_padding_high", rank, 0)
+    interior = attr(op, "interior_padding", rank, 0)
+    spec = tuple((1, 1, lows[d], highs[d], interior[d] + 1, 1, 0) for d in range(rank))
+    b.values[op.results[0]] = copy_to_new(b, op, b.view(op.operands[0], name_of(op)).then(
+        "windows", spec, np.asarray(fill, x_t.dtype)[()]).then("reshape", out_t.shape))
 
 
 def _pad_indices(op: ir.Op) -> np.ndarray:
@@ -146,14 +152,11 @@ def reduce_window(b: Builder, op: ir.Op) -> None:
     n = len(op.operands) // 2
     x_t, out_shape = op.operands[0].type, op.results[0].type.shape
     rank = len(x_t.shape)
-    indices = windows(x_t.shape, *_window_attrs(op, rank))
+    attrs = _window_attrs(op, rank)
     outs = int(np.prod(out_shape, dtype=np.int64))
-    window = int(np.prod(indices.shape[rank:], dtype=np.int64))
-    indices = indices.reshape(outs, window)
+    window = int(np.prod(attrs[0], dtype=np.int64))
     inits = list(op.operands[n:])
-    if x_t.size == 0:
-        indices = np.full(indices.shape, -1)
-    patches = [_gathered_filled(b, op, x, indices, init) for x, init in zip(op.operands[:n], inits)]
+    patches = [_windows_filled(b, op, x, attrs, init, (outs, window)) for x, init in zip(op.operands[:n], inits)]
     flat = [_new(ir.TensorType((outs,), r.type.dtype)) for r in op.results]
     reduce.reduce(b, ir.Op("reduce_window", patches + inits, flat, {"dimensions": (1,)}, op.regions, op.loc))
     for r, v in zip(op.results, flat):
@@ -162,21 +165,48 @@ def reduce_window(b: Builder, op: ir.Op) -> None:
             b.view(v).then("reshape", out_shape)
 
 
-def _window_select(b: Builder, op: ir.Op, x: ir.Value, indices: np.ndarray) -> View:
-    """Per window ([outputs, window] operand positions, -1 for padding),
-    the window position the select body picks: a WindowSelect vertex per
-    tile of the result scans its windows, whose elements a Copy gathers
-    there, window-major (one run per window position on each tile)."""
-    outs, window = indices.shape
+def _windows_filled(b: Builder, op: ir.Op, x: ir.Value, attrs, fill: ir.Value, shape) -> ir.Value:
+    """x's windows over every axis as `shape` ([outputs, window]), padding
+    and base-dilation holes holding the 0-d value `fill`: one Copy of a
+    windows view when fill is a constant; else windows filled with zeros
+    and a select on a constant padding mask (a value computed at run time)."""
+    spec = _spec(*attrs)
+    lowered = b.values[fill]
+    if not isinstance(lowered, Splat):
+        return _gathered_filled(b, op, x, windows(x.type.shape, *attrs).reshape(shape), fill)
+    out = ir.Value(ir.TensorType(tuple(shape), x.type.dtype))
+    b.values[out] = copy_to_new(b, op, b.view(x, name_of(op)).then(
+        "windows", spec, np.asarray(lowered.value, x.type.dtype)[()]).then("reshape", tuple(shape)))
+    return out
+
+
+def _spec(window, strides, pads, base_dilations, window_dilations) -> tuple:
+    """The "windows" view op's spec of a window over every axis."""
+    return tuple((w, s, lo, hi, base, dilation, 0) for w, s, (lo, hi), base, dilation
+                 in zip(window, strides, pads, base_dilations, window_dilations))
+
+
+def _window_select(b: Builder, op: ir.Op, x: ir.Value, attrs) -> View:
+    """Per window of x (attrs: a window over every axis), the window
+    position the select body picks: a WindowSelect vertex per tile of the
+    result scans its windows, whose elements a Copy of a windows view
+    gathers there, window-major (one run per window position on each
+    tile)."""
+    x_t = x.type
+    spec = _spec(*attrs)
+    outs = int(np.prod(window_outputs(x_t.shape, spec), dtype=np.int64))
+    window = int(np.prod(attrs[0], dtype=np.int64))
     name = name_of(op)
     picked = b.tensor(f"{name}/selected", (outs,), np.uint8 if window < 255 else np.int32)
     mapping = TileMapping.from_element_tiles(np.tile(picked.mapping.element_tiles(), window))
-    dtype = x.type.dtype
+    dtype = x_t.dtype
     values = b.tensor(f"{name}/windows", (window, outs), dtype, mapping)
-    b.copy(b.view(x, name).then("gather", np.ascontiguousarray(indices.T), np.zeros((), dtype)), values)
+    b.copy(b.view(x, name).then("windows", spec, np.zeros((), dtype)[()]).then(
+        "reshape", (outs, window)).then("transpose", (1, 0)), values)
     padded = None
-    if (indices < 0).any():
-        mask = np.ascontiguousarray(indices.T < 0)
+    if any(lo > 0 or hi > 0 for _, _, lo, hi, *_ in spec):
+        mask = np.ascontiguousarray(apply_ops(np.zeros(x_t.shape, bool), (("windows", spec, np.True_),))
+                                    .reshape(outs, window).T)
         mask.setflags(write=False)
         padded = b.tensor(f"{name}/padding", (window, outs), np.bool_, mapping, constant=mask)
     program, (result,) = region_program(b, op, op.regions[0])
@@ -259,12 +289,11 @@ def select_and_scatter(b: Builder, op: ir.Op) -> None:
     window, strides, pads = (attr(op, "window_dimensions", rank, 1), attr(op, "window_strides", rank, 1),
                              padding(op, rank))
     ones = (1,) * rank
-    indices = windows(x_t.shape, window, strides, pads, ones, ones)
     out_shape = source.type.shape
     outs, size = int(np.prod(out_shape, dtype=np.int64)), x_t.size
     if size == 0 or outs == 0:
         value = np.zeros((), x_t.dtype) if size == 0 else _constant_scalar(b, op, init, "init value")
         b.values[op.results[0]] = Splat(value, x_t.shape)
         return
-    picked = _window_select(b, op, x, indices.reshape(outs, -1))
+    picked = _window_select(b, op, x, (window, strides, pads, ones, ones))
     _scatter(b, op, picked, window, strides, pads)
