@@ -10,7 +10,7 @@ import pytest
 from jax import lax
 
 from jax_ipu.graph.mapping import TileMapping
-from jax_ipu.graph.programs import Copy
+from jax_ipu.graph import programs as p
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View, source_tiles
 
@@ -21,14 +21,6 @@ RNG = np.random.default_rng(7)
 
 def conv(x, w):
     return lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
-
-
-def _gather_ops(program):
-    for step in program.body.steps:
-        if isinstance(step, Copy) and isinstance(step.src, View):
-            for op in step.src.ops:
-                if op[0] == "gather":
-                    yield step.src, op
 
 
 def test_compiled_program_keeps_no_per_element_tile_caches():
@@ -47,16 +39,16 @@ def test_element_tiles_take_a_wider_type_past_65535_tiles():
     assert TileMapping.from_element_tiles(np.array([1, 1, 2])).element_tiles().dtype == np.uint16
 
 
-def test_padded_patches_keep_one_index_array_with_padding_past_the_end():
+def test_padded_patches_are_a_windows_pattern_not_an_index_per_element():
     x = RNG.standard_normal((2, 9, 9, 3)).astype(np.float32)
     w = RNG.standard_normal((3, 3, 3, 4)).astype(np.float32)
     program = compile_fn(conv, x, w)
-    padded = [(view, op) for view, op in _gather_ops(program) if op[2] is not None]
-    assert padded, "SAME padding makes a gather with a fill"
-    for view, (_, indices, fill) in padded:
-        source_size = int(np.prod(view.tensor.shape))
-        assert indices.dtype == np.int32 and indices.flags.c_contiguous
-        assert indices.min() >= 0 and indices.max() == source_size     # padding reads the appended fill
+    ops = [op for s in p.leaves(program.body) if isinstance(s, p.Copy)
+           for v in ([s.src] if hasattr(s.src, "ops") else s.src.parts) for op in v.ops]
+    assert not [op for op in ops if op[0] == "gather"]
+    (windows,) = [op for op in ops if op[0] == "windows"]
+    spec, fill = windows[1], windows[2]
+    assert spec == ((3, 1, 1, 1, 1, 1, 0),) * 2 and fill == 0      # SAME: one element of padding each side
     assert_matches_cpu(conv, x, w, rtol=1e-5, atol=1e-5, target=SMALL)
 
 

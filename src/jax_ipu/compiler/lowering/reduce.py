@@ -238,7 +238,11 @@ def reduce(b: Builder, op: ir.Op) -> None:
                   codelets.TreeReduce(tuple(xs), 2, program, results, None, tuple(partials)))
         b.execute(f"reduce {what} {name_of(op)} partials", kernel, vertices)
 
-    outs = [b.tensor(name_of(op), (kept,), d) for d in dtypes]
+    # An outer reduction's outputs one per tile while tiles last: each
+    # combines a column of up to a tile count of partials (on one tile, 64
+    # BatchNorm means received 57K partials: 57K cycles of exchange).
+    out_mapping = b.rotated(spread(b.target, kept)) if outer else None
+    outs = [b.tensor(name_of(op), (kept,), d, out_mapping) for d in dtypes]
     init_sources = [_init_source(i) for i in inits]
     codelet = f"ReduceCombine<{what},{accs[0].name},{dtypes[0].name}>"
     tiles, intervals, offsets, counts = b.by_tile(outs[0].mapping)
@@ -264,25 +268,42 @@ def reduce(b: Builder, op: ir.Op) -> None:
 def _outer_partials(b: Builder, op: ir.Op, x: View, single: str, codelet: str, chunks: int, size: int,
                     kept: int, acc: np.dtype) -> Tensor:
     """Partials [chunks, kept] of x [chunks, size, kept], reduced over
-    each chunk's rows: one vertex per chunk, on the tile that holds the
-    chunk's middle row (the reduction runs where the data lives, as
-    Poplar's reductions of outer dimensions do), reading the chunk as one
-    interval and writing its row of partials. (A tile per output and
-    chunk read every row of its column: 92M one-element intervals of a
-    ResNet-50 step's BatchNorm statistics, a third of its compile.)"""
-    source = x.tensor.mapping
-    middle = np.minimum((np.arange(chunks) * size + size // 2) * kept, x.tensor.size - 1) \
-        if x.is_whole_tensor else None
-    tiles = (source.tiles[np.searchsorted(source.stops, middle, side="right")] if middle is not None
-             else (b.start_tile(chunks) + np.arange(chunks)) % b.target.num_tiles)
-    starts = np.arange(chunks, dtype=np.int64) * kept
-    partials = b.tensor(f"{name_of(op)}/partials", (chunks, kept), acc,
-                        TileMapping.from_runs(chunks * kept, tiles, starts))
-    offsets = np.arange(chunks + 1)
-    reads = np.stack([starts * size, (starts + kept) * size], axis=1)
-    writes = np.stack([starts, starts + kept], axis=1)
-    cycles = np.full(chunks, int(cost.reduce_cycles(b.target, size * kept, x.dtype)), np.int64)
-    vertices = VertexArray(codelet, tiles, cycles, ((x.tensor, reads, offsets),), ((partials, writes, offsets),))
+    each chunk's rows: a vertex per chunk and group of columns (groups of
+    at least OUTER_MIN_KEPT columns while tiles last: few rows of many
+    columns), on the tile that holds the middle of its block (the
+    reduction runs where the data lives, as Poplar's reductions of outer
+    dimensions do), reading the block's rows (one interval when it has
+    every column) and writing its part of the chunk's partials. (A vertex
+    per output and chunk read a one-element interval from every row: 92M
+    intervals of a ResNet-50 step's BatchNorm statistics, a third of its
+    compile.)"""
+    target = b.target
+    groups = max(1, min(target.num_tiles // chunks, kept // OUTER_MIN_KEPT))
+    width = -(-kept // groups)
+    groups = -(-kept // width)
+    first = np.arange(groups, dtype=np.int64) * width                       # [groups] first column
+    widths = np.minimum(width, kept - first)
+    j = np.arange(chunks, dtype=np.int64)[:, None]
+    block = (j * size * kept + first).ravel()                               # [chunks x groups] first element
+    if x.is_whole_tensor:
+        middle = np.minimum(block + (size // 2) * kept + np.tile(widths // 2, chunks), x.tensor.size - 1)
+        source = x.tensor.mapping
+        tiles = source.tiles[np.searchsorted(source.stops, middle, side="right")]
+    else:
+        tiles = (b.start_tile(chunks * groups) + np.arange(chunks * groups)) % target.num_tiles
+    starts = (j * kept + first).ravel()
+    partials = b.tensor(f"{name_of(op)}/partials", (chunks, kept), acc, TileMapping.from_runs(chunks * kept, tiles, starts))
+    vertex_widths = np.tile(widths, chunks)
+    writes = np.stack([starts, starts + vertex_widths], axis=1)
+    if groups == 1:
+        reads, read_offsets = np.stack([block, block + size * kept], axis=1), np.arange(chunks + 1)
+    else:
+        rows = (block[:, None] + np.arange(size) * kept).ravel()           # each row's part of the block
+        reads = np.stack([rows, rows + np.repeat(vertex_widths, size)], axis=1)
+        read_offsets = np.arange(chunks * groups + 1) * size
+    cycles = b.cycles_by_count(vertex_widths, lambda n: cost.reduce_cycles(target, size * n, x.dtype))
+    vertices = VertexArray(codelet, tiles, cycles, ((x.tensor, reads, read_offsets),),
+                           ((partials, writes, np.arange(chunks * groups + 1)),))
     b.execute(f"reduce {single} {name_of(op)} partials", codelets.ReducePartials(x, single, partials, True), vertices)
     return partials
 
