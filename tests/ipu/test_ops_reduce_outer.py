@@ -130,3 +130,21 @@ def test_outer_reads_by_tile_cover_exactly_the_rows_of_each_tiles_partials(chunk
         o, j = e // chunks, e % chunks
         want = ((j[:, None] * size + np.arange(size)) * kept + o[:, None]).ravel()
         np.testing.assert_array_equal(got, np.sort(want))
+
+
+@pytest.mark.parametrize("shape", [(4096, 32), (16, 4096)], ids=["many-rows", "few-rows-many-columns"])
+def test_outer_partials_run_where_the_rows_live(shape):
+    # Each partial vertex reduces a block of rows on the tile holding it, so
+    # the partial stage exchanges little of the operand (an argument mapped
+    # linearly over the tiles). A vertex per output column read its column
+    # from every tile: 15/16 of the operand crossed the exchange on 16 tiles.
+    # With few rows (here a row per tile, so any block of 8 rows spans 8
+    # tiles), the columns are split into groups, one block per tile.
+    x = rng.standard_normal(shape).astype(np.float32)
+    program = compile_fn(lambda x: x.sum(0), x)
+    (partials,) = partial_steps(program)
+    assert partials.compute_set.kernel.outer
+    assert len(np.unique(partials.compute_set.vertices.tiles)) == SMALL.num_tiles
+    if shape[0] > SMALL.num_tiles:
+        assert partials.exchange_bytes < 0.1 * x.nbytes, (partials.exchange_bytes, x.nbytes)
+    assert_matches_cpu(lambda x: x.sum(0), x, rtol=1e-5, atol=1e-4, target=SMALL)

@@ -238,10 +238,13 @@ def reduce(b: Builder, op: ir.Op) -> None:
                   codelets.TreeReduce(tuple(xs), 2, program, results, None, tuple(partials)))
         b.execute(f"reduce {what} {name_of(op)} partials", kernel, vertices)
 
-    # An outer reduction's outputs one per tile while tiles last: each
-    # combines a column of up to a tile count of partials (on one tile, 64
-    # BatchNorm means received 57K partials: 57K cycles of exchange).
-    out_mapping = b.rotated(spread(b.target, kept)) if outer else None
+    # An outer reduction's outputs spread so that each tile combines at
+    # least min_chunk partials, one output per tile when the columns of
+    # partials are long (on one tile, 64 BatchNorm means received 57K
+    # partials: 57K cycles of exchange).
+    out_mapping = (b.rotated(TileMapping.linear(kept, b.target.num_tiles,
+                                                min_elements_per_tile=-(-min_chunk // chunks)))
+                   if outer else None)
     outs = [b.tensor(name_of(op), (kept,), d, out_mapping) for d in dtypes]
     init_sources = [_init_source(i) for i in inits]
     codelet = f"ReduceCombine<{what},{accs[0].name},{dtypes[0].name}>"
@@ -285,11 +288,14 @@ def _outer_partials(b: Builder, op: ir.Op, x: View, single: str, codelet: str, c
     widths = np.minimum(width, kept - first)
     j = np.arange(chunks, dtype=np.int64)[:, None]
     block = (j * size * kept + first).ravel()                               # [chunks x groups] first element
+    tiles = None
     if x.is_whole_tensor:
         middle = np.minimum(block + (size // 2) * kept + np.tile(widths // 2, chunks), x.tensor.size - 1)
         source = x.tensor.mapping
         tiles = source.tiles[np.searchsorted(source.stops, middle, side="right")]
-    else:
+        if len(np.unique(tiles)) < min(len(tiles), target.num_tiles):
+            tiles = None     # blocks across the tiles' runs (a row per tile): spread the work instead
+    if tiles is None:
         tiles = (b.start_tile(chunks * groups) + np.arange(chunks * groups)) % target.num_tiles
     starts = (j * kept + first).ravel()
     partials = b.tensor(f"{name_of(op)}/partials", (chunks, kept), acc, TileMapping.from_runs(chunks * kept, tiles, starts))
