@@ -217,3 +217,17 @@ def _first(header, kind):
 ])
 def test_malformed_fields_are_refused_with_where(saved, edit, words):
     _load_fails(rewrite_saved_program(saved, edit), words)
+
+
+def test_vertex_regions_are_checked_when_the_vertices_are_built(saved):
+    # The vertex table's region and interval columns (tens of millions of
+    # entries in a ResNet-50 step, never read to run) are decoded and
+    # checked on first use: a region naming no tensor is refused then.
+    def swap(h):
+        table = h["vertices"]
+        table["region_tensor"], table["region_block"] = table["region_block"], table["region_tensor"]
+    program, _ = serialize.loads(rewrite_saved_program(saved, swap))
+    with pytest.raises(serialize.ProgramFormatError, match="no tensor or interval block"):
+        for step in p.leaves(program.body):
+            if isinstance(step, p.Execute):
+                list(step.compute_set.vertices)

@@ -212,7 +212,35 @@ class _Writer:
         return len(self.table) - 1
 
 
-def _read_arrays(table, data: memoryview) -> list[np.ndarray]:
+class _Deferred:
+    """An array checked at load and decoded on first use: the vertex
+    table's region and interval columns (tens of millions of entries in a
+    ResNet-50 step, read only by profiles and validation, never to run)."""
+
+    def __init__(self, shape, dtype, decode):
+        self.shape, self.dtype, self.ndim = tuple(shape), dtype, len(shape)
+        self._decode, self._value = decode, None
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def value(self) -> np.ndarray:
+        if self._value is None:
+            self._value, self._decode = self._decode(), None
+        return self._value
+
+
+# Columns of the vertex table decoded only when vertices are built.
+_DEFERRED_COLUMNS = ("region_tensor", "region_block", "block_starts", "block_stops")
+
+
+def _resolved(array) -> np.ndarray:
+    return array.value() if isinstance(array, _Deferred) else array
+
+
+def _read_arrays(table, data: memoryview, deferred=frozenset()) -> list:
+    """The arrays of the table; those at the indices in `deferred` as
+    _Deferred (checked now, decoded when used)."""
     if not isinstance(table, list):
         _fail("the array table is not a list")
     out = []
@@ -244,49 +272,63 @@ def _read_arrays(table, data: memoryview) -> list[np.ndarray]:
         if codec == "raw":
             if arrays[0].dtype != dtype.newbyteorder("<") or arrays[0].size != size:
                 _fail(f"{where}: holds {arrays[0].size} {arrays[0].dtype} elements, not {size} {dtype}")
-            array = arrays[0].astype(dtype, copy=False)
         else:
             if dtype.kind not in "iu" or any(a.dtype.kind not in "iu" for a in arrays):
                 _fail(f"{where}: codec {codec} of a non-integer array")
             if codec == "narrow":
                 if arrays[0].size != size:
                     _fail(f"{where}: holds {arrays[0].size} elements, not {size}")
-                array = arrays[0].astype(dtype, copy=False)
             elif codec == "masked":
                 bits, steps = arrays
                 fill = entry["fill"]
                 if bits.dtype != np.uint8 or bits.size != -(-size // 8) or type(fill) is not int \
                         or not np.iinfo(dtype).min <= fill <= np.iinfo(dtype).max:
                     _fail(f"{where}: malformed padding mask")
-                padding = np.unpackbits(bits, count=size).view(bool)
-                if int(size - np.count_nonzero(padding)) != steps.size:
-                    _fail(f"{where}: {steps.size} indices for {size - np.count_nonzero(padding)} places")
-                array = np.full(size, fill, dtype)
-                array[~padding] = np.cumsum(steps.astype(dtype), dtype=dtype)
             else:
                 steps, counts = arrays
                 if steps.size != counts.size or (counts.size and int(counts.min()) < 1) \
                         or int(counts.sum(dtype=np.int64)) != size:
                     _fail(f"{where}: runs do not add up to {size} elements")
-                # Without np.repeat (slow for short runs): the change of step
-                # at each run's start, summed twice, in the array's own type
-                # (every partial sum of the second is one of its elements;
-                # wrapping differences wrap back).
-                values = steps.astype(dtype)
-                counts = counts.astype(np.int64)
-                array = np.zeros(size, dtype)
-                if size:
-                    array[np.cumsum(counts) - counts] = np.diff(values, prepend=values[:1] * 0)
-                    np.cumsum(array, out=array)
-                if codec == "runs":
-                    np.cumsum(array, out=array)
-                else:
-                    if len(shape) < 2 or shape[-1] < 1:
-                        _fail(f"{where}: row-runs of an array without rows")
-                    array = array.reshape(-1, shape[-1])
-                    np.cumsum(array, axis=0, out=array)
-        out.append(array.reshape(shape))
+                if codec == "row-runs" and (len(shape) < 2 or shape[-1] < 1):
+                    _fail(f"{where}: row-runs of an array without rows")
+        decode = _decoder(entry, arrays, dtype, shape, size, where)
+        out.append(_Deferred(shape, dtype, decode) if i in deferred else decode())
     return out
+
+
+def _decoder(entry, arrays, dtype, shape, size, where):
+    """fn() -> the array an entry's checked parts encode."""
+    codec = entry["codec"]
+
+    def decode() -> np.ndarray:
+        if codec in ("raw", "narrow"):
+            return arrays[0].astype(dtype, copy=False).reshape(shape)
+        if codec == "masked":
+            bits, steps = arrays
+            padding = np.unpackbits(bits, count=size).view(bool)
+            if int(size - np.count_nonzero(padding)) != steps.size:
+                _fail(f"{where}: {steps.size} indices for {size - np.count_nonzero(padding)} places")
+            array = np.full(size, entry["fill"], dtype)
+            array[~padding] = np.cumsum(steps.astype(dtype), dtype=dtype)
+            return array.reshape(shape)
+        steps, counts = arrays
+        # Without np.repeat (slow for short runs): the change of step at
+        # each run's start, summed twice, in the array's own type (every
+        # partial sum of the second is one of its elements; wrapping
+        # differences wrap back).
+        values = steps.astype(dtype)
+        counts = counts.astype(np.int64)
+        array = np.zeros(size, dtype)
+        if size:
+            array[np.cumsum(counts) - counts] = np.diff(values, prepend=values[:1] * 0)
+            np.cumsum(array, out=array)
+        if codec == "runs":
+            np.cumsum(array, out=array)
+        else:
+            array = array.reshape(-1, shape[-1])
+            np.cumsum(array, axis=0, out=array)
+        return array.reshape(shape)
+    return decode
 
 
 # ---------------------------------------------------------------- schema --
@@ -592,7 +634,7 @@ class _Decoder:
     def array(self, i, where: str) -> np.ndarray:
         if type(i) is not int or not 0 <= i < len(self.arrays):
             _fail(f"{where}: array {i!r} out of range")
-        return self.arrays[i]
+        return _resolved(self.arrays[i])
 
     def tensor(self, i, where: str) -> Tensor:
         if type(i) is not int or not 0 <= i < len(self.tensors):
@@ -809,7 +851,7 @@ def _vertex_builder(header, arrays, tensors, where="vertices"):
         i = header[k]
         if type(i) is not int or not 0 <= i < len(arrays) or arrays[i].ndim != 1 or arrays[i].dtype.kind not in "iu":
             _fail(f"{where}.{k}: not an integer column")
-        cols[k] = arrays[i]
+        cols[k] = arrays[i] if k in _DEFERRED_COLUMNS else _resolved(arrays[i])
     n = len(cols["codelet"])
     if any(len(cols[k]) != n for k in ("tile", "cycles", "reads", "writes")):
         _fail(f"{where}: columns of different lengths")
@@ -827,10 +869,17 @@ def _vertex_builder(header, arrays, tensors, where="vertices"):
     if len(cols["block_starts"]) != (int(block_ends[-1]) if len(lengths) else 0) \
             or len(cols["block_stops"]) != len(cols["block_starts"]):
         _fail(f"{where}: interval columns do not match the blocks")
-    if num_regions and (int(cols["region_tensor"].min()) < 0 or int(cols["region_tensor"].max()) >= len(tensors)
-                        or int(cols["region_block"].min()) < 0
-                        or int(cols["region_block"].max()) >= len(lengths)):
-        _fail(f"{where}: a region refers to no tensor or interval block")
+    regions: list = []
+
+    def region_columns() -> tuple[np.ndarray, np.ndarray]:
+        """The region columns, decoded and checked when vertices are first built."""
+        if not regions:
+            tensor, block = _resolved(cols["region_tensor"]), _resolved(cols["region_block"])
+            if num_regions and (int(tensor.min()) < 0 or int(tensor.max()) >= len(tensors)
+                                or int(block.min()) < 0 or int(block.max()) >= len(lengths)):
+                _fail(f"{where}: a region refers to no tensor or interval block")
+            regions.extend((tensor, block))
+        return regions[0], regions[1]
     pairs = []
     block_cuts = np.concatenate(([0], block_ends)).tolist()
     blocks: list = [None] * len(lengths)
@@ -840,7 +889,8 @@ def _vertex_builder(header, arrays, tensors, where="vertices"):
         found = blocks[b]
         if found is None:
             if not pairs:
-                pairs.append(np.stack([cols["block_starts"], cols["block_stops"]], axis=1).astype(np.int64))
+                starts, stops = _resolved(cols["block_starts"]), _resolved(cols["block_stops"])
+                pairs.append(np.stack([starts, stops], axis=1).astype(np.int64))
             found = blocks[b] = pairs[0][block_cuts[b]:block_cuts[b + 1]]
         return found
 
@@ -852,8 +902,7 @@ def _vertex_builder(header, arrays, tensors, where="vertices"):
         tiles, cycles = cols["tile"][span].tolist(), cols["cycles"][span].tolist()
         reads, writes = cols["reads"][span].tolist(), cols["writes"][span].tolist()
         r0, r1 = (int(region_starts[first]), int(region_starts[first + count])) if count else (0, 0)
-        region_tensor = cols["region_tensor"][r0:r1].tolist()
-        region_block = cols["region_block"][r0:r1].tolist()
+        region_tensor, region_block = (c[r0:r1].tolist() for c in region_columns())
         out, r = [], 0
         for v in range(count):
             n = reads[v] + writes[v]
@@ -873,7 +922,7 @@ def _tensors(header, arrays) -> list[Tensor]:
         i = header[k]
         if type(i) is not int or not 0 <= i < len(arrays) or arrays[i].ndim != 1 or arrays[i].dtype.kind not in "iu":
             _fail(f"tensors.{k}: not an integer column")
-        cols[k] = arrays[i].astype(np.int64)
+        cols[k] = _resolved(arrays[i]).astype(np.int64)
     if type(meta) is not list or len(meta) != len(cols["runs"]):
         _fail("tensors: one entry per tensor expected")
     if len(cols["runs"]) and int(cols["runs"].min()) < 0:
@@ -900,7 +949,7 @@ def _tensors(header, arrays) -> list[Tensor]:
         if constant is not None:
             if type(constant) is not int or not 0 <= constant < len(arrays):
                 _fail(f"{where}: constant {constant!r} out of range")
-            constant = arrays[constant]
+            constant = _resolved(arrays[constant])
             if constant.shape != shape or constant.dtype != dtype:
                 _fail(f"{where}: constant of {constant.dtype}{list(constant.shape)}, not {dtype}{list(shape)}")
         tensors.append(Tensor(i, name, shape, dtype, mapping, constant, streaming=entry[4]))
@@ -943,7 +992,9 @@ def loads(data: bytes) -> tuple[Program, dict]:
         _fail(f"header fields {sorted(header)}, expected {sorted(expected)}")
     if header["plugin"] != plugin_version():
         _fail(f"saved by jax-ipu {header['plugin']}, this is jax-ipu {plugin_version()}; compile it again")
-    arrays = _read_arrays(header["arrays"], body[header_size:])
+    vertex_table = header["vertices"] if type(header["vertices"]) is dict else {}
+    deferred = {vertex_table.get(k) for k in _DEFERRED_COLUMNS} - {None}
+    arrays = _read_arrays(header["arrays"], body[header_size:], deferred)
     tensors = _tensors(header["tensors"], arrays)
     dec = _Decoder(arrays, tensors, _vertex_builder(header["vertices"], arrays, tensors))
     program = _program(header["program"], dec, tensors)
