@@ -96,3 +96,11 @@ def test_random_convolutions_match_cpu(spatial, seed, layout, groups, batch_grou
         return          # a configuration JAX refuses (e.g. an empty output)
     assert_matches_cpu(lambda x, w: lax.conv_general_dilated(x, w, **kwargs), lhs, rhs,
                        rtol=1e-5, atol=1e-5, scaled=True, target=SMALL)
+
+
+def test_reverse_is_one_window_per_axis_and_matches_cpu():
+    # reverse: a window the size of each axis, reversed on the reversed
+    # axes (no index per element); exact on integers.
+    x = np.arange(2 * 3 * 4, dtype=np.int32).reshape(2, 3, 4)
+    for dims in [(0,), (1,), (2,), (0, 2), (0, 1, 2)]:
+        assert_matches_cpu(lambda a, dims=dims: lax.rev(a, dims), x, target=SMALL)

@@ -7,7 +7,8 @@ order with its select body (a WindowSelect vertex, as XLA does: first of
 equal maxima, NaNs as XLA leaves them, any comparator), then each operand
 element gathers the source values of the windows that may select it and
 reduces those that did with the scatter body. pad is one Copy of a windows
-view (window 1, interior padding as base dilation), reverse one gather Copy."""
+view (window 1, interior padding as base dilation), reverse one of a window
+the size of each axis, reversed on the reversed axes."""
 from __future__ import annotations
 
 import numpy as np
@@ -132,14 +133,10 @@ def reverse(b: Builder, op: ir.Op) -> None:
     if not dims or isinstance(lowered, Splat) or op.operands[0].type.size == 0:
         b.values[op.results[0]] = lowered
         return
-    per_axis = []
-    for d, size in enumerate(shape):
-        idx = np.arange(size)[::-1] if d in dims else np.arange(size)
-        expand = [1] * len(shape)
-        expand[d] = size
-        per_axis.append(idx.reshape(expand))
-    indices = np.broadcast_to(combine(per_axis, row_major_strides(shape), narrow=True), shape)
-    b.values[op.results[0]] = b.values[_gathered(b, op, op.operands[0], indices, None)]
+    # One window the size of each axis, reversed on the reversed axes.
+    spec = tuple((size, 1, 0, 0, 1, 1, int(d in dims)) for d, size in enumerate(shape))
+    b.values[op.results[0]] = copy_to_new(b, op, b.view(op.operands[0], name_of(op)).then(
+        "windows", spec, None).then("reshape", tuple(shape)))
 
 
 def _window_attrs(op: ir.Op, rank: int):
