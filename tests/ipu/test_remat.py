@@ -35,8 +35,8 @@ def _mlp_grad(remat: bool):
 
 def _mlp_args(blocks=BLOCKS, width=WIDTH, batch=BATCH):
     rng = np.random.default_rng(0)
-    params = [(rng.standard_normal((width, 4 * width)).astype(np.float32) / np.sqrt(width),
-               rng.standard_normal((4 * width, width)).astype(np.float32) / np.sqrt(4 * width))
+    params = [((rng.standard_normal((width, 4 * width)) / np.sqrt(width)).astype(np.float32),
+               (rng.standard_normal((4 * width, width)) / np.sqrt(4 * width)).astype(np.float32))
               for _ in range(blocks)]
     return params, rng.standard_normal((batch, width)).astype(np.float32)
 
@@ -146,3 +146,58 @@ def test_no_fusion_across_an_optimization_barrier():
     assert _fused_compute_sets(compile_fn(plain, x)) == 1
     assert _fused_compute_sets(compile_fn(barrier, x)) == 2
     assert_matches_cpu(barrier, x, rtol=1e-6, atol=1e-6, target=SMALL)
+
+
+def _lower_donating(f, donate, *args):
+    """f as the plugin receives it when jitted with donate_argnums."""
+    from jax._src.lib import _jax
+    from jaxlib.mlir.dialects import stablehlo
+    from jax_ipu.stablehlo import import_module
+    text = jax.jit(f, donate_argnums=donate).lower(*args).as_text(debug_info=True)
+    return import_module(_jax.mlir.serialize_portable_artifact(text, stablehlo.get_current_version()))
+
+
+def _sgd_step():
+    tx = optax.sgd(0.1, momentum=0.9)
+
+    def step(params, opt_state, x):
+        def loss(params):
+            y = x
+            for w1, w2 in params:
+                y = y + jnp.tanh(y @ w1) @ w2
+            return (y ** 2).mean()
+        value, grads = jax.value_and_grad(loss)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+    params, _ = _mlp_args(blocks=4, width=128, batch=16)
+    x = np.random.default_rng(2).standard_normal((16, 128)).astype(np.float32)
+    # On the host, so that each device_put copies (donation deletes what it is given).
+    return step, jax.tree.map(np.asarray, (params, tx.init(params), x))
+
+
+def test_updates_of_donated_parameters_run_as_their_gradients_are_ready(ipu):
+    """A training step with its parameters and momentum donated: each
+    update is written in place into its parameter's (momentum's) memory,
+    so it takes no memory of its own, and is scheduled as soon as its
+    gradient is ready, not after the whole backward pass as JAX emits it,
+    so no gradient waits for the end. Without donation the plan holds the
+    new parameters and momentum (2 x 2 MiB) and the gradients at the end;
+    with it the peak is the forward pass's activations: measured, 1.06 MB
+    against 4.59 MB."""
+    from jax_ipu.compiler import CompileOptions, compile_module
+    step, args = _sgd_step()
+    param_bytes = sum(w.nbytes for pair in args[0] for w in pair)
+    peaks = {}
+    for donate in ((), (0, 1)):
+        program = compile_module(_lower_donating(step, donate, *args), SMALL,
+                                 CompileOptions(allow_out_of_memory=True))
+        peaks[donate] = int(program.memory.liveness.max())
+    assert len(program.in_place) == 2 * len(jax.tree.leaves(args[0]))
+    assert peaks[()] >= 2 * param_bytes
+    assert peaks[(0, 1)] < peaks[()] - 1.5 * param_bytes, (peaks, param_bytes)
+    # Numerics with the updates moved up: the donated step on the IPU against XLA:CPU's.
+    cpu = jax.devices("cpu")[0]
+    want = jax.jit(step, donate_argnums=(0, 1))(*jax.device_put(args, cpu))
+    got = jax.jit(step, donate_argnums=(0, 1))(*jax.device_put(args, ipu))
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5)
