@@ -80,8 +80,11 @@ def hoist_updates(steps: list, received: list, inputs: list[Tensor], outputs: li
     into its parameter's memory (see in_place_outputs) takes no memory of
     its own, so moving it up frees its gradient early and costs nothing."""
     returned = [v.tensor.id for v in outputs]
+    # The pairs in_place_outputs may accept (it also checks the order).
     donors_of = {outputs[o].tensor.id: inputs[i].id for o, i in aliases.items()
-                 if outputs[o].is_whole_tensor and returned.count(outputs[o].tensor.id) == 1}
+                 if outputs[o].is_whole_tensor and returned.count(outputs[o].tensor.id) == 1
+                 and inputs[i].id not in returned and outputs[o].tensor.shape == inputs[i].shape
+                 and outputs[o].tensor.dtype == inputs[i].dtype}
     if not donors_of:
         return steps, received
     order = list(range(len(steps)))
@@ -92,11 +95,11 @@ def hoist_updates(steps: list, received: list, inputs: list[Tensor], outputs: li
         if donors is None:
             continue
         at = order.index(k)
-        needs = read_sets[k]
+        needs, made = read_sets[k], write_sets[k]
         stop = at
         while stop > 0:
             j = order[stop - 1]
-            if write_sets[j] & needs or read_sets[j] & donors:
+            if write_sets[j] & (needs | made) or read_sets[j] & (donors | made):
                 break
             stop -= 1
         if stop < at:
