@@ -4,11 +4,14 @@ default ipu2 and for XLA:CPU in the same process, one program per run:
 
     python benchmarks/models.py --model resnet50 --mode train --dtype f32 --batch 4
     python benchmarks/models.py --model resnet50 --mode train --dtype f16 --batch 3
+    python benchmarks/models.py --model resnet50 --mode train --dtype f16 --batch 8 --remat
     python benchmarks/models.py --model bert --mode infer --dtype f16 --batch 4
     python benchmarks/models.py --model gpt2 --mode infer --dtype f16 --batch 4
     python benchmarks/models.py --model gpt2 --mode train --dtype f32 --batch 1
     (--steps 0 skips running the step; --json prints the figures as JSON;
-     --tiles T compiles for a T-tile ipu2; --image and --length shrink inputs)
+     --tiles T compiles for a T-tile ipu2; --image and --length shrink inputs;
+     --remat recomputes each ResNet-50 bottleneck block in the backward
+     pass, flax.linen.remat, as a JAX user checkpoints activations)
 
 Prints: whether the program fits (it is always compiled with
 allow_out_of_memory, so that a program that does not fit is still
@@ -131,18 +134,20 @@ def main():
     parser.add_argument("--image", type=int, default=224)
     parser.add_argument("--tiles", type=int, default=None)
     parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--remat", action="store_true",
+                        help="ResNet-50: each bottleneck block under nn.remat (activation checkpointing)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.tiles:
         os.environ["JAX_IPU_MODEL_NUM_TILES"] = str(args.tiles)
     instrument()
     f, host_args, samples = models_zoo.program(args.model, args.mode, args.dtype, args.batch, args.length,
-                                               args.image)
+                                               args.image, args.remat)
     # On the host, so that each device_put copies (a CPU array put on the
     # CPU is itself, and donating it would delete the benchmark's input).
     host_args = jax.tree.map(np.asarray, host_args)
     ipu, cpu = jax.devices("ipu")[0], jax.devices("cpu")[0]
-    label = f"{args.model} {args.mode} {args.dtype} batch {args.batch}"
+    label = f"{args.model} {args.mode} {args.dtype} batch {args.batch}{' remat' if args.remat else ''}"
 
     # IPU first, so that the peak RSS it adds is its own.
     # Lowered from shapes, so that a program whose arguments do not fit the

@@ -75,15 +75,20 @@ class ResNet50(nn.Module):
     stages: Sequence[int] = (3, 4, 6, 3)
     num_classes: int = 1000
     dtype: Dtype = jnp.float32
+    remat: bool = False     # recompute each bottleneck block's activations in the backward pass
 
     @nn.compact
     def __call__(self, x, train: bool):
+        # Recomputation (activation checkpointing) as a Flax user writes it:
+        # nn.remat of the block, `train` static. The backward pass keeps only
+        # each block's input and recomputes the block's activations.
+        block = nn.remat(Bottleneck, static_argnums=(2,)) if self.remat else Bottleneck
         x = nn.Conv(64, (7, 7), (2, 2), padding=[(3, 3), (3, 3)], use_bias=False, dtype=self.dtype)(x)
         x = nn.relu(nn.BatchNorm(use_running_average=not train, momentum=0.9, dtype=self.dtype)(x))
         x = nn.max_pool(x, (3, 3), (2, 2), padding="SAME")
         for i, blocks in enumerate(self.stages):
             for j in range(blocks):
-                x = Bottleneck(64 * 2 ** i, 2 if i > 0 and j == 0 else 1, self.dtype)(x, train)
+                x = block(64 * 2 ** i, 2 if i > 0 and j == 0 else 1, self.dtype)(x, train)
         x = jnp.mean(x, axis=(1, 2))
         return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
 
@@ -170,12 +175,12 @@ class Gpt2Small(nn.Module):
 LOSS_SCALE = 128.0   # static loss scale for float16 training (as Graphcore's examples use)
 
 
-def resnet50_train(batch: int, dtype, image: int = 224, classes: int = 1000):
+def resnet50_train(batch: int, dtype, image: int = 224, classes: int = 1000, remat: bool = False):
     """(step, args): one SGD-momentum step of ResNet-50 on a batch, the
     parameters, batch statistics and optimiser state donated. With float16
     compute the loss is scaled and the gradients (float32, of the float32
-    master weights) unscaled."""
-    model = ResNet50(dtype=dtype, num_classes=classes)
+    master weights) unscaled. remat: each bottleneck block under nn.remat."""
+    model = ResNet50(dtype=dtype, num_classes=classes, remat=remat)
     tx = optax.sgd(0.1, momentum=0.9)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, image, image, 3)).astype(np.float32)
@@ -257,13 +262,15 @@ def gpt2_train(batch: int, length: int, dtype):
     return jax.jit(step, donate_argnums=(0, 1)), (params, tx.init(params), tokens)
 
 
-def program(model: str, mode: str, dtype: str, batch: int, length: int = 128, image: int = 224):
-    """(jitted function, host arguments, samples per call)."""
+def program(model: str, mode: str, dtype: str, batch: int, length: int = 128, image: int = 224,
+            remat: bool = False):
+    """(jitted function, host arguments, samples per call). remat: ResNet-50's
+    bottleneck blocks recomputed in the backward pass (nn.remat)."""
     dt = {"f32": jnp.float32, "f16": jnp.float16}[dtype]
     if model == "resnet50":
         if mode != "train":
             raise SystemExit("resnet50: only --mode train")
-        f, args = resnet50_train(batch, dt, image)
+        f, args = resnet50_train(batch, dt, image, remat=remat)
     elif model == "bert":
         if mode != "infer":
             raise SystemExit("bert: only --mode infer")
@@ -273,4 +280,6 @@ def program(model: str, mode: str, dtype: str, batch: int, length: int = 128, im
                    else gpt2_train(batch, length, dt))
     else:
         raise SystemExit(f"unknown model {model!r}")
+    if remat and not (model == "resnet50" and mode == "train"):
+        raise SystemExit("--remat: only for --model resnet50 --mode train")
     return f, args, batch

@@ -35,7 +35,7 @@ from jax_ipu.compiler.passes.legalize import FlatFunction, legalize
 from jax_ipu.compiler.passes.lower import lower
 from jax_ipu.compiler.passes.memory import check_fits, plan_memory
 from jax_ipu.compiler.passes.rng import expand_rng
-from jax_ipu.compiler.passes.schedule import in_place_outputs, lifetimes, schedule
+from jax_ipu.compiler.passes.schedule import hoist_updates, in_place_outputs, lifetimes, schedule
 from jax_ipu.compiler.passes.tokens import remove_tokens
 from jax_ipu.errors import IpuCompileError
 from jax_ipu.graph.program import Program
@@ -70,6 +70,7 @@ class Compilation:
     aliases: dict = dataclasses.field(default_factory=dict)
     first: Any = None                    # tensor lifetimes, in steps
     last: Any = None
+    in_place: dict = dataclasses.field(default_factory=dict)   # outputs written into donated inputs
     memory: Any = None                   # the per-tile memory plan
     program: Program | None = None
 
@@ -135,15 +136,18 @@ def _cost(c: Compilation) -> None:
 
 
 def _schedule(c: Compilation) -> None:
-    c.body, c.host_cycles = schedule(c.target, c.builder.steps, c.inputs, c.outputs)
+    b = c.builder
+    c.aliases = _aliases(c.module.main, c.flat.results)
+    b.steps[:], c.received = hoist_updates(b.steps, c.received, c.inputs, c.outputs, c.aliases)
+    c.body, c.host_cycles = schedule(c.target, b.steps, c.inputs, c.outputs)
 
 
 def _plan_memory(c: Compilation) -> None:
     b = c.builder
     c.first, c.last = lifetimes(b.steps, len(b.tensors))
-    c.aliases = _aliases(c.module.main, c.flat.results)
+    c.in_place = in_place_outputs(b.steps, c.inputs, c.outputs, c.aliases, c.first, c.last)
     c.memory = plan_memory(c.target, b.tensors, b.steps, c.inputs, c.outputs, c.received, c.first, c.last,
-                           sum(c.inputs[i].nbytes for i in c.aliases.values()))
+                           sum(c.inputs[i].nbytes for i in c.aliases.values()), c.in_place)
     for t in b.tensors:
         t.mapping.forget()     # compile-time caches, as large as the tensors
 
@@ -155,7 +159,7 @@ def _build_program(c: Compilation) -> None:
         name=c.module.name, target_name=c.target.name, num_tiles=c.target.num_tiles, tensors=b.tensors,
         body=c.body, inputs=c.inputs, outputs=c.outputs, input_types=c.input_types,
         output_types=c.output_types, aliases=c.aliases,
-        in_place=in_place_outputs(b.steps, c.inputs, c.outputs, c.aliases, c.first, c.last),
+        in_place=c.in_place,
         cycles=cycles, unknown_trip_loops=unknown_loops, host_cycles=c.host_cycles, memory=c.memory,
         shardings=c.layout, flops=b.flops, transcendentals=b.transcendentals,
         bytes_accessed=float(sum(t.nbytes for t in b.tensors if t.constant is None)),

@@ -1,4 +1,5 @@
-"""Control flow: while -> Repeat when its trip count is known at compile
+"""Control flow: optimization_barrier (an identity that fusion does not
+cross); while -> Repeat when its trip count is known at compile
 time (fori_loop and scan: a counter from a constant, below a constant, by
 one), else RepeatWhileTrue; if -> If, case -> Switch. The loop runs on the
 device: each loop-carried value has one fixed tensor, the
@@ -107,6 +108,19 @@ def trip_count(b: Builder, op: ir.Op) -> int | None:
     if _integer_constant(b, body, other) != 1:
         return None
     return max(limit - start, 0)
+
+
+@register("optimization_barrier")
+def optimization_barrier(b: Builder, op: ir.Op) -> None:
+    """Its results are its operands: no step, no copy. What it guarantees
+    is kept by the passes before lowering: the program order is kept (a
+    fused cluster runs where its last op was, so nothing moves earlier),
+    and a cluster read by the barrier is sealed while one reading its
+    results starts anew (it is no element-wise op), so no fusion joins the
+    recomputation jax.checkpoint puts after a barrier with the forward ops
+    it repeats, and nothing computed after it is computed before it."""
+    for operand, result in zip(op.operands, op.results):
+        b.values[result] = b.values[operand]
 
 
 @register("while")

@@ -1,6 +1,9 @@
 """First pass: one flat list of ops the IPU can run. Inlines func.call and
-composites, drops ops that only annotate (sharding constraints, optimization
-barriers), and rejects types the IPU does not hold, naming the op."""
+composites, drops ops that only annotate (sharding constraints), and
+rejects types the IPU does not hold, naming the op. Optimization barriers
+stay: they compute nothing, but no fusion joins values across one (see
+lowering/control.py), which is what keeps jax.checkpoint's recomputation
+separate from the forward pass it repeats."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +16,7 @@ from jax_ipu.errors import IpuCompileError, IpuUnimplementedError
 from jax_ipu.targets import IPU_DTYPES, USE_IPU_TYPES
 
 # Ops whose results are their operands, unchanged.
-_IDENTITIES = {"optimization_barrier", "sdy.sharding_constraint", "sharding_constraint"}
+_IDENTITIES = {"sdy.sharding_constraint", "sharding_constraint"}
 # dce_sink (lax.dce_sink, checkify) only keeps its operands alive: it has no results.
 _IDENTITY_CUSTOM_CALLS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "dce_sink"}
 # Products whose boolean form (an OR of ANDs) runs as an int32 count.

@@ -36,12 +36,20 @@ def _code_bytes(target: Target, steps: list) -> np.ndarray:
 
 def plan_memory(target: Target, tensors: list[Tensor], steps: list, inputs: list[Tensor],
                 outputs: list, received: list[np.ndarray], first: np.ndarray, last: np.ndarray,
-                aliased_bytes: int) -> MemoryReport:
+                aliased_bytes: int, in_place: dict[int, int] | None = None) -> MemoryReport:
+    """in_place: output index -> donated input index of the outputs written
+    into their input's memory (schedule.in_place_outputs); each that has
+    its input's bytes on every tile takes no memory of its own."""
     tiles = target.num_tiles
     # Tensors in streaming memory take no tile SRAM.
     per_tile = [t.mapping.elements_per_tile(tiles) * t.dtype.itemsize if not t.streaming
                 else np.zeros(tiles, dtype=np.int64) for t in tensors]
     always = {t.id for t in inputs} | {t.id for t in tensors if t.constant is not None}
+    # An output written in place lives in its donated input's always-live
+    # bytes (as XLA's buffer assignment shares an aliased pair's buffer).
+    held_by_input = {outputs[o].tensor.id for o, i in (in_place or {}).items()
+                     if not outputs[o].tensor.streaming and not inputs[i].streaming
+                     and np.array_equal(per_tile[outputs[o].tensor.id], per_tile[inputs[i].id])}
     code = _code_bytes(target, steps)
     always_live = code + sum((per_tile[i] for i in always), np.zeros(tiles, dtype=np.int64))
     returned = {v.tensor.id for v in outputs}
@@ -49,7 +57,7 @@ def plan_memory(target: Target, tensors: list[Tensor], steps: list, inputs: list
     delta = np.zeros((n + 1, tiles), dtype=np.int64)
     spans = []
     for t in tensors:
-        if t.id in always or first[t.id] < 0:
+        if t.id in always or t.id in held_by_input or first[t.id] < 0:
             continue
         end = n - 1 if t.id in returned else max(last[t.id], first[t.id])
         delta[first[t.id]] += per_tile[t.id]

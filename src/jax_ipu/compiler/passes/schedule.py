@@ -1,7 +1,8 @@
 """Orders the program: argument streams in, the compute and exchange steps
-in dependency order (as lowered), result streams out. Also finds the step
-that writes and the last step that reads each tensor, which the memory plan
-and in-place donation use."""
+in dependency order (as lowered, but for the in-place updates of donated
+inputs, moved up to where their operands are ready), result streams out.
+Also finds the step that writes and the last step that reads each tensor,
+which the memory plan and in-place donation use."""
 from __future__ import annotations
 
 import numpy as np
@@ -50,6 +51,60 @@ def lifetimes(steps: list, num_tensors: int) -> tuple[np.ndarray, np.ndarray]:
         for t in reads(step):
             last[t] = i
     return first, last
+
+
+def _updates_in_place(step, donors_of: dict[int, int]) -> set[int] | None:
+    """The donated inputs' tensor ids a fused element-wise step overwrites,
+    if it writes nothing but outputs aliased to donated inputs that it reads
+    itself (an optimiser's update of a parameter), else None."""
+    if not (isinstance(step, Execute) and isinstance(step.compute_set.kernel, codelets.ElementwiseChain)):
+        return None
+    written = writes(step)
+    if not written or not all(t in donors_of for t in written):
+        return None
+    donors = {donors_of[t] for t in written}
+    return donors if donors <= reads(step) else None
+
+
+def hoist_updates(steps: list, received: list, inputs: list[Tensor], outputs: list[View],
+                  aliases: dict[int, int]) -> tuple[list, list]:
+    """(steps, received) with each in-place update of a donated input moved
+    up to just after the last step it must follow: the last that writes a
+    tensor it reads, or reads the input it overwrites.
+
+    JAX emits a training step's optimiser updates after the whole backward
+    pass, so every gradient stays live until the end: a ResNet-50's weight
+    gradients are 102 MB in float32, live at the backward pass's peak. XLA
+    schedules by liveness and runs each update once its gradient is ready;
+    this does the same for these steps only. An update written in place
+    into its parameter's memory (see in_place_outputs) takes no memory of
+    its own, so moving it up frees its gradient early and costs nothing."""
+    returned = [v.tensor.id for v in outputs]
+    # The pairs in_place_outputs may accept (it also checks the order).
+    donors_of = {outputs[o].tensor.id: inputs[i].id for o, i in aliases.items()
+                 if outputs[o].is_whole_tensor and returned.count(outputs[o].tensor.id) == 1
+                 and inputs[i].id not in returned and outputs[o].tensor.shape == inputs[i].shape
+                 and outputs[o].tensor.dtype == inputs[i].dtype}
+    if not donors_of:
+        return steps, received
+    order = list(range(len(steps)))
+    read_sets = [reads(s) for s in steps]
+    write_sets = [writes(s) for s in steps]
+    for k, step in enumerate(steps):
+        donors = _updates_in_place(step, donors_of)
+        if donors is None:
+            continue
+        at = order.index(k)
+        needs, made = read_sets[k], write_sets[k]
+        stop = at
+        while stop > 0:
+            j = order[stop - 1]
+            if write_sets[j] & (needs | made) or read_sets[j] & (donors | made):
+                break
+            stop -= 1
+        if stop < at:
+            order.insert(stop, order.pop(at))
+    return [steps[i] for i in order], [received[i] for i in order]
 
 
 def schedule(target: Target, steps: list, inputs: list[Tensor], outputs: list[View]) -> tuple[Sequence, int]:

@@ -67,6 +67,10 @@ def plan(flat, arg_kinds: list, result_kinds: list) -> tuple[tuple[int, ...], tu
             name = _KEEP if (src in streaming) == to_streaming else (_STORE if to_streaming else _LOAD)
             ops.append(ir.Op(name, op.operands, op.results, {}, [], op.loc))
             continue
+        if op.name == "optimization_barrier":     # an identity: its results stay where its operands are
+            streaming.update(r for v, r in zip(op.operands, op.results) if v in streaming)
+            ops.append(op)
+            continue
         if any(v in streaming for v in op.operands):
             _refuse(op, "computes on")
         if op.regions and any(v in streaming for v in reads_of(op, regions_only=True)):
