@@ -25,6 +25,7 @@ from jax_ipu.graph.views import Concat, View
 from jax_ipu.model import executors, links
 from jax_ipu.model.executors.common import reader
 from jax_ipu.model.fast import helper, lanes
+from jax_ipu.model.fast.xla_chains import aligned_copy
 from jax_ipu.targets import Target
 
 
@@ -452,7 +453,8 @@ class _Loaded:
                 sid = src.tensor.id
 
                 def copy_whole(state):
-                    state[tid] = np.array(state[sid], dtype=dtype).reshape(shape)
+                    # Aligned, so that element-wise chains read it in place.
+                    state[tid] = aligned_copy(np.asarray(state[sid], dtype=dtype)).reshape(shape)
                 return copy_whole
 
             def copy(state):
