@@ -10,14 +10,14 @@ use, the estimated tokens per second and where a step's time goes.
 
     python examples/gpt2_multi_ipu.py --model tiny          # seconds
     python examples/gpt2_multi_ipu.py --model gpt2-small    # 124M parameters: minutes on the Model
-    python examples/gpt2_multi_ipu.py --model gpt2-wide     # does not fit one IPU even without AdamW
+    python examples/gpt2_multi_ipu.py --model gpt2-wide --batch 1   # 8 IPUs; its weights alone exceed one IPU
 """
 import argparse
 import dataclasses
 import os
 import time
 
-os.environ.setdefault("JAX_IPU_DEVICE_COUNT", "4")
+os.environ.setdefault("JAX_IPU_DEVICE_COUNT", "8")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -39,10 +39,13 @@ class Config:
 CONFIGS = {
     "tiny": Config(vocab=512, context=32, width=64, heads=4, layers=2),
     "gpt2-small": Config(vocab=50304, context=1024, width=768, heads=12, layers=12),
-    # 1600 wide (GPT-2 XL's width), 6 layers: 265M parameters, 1.06 GB of
-    # float32 weights, more than one IPU's 900 MB of SRAM.
+    # 1600 wide (GPT-2 XL's width), 6 layers: 267M parameters, 1.07 GB of
+    # float32 weights, more than one IPU's 940 MB of SRAM. On 4 IPUs a
+    # quarter of the weights, their gradients and the embedding's moments
+    # brought in for its update need more than a tile's 624 KiB: 8 IPUs.
     "gpt2-wide": Config(vocab=50304, context=1024, width=1600, heads=16, layers=6),
 }
+IPUS = {"gpt2-wide": 8}     # the IPUs a model takes by default; 4 otherwise
 MODEL = "model"     # the mesh axis the weights are split over
 
 
@@ -162,9 +165,12 @@ def batches(cfg: Config, batch: int, seq: int, steps: int, seed: int = 1):
     return [(t[:, :-1], t[:, 1:]) for t in tokens]
 
 
-def run(cfg: Config, devices, data, compiler_options=None) -> tuple[list[float], float]:
-    params = init(cfg)
-    state, step, replicated = place(params, devices, cfg)
+def run(cfg: Config, devices, data, compiler_options=None, after=None) -> tuple[list[float], float, object]:
+    """The losses, the fastest step's wall time and what `after(devices)`
+    returns, called while the trained state still exists (it is dropped
+    before run returns, so that a model the size of the host's memory is
+    not held twice)."""
+    state, step, replicated = place(init(cfg), devices, cfg)
     losses, times = [], []
     for i, (ids, labels) in enumerate(data):
         ids, labels = jax.device_put((ids, labels), replicated)
@@ -174,13 +180,15 @@ def run(cfg: Config, devices, data, compiler_options=None) -> tuple[list[float],
         *state, loss = step(*state, ids, labels)
         losses.append(float(loss))
         times.append(time.perf_counter() - start)
-    return losses, min(times), state
+    figures = after(devices) if after else None
+    del state
+    return losses, min(times), figures
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(CONFIGS), default="tiny")
-    parser.add_argument("--ipus", type=int, default=None, help="default: all (JAX_IPU_DEVICE_COUNT, 4)")
+    parser.add_argument("--ipus", type=int, default=None, help="default: 8 for gpt2-wide, else 4 (or as many as there are)")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=None, help="default: the model's context (tiny) or 128")
     parser.add_argument("--steps", type=int, default=3)
@@ -190,7 +198,11 @@ def main(argv=None) -> dict:
                              "it when several large matmuls' partials meet on one tile")
     args = parser.parse_args(argv)
     cfg = CONFIGS[args.model]
-    ipus = jax.devices("ipu")[:args.ipus]
+    count = args.ipus or IPUS.get(args.model)
+    ipus = jax.devices("ipu")[:count or 4]
+    if count and len(ipus) < count:
+        parser.error(f"{args.model} takes {count} IPUs; this process has {len(ipus)} "
+                     f"(set JAX_IPU_DEVICE_COUNT={count} before jax starts)")
     seq = args.seq or (cfg.context if args.model == "tiny" else 128)
     data = batches(cfg, args.batch, seq, args.steps)
     n_params = sum(np.size(p) for p in jax.tree.leaves(jax.eval_shape(lambda: init(cfg))))
@@ -199,30 +211,32 @@ def main(argv=None) -> dict:
 
     options = ({"available_memory_proportion": args.available_memory_proportion}
                if args.available_memory_proportion else None)
-    losses, wall, state = run(cfg, ipus, data, options)
+    def figures(devices):
+        return ([jax_ipu.last_profile(d) for d in devices], [jax_ipu.streaming_memory_in_use(d) for d in devices])
+    # XLA:CPU first: its arrays are gone before the IPUs' are made.
     cpu_losses = [] if args.no_cpu else run(cfg, jax.devices("cpu")[:1], data)[0]
+    losses, wall, (reports, streaming) = run(cfg, ipus, data, options, after=figures)
     for i, loss in enumerate(losses):
         ref = f" (XLA:CPU {cpu_losses[i]:.6f})" if cpu_losses else ""
         print(f"step {i}: loss {loss:.6f}{ref}")
 
-    reports = [jax_ipu.last_profile(d) for d in ipus]
     clock = jax_ipu.target(ipus[0]).clock_hz
     time_parts = reports[0]["time_breakdown"]
     cycles = sum(time_parts.values())
     seconds = cycles / clock
     tokens = args.batch * seq
     budget = jax_ipu.target(ipus[0]).num_tiles * jax_ipu.target(ipus[0]).bytes_per_tile
-    for d, r in zip(ipus, reports):
+    for d, r, b in zip(ipus, reports, streaming):
         print(f"IPU {d.id}: SRAM peak {r['memory']['total_bytes'] / 2**20:8.1f} MiB of {budget / 2**20:.0f} "
               f"(busiest tile {r['memory']['max_bytes'] / 1024:.0f} KiB of {r['memory']['bytes_per_tile'] // 1024}),"
-              f" streaming memory in use {jax_ipu.streaming_memory_in_use(d) / 2**20:.1f} MiB")
+              f" streaming memory in use {b / 2**20:.1f} MiB")
     print(f"estimated {seconds * 1e3:.2f} ms a step, {tokens / seconds:,.0f} tokens/s "
           f"(the Model took {wall:.1f} s to simulate it)")
     parts = dict(time_parts, pipeline_bubble=0)    # weights split, not staged: no bubble
     for kind in ("compute", "exchange", "sync", "ipu_link", "streaming_memory", "pipeline_bubble"):
         print(f"  {kind:16s} {parts[kind] / clock * 1e3:9.3f} ms  {100 * parts[kind] / cycles:5.1f}%")
     return {"losses": losses, "cpu_losses": cpu_losses, "reports": reports, "tokens_per_second": tokens / seconds,
-            "streaming_bytes": [jax_ipu.streaming_memory_in_use(d) for d in ipus], "params": n_params,
+            "streaming_bytes": streaming, "params": n_params, "ipus": len(ipus),
             "time": parts, "seconds": seconds, "wall_seconds": wall}
 
 

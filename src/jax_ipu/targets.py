@@ -54,13 +54,15 @@ class Target:
     ipu_links_per_hop: int = 1
     ipu_link_latency_cycles: int = 1000     # per hop, ~0.75 us at 1.33 GHz (unverified)
     ipu_sync_cycles: int = 2000             # sync across IPUs per collective (unverified)
-    # Streaming memory: the DRAM beside the IPUs (an IPU-Machine holds up to
-    # 260 GB for its 4 IPUs), reached only by transfers to and from tile
-    # memory (Poplar's remote buffers). Graphcore: 3x to 20x slower than the
-    # IPU-Links, i.e. about 11 to 16 GB/s an IPU (docs/multi-ipu.md).
-    streaming_bytes_per_second: float = 16e9
+    # Streaming memory: the DRAM beside the IPUs (an IPU-M2000 ships with 128
+    # GB in two 64 GB DIMMs behind its IPU-Gateway, up to 256 GB), reached only
+    # by transfers to and from tile memory (Poplar's remote buffers). 3.2 GB/s
+    # an IPU is derived from Graphcore's measured off-chip-optimizer steps
+    # with four IPUs streaming at once (popxl-addons tutorial; docs/ipu.md);
+    # the PCIe Gen4 x8 link from each IPU to the gateway bounds it at 15.75.
+    streaming_bytes_per_second: float = 3.2e9
     streaming_latency_cycles: int = 2000    # per transfer (unverified; a parameter)
-    streaming_bytes: int = 65 * 10**9       # per IPU: an IPU-Machine's 260 GB over its 4 IPUs
+    streaming_bytes: int = 64 * 10**9       # per IPU: up to 256 GB for an IPU-Machine's 4 IPUs
 
     def describe(self) -> str:
         return (f"IPU Model {self.name} ({self.num_tiles} tiles, {self.bytes_per_tile // 1024} KiB/tile, "

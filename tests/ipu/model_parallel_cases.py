@@ -25,6 +25,7 @@ class Case:
     out_specs: object = None
     mesh_axes: tuple = ("m",)
     split: tuple = ()    # indices of the weights that must never be whole on an IPU
+    collectives: tuple = ()   # (kind, count) the per-IPU program must hold
 
 
 def _mlp(x, w1, w2):
@@ -94,7 +95,11 @@ def cases(n: int) -> dict[str, Case]:
                                       (P(), row), split=(0,)),
         "tied_embedding_grad": Case(tied, [table, ids, labels], [row, P(), P()], row, split=(0,)),
         "zero1_adam": Case(_zero1_step, zero1, [P(), P()] + [state] * 4 + [P("d", None)] * 2,
-                           (P(), P(), state, state, state, state), mesh_axes=("d",)),
+                           (P(), P(), state, state, state, state), mesh_axes=("d",),
+                           # Each IPU receives only its slice of each summed gradient (a
+                           # reduce_scatter, as XLA's partitioner emits), and gathers the
+                           # updated weights.
+                           collectives=(("ReduceScatter", 2), ("AllReduce", 0), ("AllGather", 2))),
     }
 
 
@@ -137,6 +142,8 @@ def check(name: str, case: Case, ipus) -> dict:
              if isinstance(leaf, Execute) and isinstance(leaf.compute_set.kernel, cc.COLLECTIVES)]
     if case.split:
         assert "AllGather" not in kinds, (name, kinds)
+    for kind, count in case.collectives:
+        assert kinds.count(kind) == count, (name, kinds)
     whole = sum(a.nbytes for a in case.args)
     stats = compiled.memory_analysis()
     # Each IPU holds its shards: the split arguments' bytes over n.

@@ -57,3 +57,15 @@ def pipelined(devices, stacked, x, y, count: int, remat: bool = False):
 def close(got, want, rtol=2e-5, atol=2e-6):
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+
+
+def one_f_one_b(devices, stacked, x, y, count: int):
+    """Loss and gradients through the 1F1B schedule over `devices`."""
+    mesh = Mesh(np.array(devices), ("stage",))
+
+    def step(stacked, x, y):
+        return pipeline.one_f_one_b(layer, lambda out, t: jnp.mean((out - t) ** 2), stacked,
+                                    pipeline.microbatches(x, count), pipeline.microbatches(y, count), mesh=mesh)
+    stacked = jax.device_put(stacked, NamedSharding(mesh, P("stage")))
+    x, y = jax.device_put((x, y), NamedSharding(mesh, P()))
+    return jax.tree.map(np.asarray, jax.jit(step)(stacked, x, y))

@@ -120,3 +120,35 @@ def test_control_flow_programs():
     acc_out, _ = engine.run(program, [x_value, np.array(1, np.int32)])
     np.testing.assert_array_equal(acc_out, -(x_value * 2))
     assert (x_value == np.arange(5)).all()    # inputs are never written
+
+
+def test_a_run_drops_intermediates_after_their_last_reader(monkeypatch):
+    """A straight-line run holds its live values, not every value the
+    program made: before the last step of a chain of products and sorts
+    only the last intermediate is held; with FREE_DEAD off, all of them.
+    The results are the same."""
+    import jax.numpy as jnp
+    from jax_ipu.model import engine as engine_module
+
+    def chain(x, w):
+        for i in range(8):
+            x = jnp.sort(x, axis=0) if i % 2 else x @ w
+        return x
+    x = np.random.default_rng(0).standard_normal((4096, 4)).astype(np.float32)
+    w = np.eye(4, dtype=np.float32)[::-1].copy()
+    program = compile_fn(chain, x, w)
+    held, results = {}, {}
+    for free in (True, False):
+        monkeypatch.setattr(engine_module, "FREE_DEAD", free)
+        loaded = engine_module._Loaded(program)
+        last = loaded.steps[-1]
+
+        def spy(state, last=last, free=free):
+            held[free] = sum(a.nbytes for a in state if isinstance(a, np.ndarray))
+            last(state)
+        loaded.steps[-1] = spy
+        results[free], = loaded._straight_line()([x, w])
+    np.testing.assert_array_equal(results[True], results[False])
+    np.testing.assert_allclose(results[True], np.asarray(chain(x, w)), rtol=1e-6)
+    assert held[True] <= 2 * x.nbytes + w.nbytes, held
+    assert held[False] >= 8 * x.nbytes, held

@@ -33,6 +33,29 @@ def test_out_of_memory_names_tile_bytes_and_largest_tensors():
         assert advice in out
 
 
+STREAMED = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import SingleDeviceSharding
+ipu = jax.devices("ipu")[0]
+m = jax.device_put(np.zeros((1024, 1024), np.float32), SingleDeviceSharding(ipu, memory_kind="pinned_host"))
+x = jax.device_put(np.zeros((512, 1024), np.float32), ipu)
+f = jax.jit(lambda m, a: (m, jnp.tanh(a * 2 + 1)))
+try:
+    print("RESULT", float(f(m, x)[1][0, 0]))
+except Exception as exc:
+    print("ERROR", type(exc).__name__, exc)
+"""
+
+
+def test_out_of_memory_names_no_tensor_in_streaming_memory():
+    """A larger array in streaming memory takes no tile's SRAM: the error
+    names the arrays in SRAM, as does an allowed run's profile."""
+    done = run_python(STREAMED, JAX_IPU_MODEL_NUM_TILES="4")
+    assert done.returncode == 0, done.stderr
+    assert "Largest tensors there: argument 1 float32[512, 1024]" in done.stdout, done.stdout
+    assert "[1024, 1024]" not in done.stdout, done.stdout
+
+
 def test_allow_out_of_memory_runs_and_profiles(tmp_path):
     done = run_python(PROGRAM, JAX_IPU_MODEL_NUM_TILES="4", JAX_IPU_ALLOW_OUT_OF_MEMORY="1",
                       JAX_IPU_PROFILE=str(tmp_path))

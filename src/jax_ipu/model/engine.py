@@ -25,6 +25,7 @@ from jax_ipu.graph.views import Concat, View
 from jax_ipu.model import executors, links
 from jax_ipu.model.executors.common import reader
 from jax_ipu.model.fast import helper, lanes
+from jax_ipu.model.fast.xla_chains import aligned_copy
 from jax_ipu.targets import Target
 
 
@@ -99,6 +100,10 @@ def _scratch_partials(program: Program) -> set[int]:
 # Whether the engine skips the host side of Copies their readers can read
 # through views (lazy_copies); off only to measure what that saves.
 LAZY_COPIES = True
+# Whether a straight-line run drops each intermediate after the last step
+# that refers to it (the host holds the live values, not every value the
+# program ever made); off only to measure what that saves.
+FREE_DEAD = True
 # Whether independent compute sets next to each other run as two lanes
 # (model/lanes.py); off only to measure what that saves.
 LANES = True
@@ -254,7 +259,9 @@ class _Loaded:
         self.has_control = any(isinstance(s, p.CONTROL) for s in program.body.steps)
         self.aliases = donation_aliases(program)
         self.trace: list | None = [] if self.has_control else None
-        self.steps = self._sequence(program.body)
+        covers: list = []
+        self.steps = self._sequence(program.body, covers)
+        self.dead = self._dead_after(program, covers) if FREE_DEAD and not self.has_control else None
         self.inputs = [(t.id, tuple(t.shape), t.dtype) for t in program.inputs]
         self.input_ids = [t.id for t in program.inputs]
         owned_elsewhere = {t.id for t in program.inputs} | {t.id for t in program.tensors
@@ -310,6 +317,8 @@ class _Loaded:
             if i in wake:
                 lines.append("    wake()")
             lines.append(f"    s{i}(state)")
+            if self.dead is not None and self.dead[i]:
+                lines.append("    " + " = ".join(f"state[{t}]" for t in self.dead[i]) + " = None")
             if timed:
                 lines.append(f"    u = clock(); took[{i}] = min(took[{i}], (u - t) * 1e6); t = u")
             if i in rest:
@@ -326,9 +335,17 @@ class _Loaded:
         exec(compile("\n".join(lines), f"<program {self.name}>", "exec"), env)
         return env["run"]
 
-    def _sequence(self, seq: p.Sequence) -> list:
+    def _sequence(self, seq: p.Sequence, covers: list | None = None) -> list:
+        """The functions running `seq`'s steps; `covers` (if given) gets,
+        per function, the steps it runs."""
+        covers = [] if covers is None else covers
         if not LANES:
-            return [fn for step in seq.steps if (fn := self._step(step)) is not None]
+            fns = []
+            for step in seq.steps:
+                if (fn := self._step(step)) is not None:
+                    fns.append(fn)
+                    covers.append([step])
+            return fns
         # Lazy Copies run nothing; in a traced run they still take their place
         # in the record, with the step after them (lead).
         steps, lead, pending = [], {}, []
@@ -341,14 +358,43 @@ class _Loaded:
         found = lanes.units(steps, [self._kernel(s) for s in steps], _tensor_ids, self.aliases)
         order = {id(u): i for i, u in enumerate(found)}
         fns = []
+
+        def add(s) -> None:
+            if (fn := self._step(s)) is not None:
+                fns.append(fn)
+                covers.append([s])
         for item in lanes.plan(found):
             if isinstance(item, tuple):
                 fns.append(self._lanes(item, lead, order))
+                covers.append([s for lane in item for u in lane for step in u.steps for s in lead[id(step)] + [step]])
                 continue
             for step in (item.steps if isinstance(item, lanes.Unit) else [item]):
-                fns += [fn for s in lead[id(step)] + [step] if (fn := self._step(s)) is not None]
-        fns += [fn for s in pending if (fn := self._step(s)) is not None]
+                for s in lead[id(step)] + [step]:
+                    add(s)
+        for s in pending:
+            add(s)
         return fns
+
+    def _dead_after(self, program: Program, covers: list) -> list:
+        """Per top-level function, the tensors no later function refers to
+        (through lazy Copies' sources too) and the run does not return."""
+        returned = set()
+        for t in _tensor_ids(program.outputs, []):
+            returned.add(t)
+            returned.update(_tensor_ids(self.lazy.get(t), []))
+        last = {}
+        for j, steps in enumerate(covers):
+            for s in steps:
+                for t in _refs(s, []):
+                    last[t] = j
+                    if t in self.lazy:
+                        for u in _tensor_ids(self.lazy[t], []):
+                            last[u] = j
+        dead = [[] for _ in covers]
+        for t, j in last.items():
+            if t not in returned:
+                dead[j].append(t)
+        return dead
 
     def _lanes(self, pair: tuple, lead: dict, order: dict):
         """One step running two lanes of independent compute sets, the
@@ -407,7 +453,8 @@ class _Loaded:
                 sid = src.tensor.id
 
                 def copy_whole(state):
-                    state[tid] = np.array(state[sid], dtype=dtype).reshape(shape)
+                    # Aligned, so that element-wise chains read it in place.
+                    state[tid] = aligned_copy(np.asarray(state[sid], dtype=dtype)).reshape(shape)
                 return copy_whole
 
             def copy(state):

@@ -93,6 +93,8 @@ def memory(program) -> dict:
     largest_bytes = np.zeros(tiles, dtype=np.int64)
     largest = np.full(tiles, -1, dtype=np.int64)
     for t in program.tensors:
+        if t.streaming:        # in streaming memory: no tile holds it
+            continue
         on = t.mapping.elements_per_tile(tiles) * t.dtype.itemsize
         bigger = on > largest_bytes
         largest_bytes[bigger], largest[bigger] = on[bigger], t.id

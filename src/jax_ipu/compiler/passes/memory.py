@@ -89,7 +89,7 @@ def check_fits(report: MemoryReport, tensors: list[Tensor], target: Target, prog
         return
     tile = report.max_tile
     on_tile = sorted(((int(t.mapping.elements_per_tile(target.num_tiles)[tile]) * t.dtype.itemsize, t)
-                      for t in tensors), key=lambda x: -x[0])
+                      for t in tensors if not t.streaming), key=lambda x: -x[0])
     largest = ", ".join(f"{t.name} {t.dtype.name}{list(t.shape)} ({n} B)" for n, t in on_tile[:3] if n)
     raise IpuOutOfMemoryError(
         f"out of memory on tile {tile} of {target.describe()}: it needs {report.max_bytes} bytes but "

@@ -105,6 +105,7 @@ class _Partitioner:
         self.ops: list[ir.Op] = []
         self.functions: dict[str, ir.Function] = dict(module.functions)
         self.producer: dict[ir.Value, ir.Op] = {}     # whole (replicated) local values: the op making them
+        self.slices: dict[tuple, ir.Value] = {}       # (whole value, dim, axes): its slice, made once
         self.loc = "unknown location"
 
     # -- emitting local ops --
@@ -161,6 +162,12 @@ class _Partitioner:
                          replica_groups=self.groups(axes), use_global_device_ids=True)
 
     def slice_dim(self, value: ir.Value, dim: int, axes: tuple[str, ...]) -> ir.Value:
+        key = (value, dim, tuple(axes))
+        if key not in self.slices:
+            self.slices[key] = self._slice_dim(value, dim, axes)
+        return self.slices[key]
+
+    def _slice_dim(self, value: ir.Value, dim: int, axes: tuple[str, ...]) -> ir.Value:
         t = value.type
         n = int(np.prod([self.sizes[a] for a in axes]))
         shape = list(t.shape)
@@ -196,9 +203,10 @@ class _Partitioner:
         r = ir.Value(scalar)
         body = ir.Block([a, b], [ir.Op(op, [a, b], [r], {}, [], self.loc)], [r])
         result = ir.Value(t)
-        self.ops.append(ir.Op("all_reduce", [value], [result],
-                              {"replica_groups": self.groups(axes), "use_global_device_ids": True},
-                              [body], self.loc))
+        op = ir.Op("all_reduce", [value], [result], {"replica_groups": self.groups(axes), "use_global_device_ids": True},
+                   [body], self.loc)
+        self.ops.append(op)
+        self.producer[result] = op      # a slice of it is a reduce_scatter (_slice_all_reduce)
         return result
 
     # -- the program --
@@ -337,8 +345,11 @@ class _Partitioner:
 
 # Ops without effects: dropped when nothing reads their results (the whole
 # values replaced by slices made locally).
+# Ops dropped when nothing reads their results. An all_reduce too: every IPU
+# runs the same program, so every IPU drops it (its sum was replaced by a
+# reduce_scatter's slices).
 _PURE = {"constant", "iota", "broadcast_in_dim", "reshape", "transpose", "slice", "dynamic_slice", "concatenate",
-         "gather", "scatter", "dot_general", "reduce", "partition_id"}
+         "gather", "scatter", "dot_general", "reduce", "partition_id", "all_reduce"}
 
 
 def _live(ops: list[ir.Op], results: list[ir.Value]) -> list[ir.Op]:
@@ -613,7 +624,29 @@ def _slice_scatter(p: _Partitioner, op: ir.Op, dim, axes, start, shape):
     return result
 
 
-SLICE_RULES = {"broadcast_in_dim": _slice_broadcast, "iota": _slice_iota, "scatter": _slice_scatter}
+def _slice_transpose(p: _Partitioner, op: ir.Op, dim, axes, start, shape):
+    perm = tuple(op.attrs["permutation"])
+    x = p.slice_dim(op.operands[0], perm[dim], axes)
+    return p.emit("transpose", [x], ir.TensorType(shape, op.results[0].type.dtype), permutation=perm)
+
+
+def _slice_all_reduce(p: _Partitioner, op: ir.Op, dim, axes, start, shape):
+    """This IPU's slice of a sum over the IPUs it is sliced over: a
+    reduce_scatter (XLA's partitioner makes the same of an all_reduce whose
+    users take slices: ZeRO-1's gradients, sharded like the optimizer
+    state). Each IPU then receives its part only, half the link traffic of
+    the ring all_reduce; the whole sum need not exist."""
+    if len(op.operands) != 1 or not np.array_equal(op.attrs["replica_groups"], p.groups(axes)):
+        return None
+    result = ir.Value(ir.TensorType(shape, op.results[0].type.dtype))
+    p.ops.append(ir.Op("reduce_scatter", list(op.operands), [result],
+                       {"replica_groups": p.groups(axes), "use_global_device_ids": True, "scatter_dimension": dim},
+                       op.regions, p.loc))
+    return result
+
+
+SLICE_RULES = {"broadcast_in_dim": _slice_broadcast, "iota": _slice_iota, "scatter": _slice_scatter,
+               "all_reduce": _slice_all_reduce, "transpose": _slice_transpose}
 
 
 # custom calls whose result is their operand (sharded alike): moves between

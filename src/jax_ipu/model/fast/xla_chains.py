@@ -100,16 +100,17 @@ def build(k: codelets.ElementwiseChain, reader):
     feeds = []
     for reg in arg_regs:
         source, shape, _ = _fed(k, reg)
-        feeds.append((reader(source), shape, source.dtype,
-                      core.ShapedArray(shape, source.dtype), core.ShapedArray(shape[::-1], source.dtype),
-                      _aligned_empty(int(np.prod(shape, dtype=np.int64)) * source.dtype.itemsize)))
+        # The staging buffer is made at the first misaligned input, if small.
+        feeds.append([reader(source), shape, source.dtype,
+                      core.ShapedArray(shape, source.dtype), core.ShapedArray(shape[::-1], source.dtype), None])
     outs = [(t.id, t.dtype) for _, t in k.outputs]
     devices = [device]
 
     def run_on_xla(state):
         args = []
         key = 0
-        for i, (get, shape, dtype, aval, transposed_aval, staging) in enumerate(feeds):
+        for i, feed in enumerate(feeds):
+            get, shape, dtype, aval, transposed_aval, staging = feed
             value = get(state)
             if value.shape != shape:
                 value = value.reshape(shape)
@@ -126,7 +127,12 @@ def build(k: codelets.ElementwiseChain, reader):
             if value.ctypes.data % ALIGNMENT:
                 # XLA:CPU takes 64-byte aligned memory as it is; any other it
                 # copies, slowly (50 us for 256 KiB, against 10 us here).
-                value = _copy_into(staging, value)
+                if value.nbytes > STAGING_KEPT:
+                    value = aligned_copy(value)
+                else:
+                    if staging is None:
+                        staging = feed[5] = _aligned_empty(value.nbytes)
+                    value = _copy_into(staging, value)
             args.append(put(aval, sharding, [value], devices, True, False, zero_copy))
         executable = variants.get(key) or executable_for(key)
         results = executable.execute_sharded(args).disassemble_into_single_device_arrays()
@@ -148,6 +154,10 @@ def _copy_into(staging: np.ndarray, value: np.ndarray) -> np.ndarray:
 
 # XLA:CPU's minimum alignment for using host memory in place.
 ALIGNMENT = 64
+# Misaligned inputs up to this size are copied into a buffer the chain
+# keeps; larger ones into a fresh one each run (kept, they held a large
+# model's size again on every IPU).
+STAGING_KEPT = 1 << 20
 
 
 def aligned_copy(array) -> np.ndarray:
