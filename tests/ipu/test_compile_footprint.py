@@ -120,10 +120,3 @@ def test_gather_in_chunks_matches_numpy(monkeypatch, chunk):
     assert got.dtype == np.int16
     np.testing.assert_array_equal(got, want)
 
-
-def test_touching_intervals_of_a_vertex_are_joined_and_read_the_same_elements():
-    from jax_ipu.graph.compute import join_touching
-    intervals = np.array([[0, 2], [2, 4], [4, 6], [8, 9], [9, 10], [10, 12], [12, 13]])
-    offsets = np.array([0, 3, 3, 5, 7])       # vertex 1 has none; 3 starts where 2 stops
-    joined, new_offsets = join_touching(intervals, offsets)
-    assert joined.tolist() == [[0, 6], [8, 10], [10, 13]] and new_offsets.tolist() == [0, 1, 1, 2, 3]

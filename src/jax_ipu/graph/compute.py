@@ -93,28 +93,6 @@ class VertexArray(Sequence):
             yield tensor, intervals, np.repeat(np.arange(len(self.tiles)), np.diff(offsets))
 
 
-def join_touching(intervals: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A vertex's intervals with each one that starts where the one before
-    it (of the same vertex) stops joined to it: the same elements in the
-    same order, as fewer intervals (the rows of a matmul block whose rows
-    are whole are one run of memory). (intervals [k, 2], offsets [v + 1])."""
-    count = len(intervals)
-    if count < 2:
-        return intervals, offsets
-    first = np.zeros(count, bool)
-    first[offsets[:-1][offsets[:-1] < count]] = True
-    keep = first
-    keep[1:] |= intervals[1:, 0] != intervals[:-1, 1]
-    keep[0] = True
-    if keep.all():
-        return intervals, offsets
-    at = np.flatnonzero(keep)
-    joined = np.empty((len(at), 2), intervals.dtype)
-    joined[:, 0] = intervals[at, 0]
-    joined[:, 1] = intervals[np.append(at[1:], count) - 1, 1]
-    return joined, np.r_[0, np.cumsum(keep)][offsets]
-
-
 def vertex_tiles(vertices) -> np.ndarray:
     if isinstance(vertices, VertexArray):
         return vertices.tiles

@@ -17,7 +17,7 @@ from jax_ipu.compiler.lowering.elementwise import lower_cluster
 from jax_ipu.compiler.passes.fuse import Cluster
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
-from jax_ipu.graph.compute import VertexArray, join_touching
+from jax_ipu.graph.compute import VertexArray
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import Concat, View
@@ -212,9 +212,8 @@ def _partial_vertices(b: Builder, codelet: str, lhs: View, rhs: View, partials, 
     tiles = tile_of[vk, vb * bb, vm * mb, vn]
     macs = (np.minimum(bb, batch - vb * bb) * np.minimum(mb, rows - vm * mb) * widths[vn] * kc)
     cycles = np.asarray(cost.matmul_cycles(b.target, macs, lhs.dtype)).astype(np.int64)
-    return VertexArray(codelet, tiles, cycles, ((lhs.tensor, *join_touching(lhs_iv, offsets)),
-                                                (rhs.tensor, *join_touching(rhs_iv, offsets2))),
-                       ((partials, *join_touching(out_iv, offsets)),))
+    return VertexArray(codelet, tiles, cycles, ((lhs.tensor, lhs_iv, offsets), (rhs.tensor, rhs_iv, offsets2)),
+                       ((partials, out_iv, offsets),))
 
 
 def _reduce_partials(b: Builder, op: ir.Op, partials: View, out: Tensor) -> None:
