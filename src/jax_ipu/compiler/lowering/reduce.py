@@ -118,6 +118,11 @@ OUTER_MIN_KEPT = 16
 # Rows a tile reduces at least in an outer reduction: the partials are at
 # most 1/8 of the input's bytes.
 OUTER_MIN_ROWS = 8
+# Chunks of rows at most in an outer reduction; column groups use the rest
+# of the tiles. Each output combines a partial per chunk, a one-element
+# interval each: 784 chunks of a [6272, 512] statistic made 401K of them
+# (47M in a ResNet-50 remat step), with more exchange per combining tile.
+OUTER_MAX_CHUNKS = 256
 # A single-stage reduction over leading dims receives, on each tile, every
 # row of the outputs it holds. The default mapping of the outputs (at least
 # 256 B a tile) put a 1,024-channel BatchNorm statistic of ResNet-50 on 16
@@ -197,7 +202,8 @@ def reduce(b: Builder, op: ir.Op) -> None:
     # reduces outer dimensions, instead of a transposing Copy first.
     outer = (single is not None and kept >= OUTER_MIN_KEPT and dims == list(range(len(dims))))
     if outer:
-        chunks, size, pad = _chunking(reduced, 1, b.target.num_tiles, max(OUTER_MIN_ROWS, -(-min_chunk // kept)))
+        chunks, size, pad = _chunking(reduced, 1, min(b.target.num_tiles, OUTER_MAX_CHUNKS),
+                                      max(OUTER_MIN_ROWS, -(-min_chunk // kept)))
     else:
         chunks, size, pad = _chunking(reduced, kept, b.target.num_tiles, min_chunk)
     xs = []
