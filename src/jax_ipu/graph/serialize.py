@@ -624,6 +624,20 @@ class _LazyVertices(collections.abc.Sequence):
         return iter(self._list())
 
 
+# What each field spec of _SCHEMA accepts (Decoder.check).
+_CHECKS = {"int": lambda y: type(y) is int, "float": lambda y: type(y) in (int, float),
+           "str": lambda y: type(y) is str, "bool": lambda y: type(y) is bool,
+           "tensor": lambda y: type(y) is Tensor, "array": lambda y: type(y) is np.ndarray,
+           "dtype": lambda y: isinstance(y, np.dtype), "view": lambda y: type(y) is View,
+           "viewlike": lambda y: type(y) in (View, Concat), "seq": lambda y: type(y) is p.Sequence,
+           "step": lambda y: type(y) in _STEPS, "kernel": lambda y: type(y) in _KERNELS,
+           "instruction": lambda y: type(y) is codelets.Instruction,
+           "computeset": lambda y: type(y) is LoadedComputeSet,
+           "dimensions": lambda y: type(y).__name__ in _LATE, "type": lambda y: type(y) is ir.TensorType,
+           "memory": lambda y: type(y) is MemoryReport, "exchange": lambda y: type(y) is DataDependentExchange,
+           "any": lambda y: True}
+
+
 class _Decoder:
     def __init__(self, arrays: list[np.ndarray], tensors: list[Tensor], vertices: dict):
         self.arrays = arrays
@@ -747,17 +761,7 @@ class _Decoder:
             for y in x:
                 self.check(spec[1:], y, where)
             return x
-        ok = {"int": lambda y: type(y) is int, "float": lambda y: type(y) in (int, float),
-              "str": lambda y: type(y) is str, "bool": lambda y: type(y) is bool,
-              "tensor": lambda y: type(y) is Tensor, "array": lambda y: type(y) is np.ndarray,
-              "dtype": lambda y: isinstance(y, np.dtype), "view": lambda y: type(y) is View,
-              "viewlike": lambda y: type(y) in (View, Concat), "seq": lambda y: type(y) is p.Sequence,
-              "step": lambda y: type(y) in _STEPS, "kernel": lambda y: type(y) in _KERNELS,
-              "instruction": lambda y: type(y) is codelets.Instruction,
-              "computeset": lambda y: type(y) is LoadedComputeSet,
-              "dimensions": lambda y: type(y).__name__ in _LATE, "type": lambda y: type(y) is ir.TensorType,
-              "memory": lambda y: type(y) is MemoryReport, "exchange": lambda y: type(y) is DataDependentExchange,
-              "any": lambda y: True}[spec]
+        ok = _CHECKS[spec]
         if not ok(x):
             _fail(f"{where}: expected {spec}, got {type(x).__name__}")
         return x
