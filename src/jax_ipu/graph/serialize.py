@@ -30,6 +30,7 @@ import collections.abc
 import dataclasses
 import hashlib
 import json
+import math
 import struct
 import zlib
 
@@ -232,6 +233,8 @@ class _Deferred:
 
 # Columns of the vertex table decoded only when vertices are built.
 _DEFERRED_COLUMNS = ("region_tensor", "region_block", "block_starts", "block_stops")
+# Columns of the tensor table decoded only when a mapping is read.
+_DEFERRED_TENSOR_COLUMNS = ("tiles", "starts")
 
 
 def _resolved(array) -> np.ndarray:
@@ -799,7 +802,7 @@ def _check_view(tensor: Tensor, ops, shape, where: str) -> None:
             _fail(f"{where}: unknown view op {op!r:.60}")
         kind, args = op[0], op[1:]
         ints = lambda t: type(t) is tuple and all(type(i) is int for i in t)   # noqa: E731
-        size = int(np.prod(current, dtype=np.int64))
+        size = math.prod(current)
         if kind == "reshape" and not (len(args) == 1 and ints(args[0]) and all(d >= 0 for d in args[0])
                                       and int(np.prod(args[0], dtype=np.int64)) == size):
             _fail(f"{where}: reshape {args!r:.60} of {current}")
@@ -885,7 +888,7 @@ def _vertex_builder(header, arrays, tensors, where="vertices"):
             regions.extend((tensor, block))
         return regions[0], regions[1]
     pairs = []
-    block_cuts = np.concatenate(([0], block_ends)).tolist()
+    block_cuts = np.concatenate(([0], block_ends))
     blocks: list = [None] * len(lengths)
     region_starts = np.concatenate(([0], region_ends))
 
@@ -895,7 +898,7 @@ def _vertex_builder(header, arrays, tensors, where="vertices"):
             if not pairs:
                 starts, stops = _resolved(cols["block_starts"]), _resolved(cols["block_stops"])
                 pairs.append(np.stack([starts, stops], axis=1).astype(np.int64))
-            found = blocks[b] = pairs[0][block_cuts[b]:block_cuts[b + 1]]
+            found = blocks[b] = pairs[0][int(block_cuts[b]):int(block_cuts[b + 1])]
         return found
 
     def build(first: int, count: int) -> list:
@@ -917,6 +920,48 @@ def _vertex_builder(header, arrays, tensors, where="vertices"):
     return {"count": n, "build": build, "tile": cols["tile"]}
 
 
+class _MappingColumns:
+    """The tensors' mapping columns (tiles and starts of every run, 9.9M
+    runs in a ResNet-50 step), decoded when a mapping is first read:
+    running a loaded program reads none (profiles and reports do)."""
+
+    def __init__(self, tiles, starts):
+        self._tiles, self._starts, self.pair = tiles, starts, None
+        self.num_tiles = 0        # the program's, set once it is read
+
+    def get(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.pair is None:
+            self.pair = (_resolved(self._tiles).astype(np.int64), _resolved(self._starts).astype(np.int64))
+        return self.pair
+
+
+class _LoadedMapping(TileMapping):
+    """A loaded tensor's TileMapping, decoded and checked on first use."""
+
+    __slots__ = ("_columns", "_span", "_where", "_runs")
+
+    def __init__(self, size: int, columns: _MappingColumns, first: int, last: int, where: str):
+        self.size, self._columns, self._span, self._where = size, columns, (first, last), where
+        self._runs, self._element_tiles, self._by_tile = None, None, None
+
+    def _decoded(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._runs is None:
+            all_tiles, all_starts = self._columns.get()
+            first, last = self._span
+            tiles, starts, size = all_tiles[first:last], all_starts[first:last], self.size
+            if len(starts) and (starts[0] != 0 or np.any(np.diff(starts) <= 0) or starts[-1] >= size
+                                or int(tiles.min()) < 0):
+                _fail(f"{self._where}: its mapping is not ascending runs over its {size} elements")
+            if len(tiles) and int(tiles.max()) >= self._columns.num_tiles:
+                _fail(f"{self._where}: mapped to a tile beyond {self._columns.num_tiles}")
+            self._runs = (tiles, starts, np.append(starts[1:], size) if len(starts) else starts)
+        return self._runs
+
+    tiles = property(lambda self: self._decoded()[0])
+    starts = property(lambda self: self._decoded()[1])
+    stops = property(lambda self: self._decoded()[2])
+
+
 def _tensors(header, arrays) -> list[Tensor]:
     if type(header) is not dict or set(header) != {"meta", "runs", "tiles", "starts"}:
         _fail("tensors: malformed table")
@@ -926,7 +971,7 @@ def _tensors(header, arrays) -> list[Tensor]:
         i = header[k]
         if type(i) is not int or not 0 <= i < len(arrays) or arrays[i].ndim != 1 or arrays[i].dtype.kind not in "iu":
             _fail(f"tensors.{k}: not an integer column")
-        cols[k] = _resolved(arrays[i]).astype(np.int64)
+        cols[k] = arrays[i] if k in _DEFERRED_TENSOR_COLUMNS else _resolved(arrays[i]).astype(np.int64)
     if type(meta) is not list or len(meta) != len(cols["runs"]):
         _fail("tensors: one entry per tensor expected")
     if len(cols["runs"]) and int(cols["runs"].min()) < 0:
@@ -935,6 +980,7 @@ def _tensors(header, arrays) -> list[Tensor]:
     if len(cols["tiles"]) != len(cols["starts"]) or len(cols["tiles"]) != (int(ends[-1]) if len(ends) else 0):
         _fail("tensors: mapping columns do not match the run counts")
     cuts = np.concatenate(([0], ends)).tolist()
+    columns = _MappingColumns(cols["tiles"], cols["starts"])
     tensors = []
     for i, entry in enumerate(meta):
         where = f"tensor {i}"
@@ -943,13 +989,9 @@ def _tensors(header, arrays) -> list[Tensor]:
             _fail(f"{where}: malformed entry")
         name, dtype, shape, constant = entry[0], _dtype(entry[1], where), tuple(entry[2]), entry[3]
         size = int(np.prod(shape, dtype=np.int64))
-        tiles, starts = cols["tiles"][cuts[i]:cuts[i + 1]], cols["starts"][cuts[i]:cuts[i + 1]]
-        if len(starts) and (starts[0] != 0 or np.any(np.diff(starts) <= 0) or starts[-1] >= size
-                            or int(tiles.min()) < 0):
-            _fail(f"{where}: its mapping is not ascending runs over its {size} elements")
-        if size and not len(starts):
+        if size and cuts[i] == cuts[i + 1]:
             _fail(f"{where}: its {size} elements are not mapped")
-        mapping = TileMapping(size, tiles, starts, np.append(starts[1:], size) if len(starts) else starts)
+        mapping = _LoadedMapping(size, columns, cuts[i], cuts[i + 1], where)
         if constant is not None:
             if type(constant) is not int or not 0 <= constant < len(arrays):
                 _fail(f"{where}: constant {constant!r} out of range")
@@ -997,7 +1039,9 @@ def loads(data: bytes) -> tuple[Program, dict]:
     if header["plugin"] != plugin_version():
         _fail(f"saved by jax-ipu {header['plugin']}, this is jax-ipu {plugin_version()}; compile it again")
     vertex_table = header["vertices"] if type(header["vertices"]) is dict else {}
-    deferred = {vertex_table.get(k) for k in _DEFERRED_COLUMNS} - {None}
+    tensor_table = header["tensors"] if type(header["tensors"]) is dict else {}
+    deferred = ({vertex_table.get(k) for k in _DEFERRED_COLUMNS}
+                | {tensor_table.get(k) for k in _DEFERRED_TENSOR_COLUMNS}) - {None}
     arrays = _read_arrays(header["arrays"], body[header_size:], deferred)
     tensors = _tensors(header["tensors"], arrays)
     dec = _Decoder(arrays, tensors, _vertex_builder(header["vertices"], arrays, tensors))
@@ -1051,7 +1095,9 @@ def _program(h, dec: _Decoder, tensors: list[Tensor]) -> Program:
     if values["num_tiles"] < 1:
         _fail("program.num_tiles: below 1")
     for t in tensors:
-        if len(t.mapping.tiles) and int(t.mapping.tiles.max()) >= values["num_tiles"]:
+        if isinstance(t.mapping, _LoadedMapping):      # checked when first read
+            t.mapping._columns.num_tiles = values["num_tiles"]
+        elif len(t.mapping.tiles) and int(t.mapping.tiles.max()) >= values["num_tiles"]:
             _fail(f"{t}: mapped to a tile beyond {values['num_tiles']}")
     return Program(tensors=tensors, **values)
 
