@@ -256,7 +256,7 @@ def _read_arrays(table, data: memoryview, deferred=frozenset()) -> list:
         shape = entry["shape"]
         if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
             _fail(f"{where}: bad shape {shape!r}")
-        size = int(np.prod(shape, dtype=np.int64))
+        size = math.prod(shape)
         parts = entry["parts"]
         codec = entry["codec"]
         expected = {"raw": 1, "narrow": 1, "runs": 2, "row-runs": 2, "masked": 2}.get(codec)
@@ -804,7 +804,7 @@ def _check_view(tensor: Tensor, ops, shape, where: str) -> None:
         ints = lambda t: type(t) is tuple and all(type(i) is int for i in t)   # noqa: E731
         size = math.prod(current)
         if kind == "reshape" and not (len(args) == 1 and ints(args[0]) and all(d >= 0 for d in args[0])
-                                      and int(np.prod(args[0], dtype=np.int64)) == size):
+                                      and math.prod(args[0]) == size):
             _fail(f"{where}: reshape {args!r:.60} of {current}")
         if kind == "transpose" and not (len(args) == 1 and ints(args[0])
                                         and sorted(args[0]) == list(range(len(current)))):
@@ -988,7 +988,7 @@ def _tensors(header, arrays) -> list[Tensor]:
                 or type(entry[2]) is not list or not all(type(d) is int and d >= 0 for d in entry[2]):
             _fail(f"{where}: malformed entry")
         name, dtype, shape, constant = entry[0], _dtype(entry[1], where), tuple(entry[2]), entry[3]
-        size = int(np.prod(shape, dtype=np.int64))
+        size = math.prod(shape)
         if size and cuts[i] == cuts[i + 1]:
             _fail(f"{where}: its {size} elements are not mapped")
         mapping = _LoadedMapping(size, columns, cuts[i], cuts[i + 1], where)

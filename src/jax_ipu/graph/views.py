@@ -77,7 +77,7 @@ class Concat:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return int(math.prod(self.shape))
 
     @property
     def tensors(self) -> tuple[Tensor, ...]:
