@@ -66,6 +66,13 @@ def bubble_fraction(stages: int, count: int) -> float:
     return (stages - 1) / ticks(stages, count)
 
 
+def _check_stage_params(stage_params, stages: int, axis: str) -> None:
+    for leaf in jax.tree.leaves(stage_params):
+        if leaf.shape[:1] != (stages,):
+            raise ValueError(f"stage parameters need a leading axis of {stages} (mesh axis {axis!r}); "
+                             f"one leaf has shape {leaf.shape}: use stack_stages")
+
+
 def gpipe(stage_fn, stage_params, inputs, *, mesh, axis: str = "stage", remat: bool = False):
     """Runs `inputs` ([M, micro-batch, ...], see microbatches) through the
     stages; stage k (parameters stage_params[k], a leading axis of the size
@@ -74,10 +81,7 @@ def gpipe(stage_fn, stage_params, inputs, *, mesh, axis: str = "stage", remat: b
     replicated on the mesh. Differentiable; call it inside jax.jit."""
     stages = mesh.shape[axis]
     count = inputs.shape[0]
-    for leaf in jax.tree.leaves(stage_params):
-        if leaf.shape[:1] != (stages,):
-            raise ValueError(f"stage parameters need a leading axis of {stages} (mesh axis {axis!r}); "
-                             f"one leaf has shape {leaf.shape}: use stack_stages")
+    _check_stage_params(stage_params, stages, axis)
     others = [a for a in mesh.axis_names if a != axis and mesh.shape[a] > 1]
     if others:
         raise ValueError(f"gpipe maps over mesh axis {axis!r} only; mesh axes {others} have more than one "
@@ -136,10 +140,7 @@ def one_f_one_b(stage_fn, loss_fn, stage_params, inputs, targets, *, mesh, axis:
     jax.grad: it is its own backward pass)."""
     stages = mesh.shape[axis]
     count = inputs.shape[0]
-    for leaf in jax.tree.leaves(stage_params):
-        if leaf.shape[:1] != (stages,):
-            raise ValueError(f"stage parameters need a leading axis of {stages} (mesh axis {axis!r}); "
-                             f"one leaf has shape {leaf.shape}: use stack_stages")
+    _check_stage_params(stage_params, stages, axis)
     if targets.shape[0] != count:
         raise ValueError(f"{count} micro-batches of inputs but {targets.shape[0]} of targets")
     others = [a for a in mesh.axis_names if a != axis and mesh.shape[a] > 1]
