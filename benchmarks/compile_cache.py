@@ -31,29 +31,12 @@ import time
 
 
 def mlp():
+    """benchmarks/training.py's MNIST MLP step, parameters donated."""
     import jax
-    import jax.numpy as jnp
-    import numpy as np
+    import training
 
-    rng = np.random.default_rng(0)
-    sizes = [784, 512, 512, 10]
-    params = [(rng.standard_normal((a, b)).astype(np.float32) * 0.05, np.zeros(b, np.float32))
-              for a, b in zip(sizes[:-1], sizes[1:])]
-
-    def loss(params, x, y):
-        for w, b in params[:-1]:
-            x = jax.nn.relu(x @ w + b)
-        logits = x @ params[-1][0] + params[-1][1]
-        return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * jax.nn.one_hot(y, 10), -1))
-
-    @functools.partial(jax.jit, donate_argnums=0)
-    def step(params, x, y):
-        value, grads = jax.value_and_grad(loss)(params, x, y)
-        return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), value
-
-    x = rng.standard_normal((128, 784)).astype(np.float32)
-    y = (np.arange(128) % 10).astype(np.int32)
-    return step, (params, x, y)
+    x, y = training.batches(1)[0]
+    return jax.jit(training.step, donate_argnums=0), (training.init(), x, y)
 
 
 def resnet(kind: str):
