@@ -21,7 +21,7 @@ from jax_ipu.graph import codelets
 from jax_ipu.graph import programs as p
 from jax_ipu.graph.program import Program
 from jax_ipu.graph.tensors import Tensor
-from jax_ipu.graph.views import Concat, View
+from jax_ipu.graph.views import REARRANGING, Concat, View
 from jax_ipu.model import executors, links
 from jax_ipu.model.executors.common import reader
 from jax_ipu.model.fast import helper, lanes
@@ -231,8 +231,8 @@ def lazy_copies(program: Program) -> dict:
             # Every other mention of the destination is one of these reads.
             if not readers or refs[d] != 1 + readers:
                 continue
-            if any(op[0] == "gather" for op in src.ops) and readers > 1:
-                continue       # gathered once, not once per reader
+            if any(op[0] in REARRANGING for op in src.ops) and readers > 1:
+                continue       # gathered (or windowed) once, not once per reader
             sources = {src.tensor.id} | aliases[src.tensor.id]
             if not any(written_between(t, i, at[-1]) for t in sources):
                 lazy[d] = src

@@ -1,12 +1,15 @@
-"""Index arithmetic of windowed ops (convolution, reduce_window,
-select_and_scatter, pad): which source element each window position reads,
-computed at compile time, so that im2col patches and windows become one
-rearrangement Copy (a "gather" view) followed by the planned matmul or
-reduction. Defaults follow the StableHLO spec: an absent attribute means
-strides and dilations of 1 and no padding."""
+"""Attributes and index arithmetic of windowed ops (convolution,
+reduce_window, select_and_scatter, pad). Windows themselves are read
+through "windows" view ops (graph.views), a pattern; the per-element
+indices here serve what still needs them: the padding mask of a window
+or pad whose fill is computed at run time, and select_and_scatter's
+scatter (which windows contain each element). Defaults follow the StableHLO
+spec: an absent attribute means strides and dilations of 1 and no padding."""
 from __future__ import annotations
 
 import numpy as np
+
+from jax_ipu.graph.views import window_outputs
 
 
 def attr(op, name: str, rank: int, default: int) -> tuple[int, ...]:
@@ -27,9 +30,8 @@ def padding(op, rank: int) -> tuple[tuple[int, int], ...]:
 
 def out_size(size: int, window: int, stride: int, pad: tuple[int, int], base_dilation: int,
              window_dilation: int) -> int:
-    padded = (size - 1) * base_dilation + 1 + pad[0] + pad[1] if size else pad[0] + pad[1]
-    span = (window - 1) * window_dilation + 1
-    return max(0, (padded - span) // stride + 1) if padded >= span else 0
+    """Output positions along one axis: the "windows" view op's formula."""
+    return window_outputs((size,), ((window, stride, pad[0], pad[1], base_dilation, window_dilation, 0),))[0]
 
 
 def axis_windows(size: int, window: int, stride: int, pad: tuple[int, int], base_dilation: int,
