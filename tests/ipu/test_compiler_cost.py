@@ -10,6 +10,7 @@ import pytest
 from jax import lax
 
 from jax_ipu.compiler import cost
+from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.programs import (Copy, DeviceToHost, Execute, HostToDevice, If, Repeat, RepeatWhileTrue,
                                     Switch, children, leaves)
 from jax_ipu.model.engine import Engine
@@ -122,3 +123,83 @@ def test_a_branch_counts_its_longer_side():
     outside = sum(getattr(s, "cycles", 0) for s in program.body.steps
                   if not isinstance(s, (If, Switch, HostToDevice, DeviceToHost)))
     assert sides[0] != sides[1] and program.cycles == outside + max(sides)
+
+
+def _per_element_exchange(target, owners, readers, itemsize, sources):
+    """A Copy's exchange counted element by element: (sent, received) bytes
+    per tile, sends capped by what each tile holds (multicast)."""
+    remote = owners != readers
+    sent = np.bincount(owners[remote], minlength=target.num_tiles) * itemsize
+    held = sum(t.mapping.elements_per_tile(target.num_tiles) for t in set(sources)) * itemsize
+    return np.minimum(sent, held), np.bincount(readers[remote], minlength=target.num_tiles) * itemsize
+
+
+def _random_mapping(rng, size, tiles):
+    cuts = np.unique(rng.integers(1, size, size=rng.integers(0, 6))) if size > 1 else np.zeros(0, int)
+    starts = np.r_[0, cuts]
+    return TileMapping.from_runs(size, rng.integers(0, tiles, len(starts)), starts)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_copy_exchange_of_transposes_and_concatenations_counts_every_element(seed):
+    """The copy costing's shortcut for views reading each element once (no
+    per-element pass over the owners) agrees with counting every element."""
+    from jax_ipu.graph.tensors import Tensor
+    from jax_ipu.graph.views import Concat, View, source_tiles
+    rng = np.random.default_rng(seed)
+    target = get_target("ipu2", num_tiles=8)
+    shape = (int(rng.integers(1, 5)), int(rng.integers(1, 6)), int(rng.integers(1, 7)))
+    axis, parts = int(rng.integers(0, 3)), []
+    for i in range(int(rng.integers(1, 4))):
+        part = list(shape)
+        part[axis] = int(rng.integers(1, 4))
+        perm = tuple(int(a) for a in rng.permutation(3))
+        inverse = np.argsort(perm)
+        stored = tuple(part[inverse[j]] for j in range(3))
+        t = Tensor(i, f"t{i}", stored, np.dtype(np.float32), _random_mapping(rng, int(np.prod(stored)), 8))
+        view = View(t).then("transpose", perm)
+        assert view.shape == tuple(part)
+        parts.append(view)
+    src = Concat(tuple(parts), axis) if len(parts) > 1 else parts[0]
+    dst = Tensor(9, "dst", src.shape, np.dtype(np.float32), _random_mapping(rng, src.size, 8))
+    step = Copy(src, dst)
+    received = cost.cost_copy(target, step)
+    owners, readers = source_tiles(src).astype(np.int64), dst.mapping.element_tiles().astype(np.int64)
+    sent_want, received_want = _per_element_exchange(target, owners, readers, 4, src.tensors)
+    np.testing.assert_array_equal(received, received_want)
+    local = np.bincount(readers[owners == readers], minlength=8) * 4
+    assert step.exchange_cycles == cost.exchange_cycles(target, sent_want, received_want) + \
+        -(-int(local.max(initial=0)) // target.sram_write_bytes_per_cycle)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_shared_read_ranges_cost_as_the_same_reads_listed_per_vertex(seed):
+    """A VertexArray whose vertices name shared ranges of read intervals
+    (offsets [v, 2], as a matmul's row blocks) costs, expands and indexes as
+    the same reads listed vertex by vertex (CSR offsets)."""
+    from jax_ipu.graph.compute import ComputeSet, VertexArray, region_arrays
+    from jax_ipu.graph.tensors import Tensor
+    rng = np.random.default_rng(seed)
+    target = get_target("ipu2", num_tiles=8)
+    t = Tensor(0, "x", (200,), np.dtype(np.float16), _random_mapping(rng, 200, 8))
+    groups = []
+    for _ in range(int(rng.integers(1, 5))):
+        starts = np.sort(rng.integers(0, 190, int(rng.integers(1, 4))))
+        groups.append(np.stack([starts, starts + rng.integers(1, 10, len(starts))], axis=1))
+    bounds = np.r_[0, np.cumsum([len(g) for g in groups])]
+    vertices = int(rng.integers(1, 12))
+    of = rng.integers(0, len(groups), vertices)
+    tiles, cycles = rng.integers(0, 8, vertices), np.full(vertices, 10)
+    shared = VertexArray("V", tiles, cycles, ((t, np.concatenate(groups), np.stack([bounds[of], bounds[of + 1]], 1)),))
+    listed = VertexArray("V", tiles, cycles, ((t, np.concatenate([groups[g] for g in of]),
+                                               np.r_[0, np.cumsum([len(groups[g]) for g in of])]),))
+    steps = [Execute(ComputeSet("cs", vs, None)) for vs in (shared, listed)]
+    received = [cost.cost_execute(target, s) for s in steps]
+    np.testing.assert_array_equal(received[0], received[1])
+    assert (steps[0].cycles, steps[0].exchange_bytes) == (steps[1].cycles, steps[1].exchange_bytes)
+    (_, a, ia), = region_arrays(shared, "reads")
+    (_, b, ib), = region_arrays(listed, "reads")
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(ia, ib)
+    for i in range(vertices):
+        np.testing.assert_array_equal(shared[i].reads[0].intervals, listed[i].reads[0].intervals)

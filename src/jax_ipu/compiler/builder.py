@@ -4,7 +4,10 @@ the steps emitted so far, and what each IR value became.
 An IR value becomes a graph View, or stays unmaterialised when it is a
 scalar seen at a bigger shape (a Splat of a constant, or a ScalarBroadcast
 of a one-element tensor): element-wise vertices read those as immediates or
-as one broadcast element, and nothing is stored at the big shape."""
+as one broadcast element, and nothing is stored at the big shape. So does a
+Broadcast of a tensor that only element-wise ops read (a bias, a row's mean
+or maximum): each vertex reads the source elements its part needs, as
+Poplar's element-wise vertices read a broadcast view."""
 from __future__ import annotations
 
 import collections
@@ -46,7 +49,22 @@ class ScalarBroadcast:
         return self.scalar.dtype
 
 
-Lowered = View | Splat | ScalarBroadcast
+@dataclasses.dataclass(frozen=True, eq=False)
+class Broadcast:
+    """source (a whole tensor, reshaped) broadcast_in_dim to shape."""
+    source: View
+    shape: tuple[int, ...]
+    dims: tuple[int, ...]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.source.dtype
+
+    def view(self) -> View:
+        return self.source.then("broadcast", self.shape, self.dims)
+
+
+Lowered = View | Splat | ScalarBroadcast | Broadcast
 
 
 # A tensor of more elements than this that is bigger than the whole IPU
@@ -75,6 +93,8 @@ class Builder:
         self.pending_reads: collections.Counter = collections.Counter()
         self.block_tensors_from = 0
         self.block_carried: frozenset[int] = frozenset()
+        # Broadcast results only element-wise clusters read (see Broadcast).
+        self.lazy_broadcasts: set = set()
 
     # -- tensors --
     def linear_mapping(self, size: int, dtype: np.dtype) -> TileMapping:
@@ -160,13 +180,15 @@ class Builder:
 
     # -- values --
     def view(self, value: ir.Value, name: str = "") -> View:
-        """The value in a tensor, materialising a Splat or ScalarBroadcast."""
+        """The value in a tensor, materialising a Splat or a broadcast."""
         lowered = self.values[value]
         if isinstance(lowered, View):
             return lowered
         t = self.tensor(name or "broadcast", lowered.shape, lowered.dtype)
         if isinstance(lowered, Splat):
             self.fill(t, lowered.value)
+        elif isinstance(lowered, Broadcast):
+            self.copy(lowered.view(), t)
         else:
             src = lowered.scalar.then("broadcast", lowered.shape, ())
             self.copy(src, t)
@@ -232,9 +254,61 @@ class Builder:
         m = outs[0].mapping
         tiles, intervals, offsets, counts = self.by_tile(m)
         one = self.one_element(len(tiles))
-        reads = tuple((v.tensor, intervals, offsets) if v.size == m.size else (v.tensor, *one) for v in inputs)
+        reads = tuple((v.tensor, *broadcast_reads(v, intervals, offsets)) if v.ops and v.ops[-1][0] == "broadcast"
+                      else (v.tensor, intervals, offsets) if v.size == m.size else (v.tensor, *one) for v in inputs)
         writes = tuple((out, intervals, offsets) for out in outs)
         return VertexArray(codelet, tiles, self.cycles_by_count(counts, cycles), reads, writes)
+
+
+def broadcast_reads(view: View, intervals: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The source intervals each vertex reads of `view` (a tensor broadcast
+    by its last op) to make the elements `intervals` of it (CSR by vertex
+    in `offsets`): (intervals, offsets), each vertex's sorted and merged.
+    Worked out a row at a time, a row being the trailing axes over which
+    the source is contiguous or constant, so the work is the rows touched,
+    not the elements."""
+    _, shape, dims = view.ops[-1]
+    src_shape = View(view.tensor, view.ops[:-1]).shape
+    src_strides = np.cumprod((1,) + tuple(src_shape[::-1]))[:-1][::-1] if src_shape else ()
+    strides = [0] * len(shape)
+    for j, axis in enumerate(dims):
+        if src_shape[j] == shape[axis] and shape[axis] > 1:
+            strides[axis] = int(src_strides[j])
+    # The row: trailing axes all of stride 0, or contiguous in the source.
+    row, axis = 1, len(shape)
+    constant = bool(shape) and strides[-1] == 0
+    while axis > 0:
+        a = axis - 1
+        if shape[a] == 1 or (strides[a] == 0 if constant else strides[a] == row):
+            row *= shape[a]
+            axis -= 1
+        else:
+            break
+    lead_shape, lead_strides = shape[:axis], np.asarray(strides[:axis], np.int64)
+    vertex = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    first, last = intervals[:, 0] // row, (intervals[:, 1] - 1) // row
+    count = last - first + 1
+    which = np.repeat(np.arange(len(intervals)), count)
+    r = np.arange(len(which)) - np.repeat(np.cumsum(count) - count, count) + first[which]
+    base = (np.stack(np.unravel_index(r, lead_shape)) * lead_strides[:, None]).sum(0) if lead_shape         else np.zeros(len(r), np.int64)
+    if constant:
+        lo, hi = base, base + 1
+    else:
+        lo = base + np.maximum(intervals[which, 0] - r * row, 0)
+        hi = base + np.minimum(intervals[which, 1] - r * row, row)
+    # Union per vertex: vertex v's intervals moved to [v * span, (v + 1) * span).
+    span = view.tensor.size + 1
+    owner = vertex[which]
+    lo, hi = lo + owner * span, hi + owner * span
+    order = np.lexsort((hi, lo))
+    lo, hi = lo[order], hi[order]
+    reach = np.maximum.accumulate(hi)
+    new = np.r_[True, lo[1:] > reach[:-1]]
+    starts = lo[new]
+    stops = reach[np.r_[np.flatnonzero(new)[1:] - 1, len(lo) - 1]] if len(lo) else reach[:0]
+    owner = starts // span
+    out = np.stack([starts - owner * span, stops - owner * span], axis=1)
+    return out, np.r_[0, np.cumsum(np.bincount(owner, minlength=len(offsets) - 1))]
 
 
 def _tensors_of(lowered) -> tuple:
@@ -244,4 +318,6 @@ def _tensors_of(lowered) -> tuple:
         return lowered.tensors
     if isinstance(lowered, ScalarBroadcast):
         return (lowered.scalar.tensor,)
+    if isinstance(lowered, Broadcast):
+        return (lowered.source.tensor,)
     return ()

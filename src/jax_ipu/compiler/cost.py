@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from jax_ipu.graph import programs as p
-from jax_ipu.graph.compute import region_arrays, vertex_cycles, vertex_tiles
+from jax_ipu.graph.compute import region_groups, vertex_cycles, vertex_tiles
 from jax_ipu.graph.programs import CONTROL, Copy, Execute, HostCall, leaves
-from jax_ipu.graph.views import source_tiles
+from jax_ipu.graph.views import Concat, source_tiles
 from jax_ipu.ops import cycles_per_vector
 from jax_ipu.targets import Target
 
@@ -58,11 +58,44 @@ def _owners(mapping, intervals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     first = np.searchsorted(mapping.stops, intervals[:, 0], side="right")
     last = np.searchsorted(mapping.starts, intervals[:, 1], side="left")
     pieces = np.maximum(last - first, 0)
+    if len(intervals) and pieces.min() == 1 and pieces.max() == 1:   # each within one run
+        return np.arange(len(intervals)), mapping.tiles[first], intervals[:, 1] - intervals[:, 0]
     which = np.repeat(np.arange(len(intervals)), pieces)
     held = np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces) + first[which]
     lengths = (np.minimum(intervals[which, 1], mapping.stops[held])
                - np.maximum(intervals[which, 0], mapping.starts[held]))
     return which, mapping.tiles[held], lengths
+
+
+def _read_exchange(num_tiles: int, mapping, intervals, of, readers, groups) -> tuple[np.ndarray, np.ndarray]:
+    """Elements each tile sends and receives for one region of a tensor's
+    reads: intervals, the group of each, the reading vertices' tiles and
+    their groups (see VertexArray.region_groups). A reader receives what
+    its tile does not hold; an owner sends its piece to each reader on
+    another tile. A group read by several vertices is split by owner once."""
+    which, owners, lengths = _owners(mapping, intervals)
+    if np.array_equal(groups, np.arange(len(groups))):   # each vertex its own intervals
+        at = readers[of[which]]
+        remote = at != owners
+        return (np.bincount(owners[remote], weights=lengths[remote], minlength=num_tiles),
+                np.bincount(at[remote], weights=lengths[remote], minlength=num_tiles))
+    count = len(intervals) and int(of.max()) + 1
+    # Elements of each group held by each tile, keyed group * tiles + tile.
+    keys, at = np.unique(of[which] * num_tiles + owners, return_inverse=True)
+    held = np.bincount(at.ravel(), weights=lengths, minlength=len(keys))
+    size = np.bincount(of, weights=intervals[:, 1] - intervals[:, 0], minlength=count)
+
+    def lookup(table, values, wanted):
+        if not len(table):
+            return np.zeros(len(wanted))
+        i = np.minimum(np.searchsorted(table, wanted), len(table) - 1)
+        return np.where(table[i] == wanted, values[i], 0)
+    reader_keys = groups * num_tiles + readers
+    received = np.bincount(readers, weights=size[groups] - lookup(keys, held, reader_keys), minlength=num_tiles)
+    per_group = np.bincount(groups, minlength=count)
+    pairs, pair_counts = np.unique(reader_keys, return_counts=True)
+    others = per_group[keys // num_tiles] - lookup(pairs, pair_counts, keys)
+    return np.bincount(keys % num_tiles, weights=held * others, minlength=num_tiles), received
 
 
 def _held_bytes(target: Target, tensors) -> np.ndarray:
@@ -92,22 +125,17 @@ def cost_execute(target: Target, step: Execute) -> np.ndarray:
         step.sync_cycles = plan.rounds * target.sync_cycles
         step.cycles = int(step.exchange_cycles + compute.max(initial=0) + step.sync_cycles)
         return plan.buffers
-    by_tensor: dict = {}
-    for tensor, intervals, index in region_arrays(vertices, "reads"):
-        by_tensor.setdefault(tensor, []).append((tiles[index], intervals))
-    sent = np.zeros(target.num_tiles, dtype=np.int64)
-    received = np.zeros(target.num_tiles, dtype=np.int64)
-    for tensor, parts in by_tensor.items():
-        intervals = np.concatenate([iv for _, iv in parts]) if len(parts) > 1 else parts[0][1]
-        readers = np.concatenate([r for r, _ in parts]) if len(parts) > 1 else parts[0][0]
-        which, owners, lengths = _owners(tensor.mapping, intervals)
-        readers = readers[which]
-        remote = readers != owners
-        nbytes = lengths[remote] * tensor.dtype.itemsize
-        sent += np.bincount(owners[remote], weights=nbytes, minlength=target.num_tiles).astype(np.int64)
-        received += np.bincount(readers[remote], weights=nbytes, minlength=target.num_tiles).astype(np.int64)
-    if by_tensor:
-        sent = np.minimum(sent, _held_bytes(target, by_tensor))
+    tensors = set()
+    sent = np.zeros(target.num_tiles)
+    received = np.zeros(target.num_tiles)
+    for tensor, intervals, of, readers, groups in region_groups(vertices, "reads"):
+        s, r = _read_exchange(target.num_tiles, tensor.mapping, intervals, of, tiles[readers], groups)
+        sent += s * tensor.dtype.itemsize
+        received += r * tensor.dtype.itemsize
+        tensors.add(tensor)
+    sent, received = np.rint(sent).astype(np.int64), np.rint(received).astype(np.int64)
+    if tensors:
+        sent = np.minimum(sent, _held_bytes(target, tensors))
     step.exchange_bytes = int(received.sum())
     step.exchange_cycles = int(exchange_cycles(target, sent, received))
     step.sync_cycles = target.sync_cycles
@@ -119,20 +147,47 @@ def cost_execute(target: Target, step: Execute) -> np.ndarray:
 COPY_CHUNK = 1 << 16
 
 
+def _bincount_chunked(values: np.ndarray, tiles: int) -> np.ndarray:
+    """np.bincount in chunks that stay in cache (bincount widens its input
+    to intp): whole-array passes took 15 of the 18 s that a ResNet-50
+    step's 1.8G copied elements cost."""
+    counts = np.zeros(tiles, np.int64)
+    for start in range(0, values.size, COPY_CHUNK):
+        counts += np.bincount(values[start:start + COPY_CHUNK], minlength=tiles)
+    return counts
+
+
 def cost_copy(target: Target, step: Copy) -> np.ndarray:
-    owners = source_tiles(step.src)
     readers = step.dst.mapping.element_tiles()
     itemsize = step.dst.dtype.itemsize
-    # What each tile holds less what stays on it is sent; what it reads
-    # less that is received. In chunks that stay in cache (bincount widens
-    # its input to intp): whole-array passes took 15 of the 18 s that a
-    # ResNet-50 step's 1.8G copied elements cost.
     tiles = target.num_tiles
-    local, read = np.zeros(tiles, np.int64), np.zeros(tiles, np.int64)
-    for start in range(0, owners.size, COPY_CHUNK):
-        o, r = owners[start:start + COPY_CHUNK], readers[start:start + COPY_CHUNK]
-        read += np.bincount(o, minlength=tiles)
-        local += np.bincount(r[o == r], minlength=tiles)
+    # What each tile holds less what stays on it is sent; what it reads
+    # less that is received.
+    parts = step.src.parts if isinstance(step.src, Concat) else (step.src,)
+    if all(op[0] in ("reshape", "transpose") for p in parts for op in p.ops) \
+            and len({p.tensor.id for p in parts}) == len(parts):
+        # Each element of its tensors read once (a transpose, a
+        # concatenation): a tile reads what it holds, and the parts are
+        # compared with the destination where they land, not concatenated.
+        read = sum(p.tensor.mapping.elements_per_tile(tiles) for p in parts)
+        local = np.zeros(tiles, np.int64)
+        at = readers.reshape(step.src.shape)
+        offset = 0
+        for p in parts:
+            r = at
+            if isinstance(step.src, Concat):
+                axis = step.src.axis
+                r = at[(slice(None),) * axis + (slice(offset, offset + p.shape[axis]),)]
+                offset += p.shape[axis]
+            o = p.apply(lambda t: t.mapping.element_tiles())
+            local += _bincount_chunked(r[o == r], tiles)
+    else:
+        owners = source_tiles(step.src)
+        local, read = np.zeros(tiles, np.int64), np.zeros(tiles, np.int64)
+        for start in range(0, owners.size, COPY_CHUNK):
+            o, r = owners[start:start + COPY_CHUNK], readers[start:start + COPY_CHUNK]
+            read += np.bincount(o, minlength=tiles)
+            local += np.bincount(r[o == r], minlength=tiles)
     local *= itemsize
     sent = read * itemsize - local
     sent = np.minimum(sent, _held_bytes(target, step.src.tensors))

@@ -61,7 +61,12 @@ class VertexArray(Sequence):
     """The vertices of one codelet in a compute set, as arrays over the
     vertices (Poplar's graphs are built so, from regular mappings): tile
     and cycles of each, and per tensor read or written, its intervals
-    grouped by vertex (CSR: vertex i's are intervals[offsets[i]:offsets[i+1]]).
+    grouped by vertex: offsets [v + 1] (CSR: vertex i's are
+    intervals[offsets[i]:offsets[i+1]]) or, where vertices share what they
+    read, offsets [v, 2] (vertex i's are intervals[offsets[i, 0]:offsets[i, 1]],
+    ranges that several vertices may name: a matmul's row block is read by
+    every vertex of its column blocks, and listing it once per reader took
+    17M intervals in a GPT-2 forward pass).
     The compiler's passes read the arrays; indexing or iterating makes
     Vertex objects (validation, profiles). A compiled ResNet-50 holds
     millions of vertices: as Python objects they cost most of its compile."""
@@ -71,7 +76,7 @@ class VertexArray(Sequence):
         self.codelet = codelet
         self.tiles = np.asarray(tiles, dtype=np.int64)
         self.cycles = np.asarray(cycles, dtype=np.int64)
-        self.reads = tuple(reads)     # (tensor, intervals [k, 2], offsets [v + 1])
+        self.reads = tuple(reads)     # (tensor, intervals [k, 2], offsets [v + 1] or [v, 2])
         self.writes = tuple(writes)
 
     def __len__(self) -> int:
@@ -83,14 +88,37 @@ class VertexArray(Sequence):
         i = range(len(self))[i]
 
         def regions(parts):
-            return tuple(Region(t, iv[off[i]:off[i + 1]]) for t, iv, off in parts)
+            return tuple(Region(t, iv[slice(*off[i])] if off.ndim == 2 else iv[off[i]:off[i + 1]])
+                         for t, iv, off in parts)
         return Vertex(self.codelet, int(self.tiles[i]), regions(self.reads), regions(self.writes),
                       int(self.cycles[i]))
 
     def region_arrays(self, field: str):
         """(tensor, intervals [k, 2], vertex index [k]) per region."""
         for tensor, intervals, offsets in getattr(self, field):
-            yield tensor, intervals, np.repeat(np.arange(len(self.tiles)), np.diff(offsets))
+            if offsets.ndim == 1:
+                yield tensor, intervals, np.repeat(np.arange(len(self.tiles)), np.diff(offsets))
+            else:
+                counts = offsets[:, 1] - offsets[:, 0]
+                index = np.repeat(np.arange(len(self.tiles)), counts)
+                at = np.arange(len(index)) - np.repeat(np.cumsum(counts) - counts, counts) + offsets[index, 0]
+                yield tensor, intervals[at], index
+
+    def region_groups(self, field: str):
+        """(tensor, intervals [k, 2], group of each interval [k], reading
+        vertices [n], their groups [n]) per region: the vertices of a group
+        read the same intervals (each its own group under CSR offsets)."""
+        vertices = np.arange(len(self.tiles))
+        for tensor, intervals, offsets in getattr(self, field):
+            if offsets.ndim == 1:
+                yield tensor, intervals, np.repeat(vertices, np.diff(offsets)), vertices, vertices
+                continue
+            keys, group = np.unique(offsets[:, 0] * (len(intervals) + 1) + offsets[:, 1], return_inverse=True)
+            ranges = np.stack(np.divmod(keys, len(intervals) + 1), axis=1)
+            counts = ranges[:, 1] - ranges[:, 0]
+            of = np.repeat(np.arange(len(ranges)), counts)
+            at = np.arange(len(of)) - np.repeat(np.cumsum(counts) - counts, counts) + ranges[of, 0]
+            yield tensor, intervals[at], of, vertices, group.ravel()
 
 
 def vertex_tiles(vertices) -> np.ndarray:
@@ -120,6 +148,17 @@ def region_arrays(vertices, field: str):
     for i, v in enumerate(vertices):
         for region in getattr(v, field):
             yield region.tensor, region.intervals, np.full(len(region.intervals), i)
+
+
+def region_groups(vertices, field: str):
+    """As VertexArray.region_groups, for any vertices."""
+    if isinstance(vertices, VertexArray):
+        yield from vertices.region_groups(field)
+        return
+    for i, v in enumerate(vertices):
+        for region in getattr(v, field):
+            yield region.tensor, region.intervals, np.zeros(len(region.intervals), np.int64), \
+                np.array([i]), np.zeros(1, np.int64)
 
 
 def region_tensor_ids(vertices, field: str) -> set:

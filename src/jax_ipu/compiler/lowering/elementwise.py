@@ -8,7 +8,7 @@ import numpy as np
 
 from jax_ipu import ir
 from jax_ipu.compiler import cost
-from jax_ipu.compiler.builder import Builder, ScalarBroadcast, Splat
+from jax_ipu.compiler.builder import Broadcast, Builder, ScalarBroadcast, Splat
 from jax_ipu.compiler.passes.fuse import Cluster
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
@@ -51,7 +51,8 @@ def lower_cluster(b: Builder, cluster: Cluster, used_outside: set) -> None:
         lowered = b.values[v]
         if isinstance(lowered, Splat):
             return ("imm", lowered.value)
-        source = lowered.scalar if isinstance(lowered, ScalarBroadcast) else lowered
+        source = lowered.scalar if isinstance(lowered, ScalarBroadcast) else \
+            lowered.view() if isinstance(lowered, Broadcast) else lowered
         if source.size == 1 and source.shape != shape:
             source = source.then("reshape", ())
         key = (source.tensor.id, source.ops)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from jax_ipu import ir
-from jax_ipu.compiler.builder import Builder, ScalarBroadcast, Splat
+from jax_ipu.compiler.builder import Broadcast, Builder, ScalarBroadcast, Splat
 from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.graph.views import Concat, View
 
@@ -87,6 +87,8 @@ def broadcast_in_dim(b: Builder, op: ir.Op) -> None:
         b.values[op.results[0]] = ScalarBroadcast(x.then("reshape", ()), shape)
     elif x.size == int(np.prod(shape)) and list(dims) == sorted(dims):
         b.values[op.results[0]] = x.then("reshape", shape)
+    elif op.results[0] in b.lazy_broadcasts and x.is_whole_tensor:
+        b.values[op.results[0]] = Broadcast(x, tuple(shape), dims)
     else:
         b.values[op.results[0]] = copy_to_new(b, op, x.then("broadcast", shape, dims))
 

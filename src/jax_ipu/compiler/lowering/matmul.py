@@ -177,6 +177,14 @@ def _product(b: Builder, op: ir.Op, lhs: View, rhs: View, window: tuple, acc, ou
     return View(out).then("reshape", (batch, rows, cols))
 
 
+def _grouped(keys: np.ndarray, even: bool, blocks: tuple, perm: tuple) -> np.ndarray:
+    """The stable order that sorts `keys`: when the blocks divide evenly, the
+    index array reshaped to `blocks` and transposed by `perm` (no sort)."""
+    if even:
+        return np.arange(len(keys)).reshape(blocks).transpose(perm).ravel()
+    return np.argsort(keys, kind="stable")
+
+
 def _partial_vertices(b: Builder, codelet: str, lhs: View, rhs: View, partials, tile_of: np.ndarray,
                       window: tuple, plan, batch: int, m: int, n: int, kp: int) -> VertexArray:
     """The partial products' vertices as arrays: vertex (kk, bi, mi, ni)
@@ -189,30 +197,44 @@ def _partial_vertices(b: Builder, codelet: str, lhs: View, rhs: View, partials, 
     bb, mb, nb, kc = plan.blocks
     nbb, nmb, nnb = -(-batch // bb), -(-rows // mb), -(-cols // nb)
     widths = np.minimum(nb, cols - np.arange(nnb) * nb)                      # [nnb]
+    vertices = pk * nbb * nmb * nnb
+    v = np.arange(vertices)
+    # lhs: a row of the K-chunk per (batch, row) of the block, shared by the
+    # block's nnb column-block vertices: group (kk, batch block, row block).
+    kk, bs, rs = np.ix_(np.arange(pk), np.arange(batch), np.arange(rows))
+    group = ((kk * nbb + bs // bb) * nmb + rs // mb).ravel()
+    even = batch % bb == 0 and rows % mb == 0
+    order = _grouped(group, even, (pk, nbb, bb, nmb, mb), (0, 1, 3, 2, 4))
+    bounds = np.r_[0, np.cumsum(np.bincount(group, minlength=pk * nbb * nmb))]
+    lhs_first = np.broadcast_to((bs * m + r0 + rs) * kp + kk * kc, (pk, batch, rows)).ravel()[order]
+    lhs_iv = np.stack([lhs_first, lhs_first + kc], axis=1)
+    lhs_at = np.stack([bounds[v // nnb], bounds[v // nnb + 1]], axis=1)
+    # Its block of partials: the same rows, a column block wide.
     kk, bs, rs, ni = np.ix_(np.arange(pk), np.arange(batch), np.arange(rows), np.arange(nnb))
     vid = (((kk * nbb + bs // bb) * nmb + rs // mb) * nnb + ni).ravel()
-    order = np.argsort(vid, kind="stable")
-    vertices = pk * nbb * nmb * nnb
+    order = _grouped(vid, even, (pk, nbb, bb, nmb, mb, nnb), (0, 1, 3, 5, 2, 4))
     offsets = np.r_[0, np.cumsum(np.bincount(vid, minlength=vertices))]
     width = np.broadcast_to(widths[ni], (pk, batch, rows, nnb)).ravel()[order]
-    lhs_first = np.broadcast_to((bs * m + r0 + rs) * kp + kk * kc, (pk, batch, rows, nnb)).ravel()[order]
-    lhs_iv = np.stack([lhs_first, lhs_first + kc], axis=1)
     out_first = np.broadcast_to(((kk * batch + bs) * rows + rs) * cols + ni * nb, (pk, batch, rows, nnb)).ravel()[order]
     out_iv = np.stack([out_first, out_first + width], axis=1)
-    # rhs: rows k of the K-chunk for each batch element of the block.
-    kk2, bs2, ks, mi2, ni2 = np.ix_(np.arange(pk), np.arange(batch), np.arange(kc), np.arange(nmb), np.arange(nnb))
-    shape2 = (pk, batch, kc, nmb, nnb)
-    vid2 = np.broadcast_to(((kk2 * nbb + bs2 // bb) * nmb + mi2) * nnb + ni2, shape2).ravel()
-    order2 = np.argsort(vid2, kind="stable")
-    offsets2 = np.r_[0, np.cumsum(np.bincount(vid2, minlength=vertices))]
+    # rhs: rows k of the K-chunk for each batch element of the block, a
+    # column block wide, shared by the block's nmb row-block vertices:
+    # group (kk, batch block, column block).
+    kk2, bs2, ks, ni2 = np.ix_(np.arange(pk), np.arange(batch), np.arange(kc), np.arange(nnb))
+    shape2 = (pk, batch, kc, nnb)
+    group2 = np.broadcast_to((kk2 * nbb + bs2 // bb) * nnb + ni2, shape2).ravel()
+    order2 = _grouped(group2, batch % bb == 0, (pk, nbb, bb, kc, nnb), (0, 1, 4, 2, 3))
+    bounds2 = np.r_[0, np.cumsum(np.bincount(group2, minlength=pk * nbb * nnb))]
     rhs_first = np.broadcast_to((bs2 * kp + kk2 * kc + ks) * n + c0 + ni2 * nb, shape2).ravel()[order2]
     rhs_iv = np.stack([rhs_first, rhs_first + np.broadcast_to(widths[ni2], shape2).ravel()[order2]], axis=1)
+    g2 = (v // (nmb * nnb)) * nnb + v % nnb
+    rhs_at = np.stack([bounds2[g2], bounds2[g2 + 1]], axis=1)
     # Per vertex: its block's tile and multiply-adds.
-    vk, vb, vm, vn = np.unravel_index(np.arange(vertices), (pk, nbb, nmb, nnb))
+    vk, vb, vm, vn = np.unravel_index(v, (pk, nbb, nmb, nnb))
     tiles = tile_of[vk, vb * bb, vm * mb, vn]
     macs = (np.minimum(bb, batch - vb * bb) * np.minimum(mb, rows - vm * mb) * widths[vn] * kc)
     cycles = np.asarray(cost.matmul_cycles(b.target, macs, lhs.dtype)).astype(np.int64)
-    return VertexArray(codelet, tiles, cycles, ((lhs.tensor, lhs_iv, offsets), (rhs.tensor, rhs_iv, offsets2)),
+    return VertexArray(codelet, tiles, cycles, ((lhs.tensor, lhs_iv, lhs_at), (rhs.tensor, rhs_iv, rhs_at)),
                        ((partials, out_iv, offsets),))
 
 

@@ -38,11 +38,29 @@ def _used_outside(nodes, results) -> dict[int, set]:
     return outside
 
 
+def _lazy_broadcasts(nodes, results) -> set:
+    """The broadcast_in_dim results that only element-wise clusters of
+    their shape read (as operands, not from nested bodies, not as block
+    results): those stay unmaterialised (builder.Broadcast)."""
+    made = {node.results[0]: node.results[0].type.shape for node in nodes
+            if not isinstance(node, Cluster) and node.name == "broadcast_in_dim"}
+    lazy = set(made) - set(results)
+    for node in nodes:
+        if isinstance(node, Cluster):
+            for op in node.ops:
+                lazy -= {v for v in reads_of(op, regions_only=True)}
+                lazy -= {v for v in op.operands if v in made and made[v] != node.shape}
+        else:
+            lazy -= set(reads_of(node))
+    return lazy
+
+
 def lower(b: Builder, flat: FlatFunction, nodes: list, carried: frozenset[int] = frozenset()) -> None:
     """`carried`: tensor ids of the loop-carried values when `flat` is a
     loop's body (its ops may update them in place)."""
     outside = _used_outside(nodes, flat.results)
-    saved = b.pending_reads, b.block_tensors_from, b.block_carried
+    saved = b.pending_reads, b.block_tensors_from, b.block_carried, b.lazy_broadcasts
+    b.lazy_broadcasts = _lazy_broadcasts(nodes, flat.results)
     b.pending_reads = collections.Counter(flat.results)
     for node in nodes:
         for op in (node.ops if isinstance(node, Cluster) else [node]):
@@ -54,7 +72,7 @@ def lower(b: Builder, flat: FlatFunction, nodes: list, carried: frozenset[int] =
             for op in (node.ops if isinstance(node, Cluster) else [node]):
                 b.pending_reads.subtract(reads_of(op))
     finally:
-        b.pending_reads, b.block_tensors_from, b.block_carried = saved
+        b.pending_reads, b.block_tensors_from, b.block_carried, b.lazy_broadcasts = saved
 
 
 def _lower_node(b: Builder, node, outside: dict) -> None:
