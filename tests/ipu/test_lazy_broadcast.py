@@ -97,8 +97,9 @@ def test_read_regions_match_the_elements_each_vertex_needs(shape, data):
     offsets = np.r_[0, np.cumsum(np.bincount(out.tiles, minlength=tiles))]
     got, got_offsets = broadcast_reads(view, intervals, offsets)
     want = _reference_reads(src_shape, shape, dims, intervals, offsets)
+    assert got_offsets.shape == (len(offsets) - 1, 2)
     for v in range(len(offsets) - 1):
-        mine = got[got_offsets[v]:got_offsets[v + 1]]
+        mine = got[got_offsets[v, 0]:got_offsets[v, 1]]
         assert np.all(mine[:, 0] < mine[:, 1])
         assert np.all(mine[1:, 0] > mine[:-1, 1])       # sorted, disjoint, not touching
         elements = np.concatenate([np.arange(s, e) for s, e in mine] or [np.zeros(0, np.int64)])

@@ -263,7 +263,8 @@ class Builder:
 def broadcast_reads(view: View, intervals: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The source intervals each vertex reads of `view` (a tensor broadcast
     by its last op) to make the elements `intervals` of it (CSR by vertex
-    in `offsets`): (intervals, offsets), each vertex's sorted and merged.
+    in `offsets`): (intervals, offsets [v, 2]), each vertex's sorted and
+    merged (see VertexArray for shared ranges).
     Worked out a row at a time, a row being the trailing axes over which
     the source is contiguous or constant, so the work is the rows touched,
     not the elements."""
@@ -308,7 +309,20 @@ def broadcast_reads(view: View, intervals: np.ndarray, offsets: np.ndarray) -> t
     stops = reach[np.r_[np.flatnonzero(new)[1:] - 1, len(lo) - 1]] if len(lo) else reach[:0]
     owner = starts // span
     out = np.stack([starts - owner * span, stops - owner * span], axis=1)
-    return out, np.r_[0, np.cumsum(np.bincount(owner, minlength=len(offsets) - 1))]
+    count = np.bincount(owner, minlength=len(offsets) - 1)
+    csr = np.r_[0, np.cumsum(count)]
+    # Vertices reading one interval (most: a bias or statistics read whole,
+    # or a run of rows) name a shared copy of it, so that the exchange
+    # splits it by owner once, not once per reader.
+    single = np.flatnonzero(count == 1)
+    if not len(single):
+        return out, csr
+    keys, group = np.unique(out[csr[single], 0] * span + out[csr[single], 1], return_inverse=True)
+    shared = np.stack(np.divmod(keys, span), axis=1)
+    ranges = np.stack([csr[:-1], csr[1:]], axis=1) + len(shared)
+    ranges[single, 0] = group.ravel()
+    ranges[single, 1] = group.ravel() + 1
+    return np.concatenate([shared, out]), ranges
 
 
 def _tensors_of(lowered) -> tuple:

@@ -73,6 +73,13 @@ class TileMapping:
             self._element_tiles = np.repeat(self.tiles.astype(_compact(self.tiles)), self.stops - self.starts)
         return self._element_tiles
 
+    @property
+    def holds_element_tiles(self) -> bool:
+        return self._element_tiles is not None
+
+    def drop_element_tiles(self) -> None:
+        self._element_tiles = None
+
     def forget(self) -> None:
         """Drops what element_tiles() and intervals_on() cached: the compiler
         calls this when the program is built (they are rebuilt on demand)."""
