@@ -61,9 +61,10 @@ def _owners(mapping, intervals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     if len(intervals) and pieces.min() == 1 and pieces.max() == 1:   # each within one run
         return np.arange(len(intervals)), mapping.tiles[first], intervals[:, 1] - intervals[:, 0]
     which = np.repeat(np.arange(len(intervals)), pieces)
-    held = np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces) + first[which]
-    lengths = (np.minimum(intervals[which, 1], mapping.stops[held])
-               - np.maximum(intervals[which, 0], mapping.starts[held]))
+    # (np.repeat rather than gathers by `which`: a third of the time.)
+    held = np.arange(len(which)) + np.repeat(first - (np.cumsum(pieces) - pieces), pieces)
+    lengths = (np.minimum(np.repeat(intervals[:, 1], pieces), mapping.stops[held])
+               - np.maximum(np.repeat(intervals[:, 0], pieces), mapping.starts[held]))
     return which, mapping.tiles[held], lengths
 
 
