@@ -108,3 +108,23 @@ def test_select_and_scatter_with_other_bodies(case):
     source = np.random.default_rng(4).standard_normal(out).astype(np.float32)
     assert_matches_cpu(lambda a, s: _select_and_scatter(a, select, window, strides, padding, s, np.float32(init),
                                                         scatter), x, source, exact="bits")
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_random_windows_strides_and_padding(seed):
+    """Windows narrower than, equal to and wider than their strides, with
+    uneven edge padding, on two or three axes: the source values each
+    element may receive are patterns of the source (repeated over each
+    stride, shifted), its position in each window a sum of one constant
+    per axis; bit for bit against XLA:CPU."""
+    rng = np.random.default_rng(seed)
+    rank = int(rng.integers(2, 4))
+    window = tuple(int(w) for w in rng.integers(1, 5, rank))
+    shape = tuple(max(int(n), w) for n, w in zip(rng.integers(1, 8, rank), window))   # a window or more
+    strides = tuple(int(s) for s in rng.integers(1, 4, rank))
+    pads = tuple((int(rng.integers(0, w)), int(rng.integers(0, w))) for w in window)
+    x = awkward(shape, np.float32, seed)
+    out = jax.eval_shape(lambda a: lax.reduce_window(a, -jnp.inf, lax.max, window, strides, pads), x).shape
+    source = rng.standard_normal(out).astype(np.float32)
+    assert_matches_cpu(lambda s, a: _select_and_scatter_add(s, a, lax.ge_p, window, strides, pads),
+                       source, x, exact="bits")

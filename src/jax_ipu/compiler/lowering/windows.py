@@ -5,7 +5,8 @@ StableHLO spec pads) and reduces the window axis with compiler.reduce (any
 body, partials over tiles); select_and_scatter scans each window in
 order with its select body (a WindowSelect vertex, as XLA does: first of
 equal maxima, NaNs as XLA leaves them, any comparator), then each operand
-element gathers the source values of the windows that may select it and
+element reads the source values of the windows that may select it (views
+of the source repeated over each stride, no index per element) and
 reduces those that did with the scatter body. pad is one Copy of a windows
 view (window 1, interior padding as base dilation), reverse one of a window
 the size of each axis, reversed on the reversed axes."""
@@ -16,13 +17,13 @@ import numpy as np
 from jax_ipu import ir
 from jax_ipu.compiler import cost
 from jax_ipu.compiler.lowering import reduce
-from jax_ipu.compiler.builder import Builder, ScalarBroadcast, Splat
+from jax_ipu.compiler.builder import Broadcast, Builder, ScalarBroadcast, Splat
 from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.compiler.lowering.elementwise import lower_cluster
 from jax_ipu.compiler.passes.fuse import Cluster
 from jax_ipu.compiler.lowering.indexing import region_program
 from jax_ipu.compiler.lowering.layout import copy_to_new, name_of
-from jax_ipu.compiler.planners.windows import (attr, axis_windows, combine, contributions, padding, row_major_strides,
+from jax_ipu.compiler.planners.windows import (attr, axis_windows, combine, padding, row_major_strides,
                                            windows)
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
@@ -228,35 +229,87 @@ def _scatter(b: Builder, op: ir.Op, picked: View, window, strides, pads) -> None
     """Each operand element, from the init value, applies the scatter body
     to the source value of every window that picked it, in XLA's order
     (windows in row-major order, in the operand's type): one fused
-    element-wise chain over J gathered (source, picked position) pairs."""
+    element-wise chain over the J windows that may contain an element
+    (per axis, the k-th last window starting at or before it). The source
+    values and picked positions of the k-th are patterns, views of the
+    source repeated over each stride and shifted (no index per element);
+    the element's position in it is a sum of one small constant per axis,
+    broadcast."""
     x, source, init = op.operands
     x_t, scatter = x.type, op.regions[1]
-    windows_of, slots = contributions(x_t.shape, window, strides, pads, source.type.shape)
-    size, outs = x_t.size, source.type.size
-    flat_source = _new(ir.TensorType((outs,), source.type.dtype))
-    b.values[flat_source] = b.view(source).then("reshape", (outs,))
-    chosen_in = _new(ir.TensorType((outs,), picked.dtype))
-    b.values[chosen_in] = picked
+    shape, out_shape = x_t.shape, source.type.shape
+    src = b.view(source)
     never = np.array(np.iinfo(picked.dtype).max, picked.dtype)   # no window: matches no position
+    counts = [-(-w // st) for w, st in zip(window, strides)]
+    window_strides = row_major_strides(window)
     ops: list[ir.Op] = []
     total = init
-    for c in range(windows_of.shape[1]):
-        column = np.ascontiguousarray(windows_of[:, c])
-        value = _gathered(b, op, flat_source, column, np.zeros((), source.type.dtype))
-        chosen = _gathered(b, op, chosen_in, column, never)
-        here = _new(ir.TensorType((size,), picked.dtype))
-        b.values[here] = b.constant(f"{name_of(op)}/window positions",
-                                    np.where(column < 0, 0, slots[:, c]).astype(picked.dtype))
-        hit = _op("compare", [chosen, here], np.bool_, (size,), comparison_direction="EQ",
+    for ks in np.ndindex(*counts):
+        # Window k-th from last per axis: o = (x + pad) // stride - m, m = count - 1 - k,
+        # holding x when its phase (x + pad) % stride < window - m * stride.
+        ms = [c - 1 - k for c, k in zip(counts, ks)]
+        valid = [min(st, w - m * st) for st, w, m in zip(strides, window, ms)]
+        if min(valid, default=1) <= 0:
+            continue
+        value = _strided_windows(b, op, src, shape, strides, pads, ms, valid, np.zeros((), source.type.dtype)[()])
+        chosen = _strided_windows(b, op, picked.then("reshape", out_shape), shape, strides, pads, ms, valid,
+                                  never[()])
+        here = _positions(b, op, shape, strides, pads, ms, window, window_strides, picked.dtype, ops)
+        hit = _op("compare", [chosen, here], np.bool_, shape, comparison_direction="EQ",
                   compare_type="UNSIGNED" if picked.dtype.kind == "u" else "SIGNED")
         ops.append(hit)
-        (applied,) = _clone(b, scatter, [total, value], ops, (size,))
-        ops.append(_op("select", [hit.results[0], applied, total], x_t.dtype, (size,)))
+        (applied,) = _clone(b, scatter, [total, value], ops, shape)
+        ops.append(_op("select", [hit.results[0], applied, total], x_t.dtype, shape))
         total = ops[-1].results[0]
-    for o in ops:
+    for o in ops:     # (k = count - 1 on every axis holds some elements: never empty)
         o.loc = op.loc
-    lower_cluster(b, Cluster((size,), ops), {total})
-    b.values[op.results[0]] = b.view(total).then("reshape", x_t.shape)
+    lower_cluster(b, Cluster(tuple(shape), ops), {total})
+    b.values[op.results[0]] = b.values[total]
+
+
+def _strided_windows(b: Builder, op: ir.Op, src: View, shape, strides, pads, ms, valid, fill) -> ir.Value:
+    """[shape]: at each element x, src[(x + pad) // stride - m] along every
+    axis, or `fill` outside src or in a phase (x + pad) % stride >= valid:
+    src with each element repeated `valid` times and padded to `stride`,
+    then shifted by pad - m * stride (a windows view of window 1)."""
+    rank = len(shape)
+    outs = src.shape
+    spread = src.then("reshape", tuple(d for o in outs for d in (o, 1)))
+    spread = spread.then("broadcast", tuple(d for o, v in zip(outs, valid) for d in (o, v)), tuple(range(2 * rank)))
+    spread = spread.then("windows", tuple(spec for v, st in zip(valid, strides)
+                                          for spec in ((1, 1, 0, 0, 1, 1, 0), (1, 1, 0, st - v, 1, 1, 0))), fill)
+    repeated = tuple(o * st for o, st in zip(outs, strides))
+    spread = spread.then("reshape", repeated)
+    shift = [p[0] - m * st for p, m, st in zip(pads, ms, strides)]
+    spread = spread.then("windows", tuple((1, 1, -sh, n - r + sh, 1, 1, 0)
+                                          for sh, n, r in zip(shift, shape, repeated)), fill)
+    out = ir.Value(ir.TensorType(tuple(shape), src.dtype))
+    b.values[out] = copy_to_new(b, op, spread.then("reshape", tuple(shape)))
+    return out
+
+
+def _positions(b: Builder, op: ir.Op, shape, strides, pads, ms, window, window_strides, dtype, ops) -> ir.Value:
+    """[shape]: each element's position in the window (k-th from last per
+    axis) that may hold it, sum over axes of ((x + pad) % stride + m *
+    stride) * the window's row-major stride: one constant per axis of a
+    window wider than 1, broadcast, and added in the chain."""
+    total = None
+    for d, (n, st, p, m, w, ws) in enumerate(zip(shape, strides, pads, ms, window, window_strides)):
+        if w == 1:
+            continue
+        along = ((np.arange(n) + p[0]) % st + m * st) * ws
+        term = _new(ir.TensorType(tuple(shape), np.dtype(dtype)))
+        b.values[term] = Broadcast(b.constant(f"{name_of(op)}/window positions", along.astype(dtype)),
+                                   tuple(shape), (d,))
+        if total is None:
+            total = term
+        else:
+            ops.append(_op("add", [total, term], dtype, shape))
+            total = ops[-1].results[0]
+    if total is None:
+        total = _new(ir.TensorType(tuple(shape), np.dtype(dtype)))
+        b.values[total] = Splat(np.zeros((), dtype), tuple(shape))
+    return total
 
 
 def _clone(b: Builder, block: ir.Block, args: list[ir.Value], into: list[ir.Op], shape) -> list[ir.Value]:

@@ -2,8 +2,7 @@
 reduce_window, select_and_scatter, pad). Windows themselves are read
 through "windows" view ops (graph.views), a pattern; the per-element
 indices here serve what still needs them: the padding mask of a window
-or pad whose fill is computed at run time, and select_and_scatter's
-scatter (which windows contain each element). Defaults follow the StableHLO
+or pad whose fill is computed at run time. Defaults follow the StableHLO
 spec: an absent attribute means strides and dilations of 1 and no padding."""
 from __future__ import annotations
 
@@ -109,27 +108,3 @@ def windows(shape, window, strides, pads, base_dilations, window_dilations) -> n
         per_axis.append(idx.reshape(expand))
     flat = combine(per_axis, row_major_strides(shape))
     return np.broadcast_to(flat, tuple(outs) + tuple(window))
-
-
-def contributions(shape, window, strides, pads, out_shape) -> tuple[np.ndarray, np.ndarray]:
-    """For select_and_scatter's scatter: per operand element, the windows
-    that contain it, in ascending (row-major) order as XLA scatters them,
-    and its position in each, both [size, J] (J: the most windows an
-    element can be in; -1 where there is no J-th window)."""
-    rank = len(shape)
-    per_axis, offsets, counts = [], [], []
-    for d in range(rank):
-        count = -(-window[d] // strides[d])
-        q = np.arange(shape[d])[:, None] + pads[d][0]
-        o = q // strides[d] - np.arange(count)[None, ::-1]
-        valid = (o >= 0) & (o < out_shape[d]) & (q - o * strides[d] < window[d])
-        expand = [1] * (2 * rank)
-        expand[d], expand[rank + d] = shape[d], count
-        per_axis.append(np.where(valid, o, -1).reshape(expand))
-        offsets.append(np.where(valid, q - o * strides[d], -1).reshape(expand))
-        counts.append(count)
-    full = tuple(shape) + tuple(counts)
-    size = int(np.prod(shape, dtype=np.int64))
-    windows_of = np.broadcast_to(combine(per_axis, row_major_strides(out_shape)), full).reshape(size, -1)
-    slots = np.broadcast_to(combine(offsets, row_major_strides(window)), full).reshape(size, -1)
-    return windows_of, slots
