@@ -11,7 +11,7 @@ planner picks 8 row x 8 column x 16 K-chunk blocks, 1024 tiles (the split
 limits are powers of two for rows and columns and divisors of K): each tile
 does 256x128x256 multiply-adds in 524,288 AMP cycles (+330), after receiving
 its two 128 KiB operand blocks (65,536 cycles at 4 B/cycle), then one sync
-(600) and the reduction of 16 fp32 partials per output (an exchange of
+(sync_cycles) and the reduction of 16 fp32 partials per output (an exchange of
 about 89,000 cycles). 2^34 flops / (~680,000 cycles x 32 x 1472) = 0.54:
 the 30% of idle tiles and the exchanges cost the rest.
 """
