@@ -339,3 +339,4 @@ def test_loading_inflates_only_the_body(saved, monkeypatch):
     assert inflated == ["its body"]
     _deferred_steps(program)
     assert inflated == ["its body", "its deferred section"]
+

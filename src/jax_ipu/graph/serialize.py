@@ -99,9 +99,9 @@ _DTYPES = {np.dtype(t).name: np.dtype(t) for t in (
     np.float16, np.float32, np.float64, np.complex64, np.complex128, ml_dtypes.bfloat16)}
 
 
-def _dtype(name, where: str) -> np.dtype:
+def _dtype(name, where) -> np.dtype:
     if not isinstance(name, str) or name not in _DTYPES:
-        _fail(f"{where}: unknown element type {name!r}")
+        _fail(f"{_at(where)}: unknown element type {name!r}")
     return _DTYPES[name]
 
 
@@ -692,6 +692,48 @@ _CHECKS = {"int": lambda y: type(y) is int, "float": lambda y: type(y) in (int, 
            "any": lambda y: True}
 
 
+def _accepts(spec: str):
+    """fn(x) -> whether x is what a field spec says (None: anything); a
+    field that fails goes through _Decoder.check for the message."""
+    if spec == "any":
+        return None
+    if spec[0] == "?":
+        inner = _accepts(spec[1:])
+        return lambda x: x is None or inner(x)
+    if spec[0] in "*[":
+        kind = tuple if spec[0] == "*" else list
+        inner = _accepts(spec[1:])
+        if inner is None:
+            return lambda x: type(x) is kind
+        return lambda x: type(x) is kind and all(map(inner, x))
+    return _CHECKS[spec]
+
+
+def _kind(name: str, cls, fields: dict) -> tuple:
+    """What decoding an object of one kind needs, worked out once: its
+    class, the keys its dict holds, per field (name, where suffix, test,
+    spec), and its checked string choices."""
+    keys = frozenset(fields) | {"k"} | ({"vertices"} if name == "ComputeSet" else set())
+    return (cls, keys, tuple((f, "." + f, _accepts(spec), spec) for f, spec in fields.items()),
+            " > " + name, {f: c for (k, f), c in _CHOICES.items() if k is cls})
+
+
+_KINDS = {cls.__name__: _kind(cls.__name__, cls, fields) for cls, fields in _SCHEMA.items()}
+_KINDS["ComputeSet"] = _kind("ComputeSet", LoadedComputeSet, _COMPUTE_SET_FIELDS)
+_PLAIN = frozenset((type(None), bool, int, float, str))
+
+
+def _at(where) -> str:
+    """A decoder's place, kept as (place, suffix) pairs while all goes
+    well, as text for a message."""
+    parts = []
+    while type(where) is tuple:
+        where, suffix = where
+        parts.append(suffix)
+    parts.append(where)
+    return "".join(reversed(parts))
+
+
 class _Decoder:
     def __init__(self, arrays: list[np.ndarray], tensors: list[Tensor], vertices: dict):
         self.arrays = arrays
@@ -699,45 +741,51 @@ class _Decoder:
         self.vertices = vertices
         self.refs: list = []
 
-    def array(self, i, where: str) -> np.ndarray:
+    def array(self, i, where) -> np.ndarray:
         if type(i) is not int or not 0 <= i < len(self.arrays):
-            _fail(f"{where}: array {i!r} out of range")
+            _fail(f"{_at(where)}: array {i!r} out of range")
         return _resolved(self.arrays[i])
 
-    def tensor(self, i, where: str) -> Tensor:
+    def tensor(self, i, where) -> Tensor:
         if type(i) is not int or not 0 <= i < len(self.tensors):
-            _fail(f"{where}: tensor {i!r} out of range")
+            _fail(f"{_at(where)}: tensor {i!r} out of range")
         return self.tensors[i]
 
-    def value(self, v, where: str):
-        if v is None or type(v) in (bool, int, float, str):
+    def value(self, v, where):
+        t = type(v)
+        if t in _PLAIN:
             return v
-        if type(v) is list:
-            return tuple(self.value(x, where) for x in v)
-        if type(v) is not dict or len(v) != 1 and "k" not in v:
-            _fail(f"{where}: malformed value")
+        if t is list:
+            value = self.value
+            return tuple([value(x, where) for x in v])
+        if t is not dict or len(v) != 1 and "k" not in v:
+            _fail(f"{_at(where)}: malformed value")
         if "k" in v:
             return self.obj(v, where)
         (tag, x), = v.items()
         if tag == "T":
             return self.tensor(x, where)
+        if tag == "r":
+            if type(x) is not int or not 0 <= x < len(self.refs) or self.refs[x] is None:
+                _fail(f"{_at(where)}: reference {x!r} to no earlier object")
+            return self.refs[x]
+        if tag == "dt":
+            return _dtype(x, where)
         if tag == "a":
             return self.array(x, where)
         if tag == "n":
             array = self.array(x, where)
             if array.ndim:
-                _fail(f"{where}: a scalar that is not 0-d")
+                _fail(f"{_at(where)}: a scalar that is not 0-d")
             return array[()]
         if tag == "b":
             array = self.array(x, where)
             if array.dtype != np.uint8:
-                _fail(f"{where}: bytes not held as uint8")
+                _fail(f"{_at(where)}: bytes not held as uint8")
             return array.tobytes()
-        if tag == "dt":
-            return _dtype(x, where)
         if tag == "f":
             if x not in ("inf", "-inf", "nan"):
-                _fail(f"{where}: bad float {x!r}")
+                _fail(f"{_at(where)}: bad float {x!r}")
             return float(x)
         if tag == "L" and type(x) is list:
             return [self.value(y, where) for y in x]
@@ -745,62 +793,56 @@ class _Decoder:
             out = {}
             for pair in x:
                 if type(pair) is not list or len(pair) != 2:
-                    _fail(f"{where}: malformed dict entry")
+                    _fail(f"{_at(where)}: malformed dict entry")
                 key = self.value(pair[0], where)
                 try:
                     out[key] = self.value(pair[1], where)
                 except TypeError:
-                    _fail(f"{where}: dict key of type {type(key).__name__}")
+                    _fail(f"{_at(where)}: dict key of type {type(key).__name__}")
             return out
-        if tag == "r":
-            if type(x) is not int or not 0 <= x < len(self.refs) or self.refs[x] is None:
-                _fail(f"{where}: reference {x!r} to no earlier object")
-            return self.refs[x]
-        _fail(f"{where}: unknown value tag {tag!r}")
+        _fail(f"{_at(where)}: unknown value tag {tag!r}")
 
-    def obj(self, v: dict, where: str):
+    def obj(self, v: dict, where):
         name = v.get("k")
-        if type(name) is not str:
-            _fail(f"{where}: object kind {name!r:.40}")
-        if name == "ComputeSet":
-            fields = _COMPUTE_SET_FIELDS
-        elif name in _BY_NAME:
-            fields = _SCHEMA[_BY_NAME[name]]
-        elif name in _LATE:
-            fields = None
-        else:
-            _fail(f"{where}: unknown object kind {name!r}")
-        where = f"{where} > {name}"
+        kind = _KINDS.get(name) if type(name) is str else None
+        if kind is None:
+            if type(name) is not str:
+                _fail(f"{_at(where)}: object kind {name!r:.40}")
+            if name not in _LATE:
+                _fail(f"{_at(where)}: unknown object kind {name!r}")
+            cls = _late_class(name)
+            kind = _kind(name, cls, {f.name: "any" for f in dataclasses.fields(cls)})
+        cls, keys, fields, suffix, choices = kind
+        where = (where, suffix)
         slot = len(self.refs)
         self.refs.append(None)          # numbered before its parts, as written
-        if fields is None:
-            cls = _late_class(name)
-            fields = {f.name: "any" for f in dataclasses.fields(cls)}
-        expected = set(fields) | {"k"} | ({"vertices"} if name == "ComputeSet" else set())
-        if set(v) != expected:
-            _fail(f"{where}: fields {sorted(set(v) - {'k'})}, expected {sorted(expected - {'k'})}")
-        values = {f: self.check(spec, self.value(v[f], f"{where}.{f}"), f"{where}.{f}") for f, spec in fields.items()}
-        if name == "ComputeSet":
+        if v.keys() != keys:
+            _fail(f"{_at(where)}: fields {sorted(set(v) - {'k'})}, expected {sorted(keys - {'k'})}")
+        values = {}
+        value = self.value
+        for f, dot, test, spec in fields:
+            x = value(v[f], (where, dot))
+            if test is not None and not test(x):
+                self.check(spec, x, _at((where, dot)))
+            values[f] = x
+        if cls is LoadedComputeSet:
             result = LoadedComputeSet(values["name"], self.compute_set_vertices(v["vertices"], where),
                                       values["kernel"], values["exchange"])
         elif name in _LATE:
-            cls = _late_class(name)
             for f, x in values.items():
                 ok = type(x) is int or type(x) is tuple and all(type(y) is int for y in x)
                 if not ok:
-                    _fail(f"{where}.{f}: expected integers")
+                    _fail(f"{_at(where)}.{f}: expected integers")
             result = cls(**values)
         else:
-            cls = _BY_NAME[name]
-            choices = {f: c for (k, f), c in _CHOICES.items() if k is cls}
             for f, allowed in choices.items():
                 if values[f] not in allowed:
-                    _fail(f"{where}.{f}: {values[f]!r} is not one of {allowed}")
+                    _fail(f"{_at(where)}.{f}: {values[f]!r} is not one of {allowed}")
             if cls is View:
                 _check_view(values["tensor"], values["ops"], values["shape"], where)
-            if cls is p.Switch and not (type(values["cases"]) is dict and all(
+            elif cls is p.Switch and not (type(values["cases"]) is dict and all(
                     type(k) is int and type(s) is p.Sequence for k, s in values["cases"].items())):
-                _fail(f"{where}.cases: not a dict of integers to sequences")
+                _fail(f"{_at(where)}.cases: not a dict of integers to sequences")
             result = cls(**values)
         self.refs[slot] = result
         return result
@@ -820,13 +862,13 @@ class _Decoder:
             _fail(f"{where}: expected {spec}, got {type(x).__name__}")
         return x
 
-    def compute_set_vertices(self, span, where: str) -> list:
-        if type(span) is not list or len(span) != 2 or not all(type(i) is int for i in span):
-            _fail(f"{where}: malformed vertex span")
+    def compute_set_vertices(self, span, where) -> list:
+        if type(span) is not list or len(span) != 2 or type(span[0]) is not int or type(span[1]) is not int:
+            _fail(f"{_at(where)}: malformed vertex span")
         first, count = span
         table = self.vertices
         if first < 0 or count < 0 or first + count > table["count"]:
-            _fail(f"{where}: vertices {first}..{first + count} out of the table")
+            _fail(f"{_at(where)}: vertices {first}..{first + count} out of the table")
         return _VertexSpan(table, first, count)
 
 
@@ -846,54 +888,57 @@ class _VertexSpan:
         return np.flatnonzero(np.bincount(self._table["tile"][self._first:self._first + self.count]))
 
 
-def _check_view(tensor: Tensor, ops, shape, where: str) -> None:
+def _ints(t) -> bool:
+    return type(t) is tuple and all(type(i) is int for i in t)
+
+
+def _check_view(tensor: Tensor, ops, shape, where) -> None:
     """The view's ops are well-formed and give its shape."""
     if type(ops) is not tuple:
-        _fail(f"{where}: ops are not a tuple")
+        _fail(f"{_at(where)}: ops are not a tuple")
     current = tuple(tensor.shape)
     for op in ops:
         if type(op) is not tuple or not op or op[0] not in _SHAPE:
-            _fail(f"{where}: unknown view op {op!r:.60}")
+            _fail(f"{_at(where)}: unknown view op {op!r:.60}")
         kind, args = op[0], op[1:]
-        ints = lambda t: type(t) is tuple and all(type(i) is int for i in t)   # noqa: E731
         size = math.prod(current)
-        if kind == "reshape" and not (len(args) == 1 and ints(args[0]) and all(d >= 0 for d in args[0])
+        if kind == "reshape" and not (len(args) == 1 and _ints(args[0]) and all(d >= 0 for d in args[0])
                                       and math.prod(args[0]) == size):
-            _fail(f"{where}: reshape {args!r:.60} of {current}")
-        if kind == "transpose" and not (len(args) == 1 and ints(args[0])
+            _fail(f"{_at(where)}: reshape {args!r:.60} of {current}")
+        if kind == "transpose" and not (len(args) == 1 and _ints(args[0])
                                         and sorted(args[0]) == list(range(len(current)))):
-            _fail(f"{where}: transpose {args!r:.60} of {current}")
-        if kind == "slice" and not (len(args) == 3 and all(ints(a) and len(a) == len(current) for a in args)
+            _fail(f"{_at(where)}: transpose {args!r:.60} of {current}")
+        if kind == "slice" and not (len(args) == 3 and all(_ints(a) and len(a) == len(current) for a in args)
                                     and all(0 <= a <= b <= d and c > 0 for a, b, c, d in zip(*args, current))):
-            _fail(f"{where}: slice {args!r:.60} of {current}")
+            _fail(f"{_at(where)}: slice {args!r:.60} of {current}")
         if kind == "broadcast":
-            if not (len(args) == 2 and ints(args[0]) and ints(args[1]) and len(args[1]) == len(current)
+            if not (len(args) == 2 and _ints(args[0]) and _ints(args[1]) and len(args[1]) == len(current)
                     and all(0 <= d < len(args[0]) for d in args[1])
                     and all(n in (1, args[0][d]) for n, d in zip(current, args[1]))):
-                _fail(f"{where}: broadcast {args!r:.60} of {current}")
+                _fail(f"{_at(where)}: broadcast {args!r:.60} of {current}")
         if kind == "gather":
             if not (len(args) == 2 and type(args[0]) is np.ndarray and args[0].dtype in (np.int32, np.intp)):
-                _fail(f"{where}: gather without integer indices")
+                _fail(f"{_at(where)}: gather without integer indices")
             indices, fill = args
             if indices.size and (int(indices.min()) < 0 or int(indices.max()) > size
                                  or int(indices.max()) == size and fill is None):
-                _fail(f"{where}: gather indices out of 0..{size}")
+                _fail(f"{_at(where)}: gather indices out of 0..{size}")
             if fill is not None and not (isinstance(fill, np.generic) or type(fill) in (bool, int, float)
                                          or type(fill) is np.ndarray and fill.ndim == 0):
-                _fail(f"{where}: gather fill is not a scalar")
+                _fail(f"{_at(where)}: gather fill is not a scalar")
         if kind == "windows":
             spec = args[0] if len(args) == 2 else None
             if not (type(spec) is tuple and 0 < len(spec) <= len(current)
                     and all(type(a) is tuple and len(a) == 7 and all(type(i) is int for i in a)
                             and min(a[0], a[1], a[4], a[5]) >= 1 and a[6] in (0, 1)
                             and max(abs(a[2]), abs(a[3]), *a[:2], *a[4:6]) < 1 << 31 for a in spec)):
-                _fail(f"{where}: windows {args!r:.60} of {current}")
+                _fail(f"{_at(where)}: windows {args!r:.60} of {current}")
             fill = args[1]
             if fill is not None and not (isinstance(fill, np.generic) or type(fill) is np.ndarray and fill.ndim == 0):
-                _fail(f"{where}: windows fill is not a scalar")
+                _fail(f"{_at(where)}: windows fill is not a scalar")
         current = _SHAPE[kind](current, *args)
     if current != shape:
-        _fail(f"{where}: ops give shape {current}, the view says {shape}")
+        _fail(f"{_at(where)}: ops give shape {current}, the view says {shape}")
 
 
 def _vertex_builder(header, arrays, tensors, where="vertices"):
