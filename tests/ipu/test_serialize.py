@@ -340,3 +340,20 @@ def test_loading_inflates_only_the_body(saved, monkeypatch):
     _deferred_steps(program)
     assert inflated == ["its body", "its deferred section"]
 
+
+def test_loading_leaves_the_garbage_collector_as_it_found_it(saved):
+    # loads pauses the cyclic collector while it decodes (it makes no
+    # cycles), and restores it, after a refused entry too.
+    import gc
+    assert gc.isenabled()
+    serialize.loads(saved)
+    assert gc.isenabled()
+    with pytest.raises(serialize.ProgramFormatError):
+        serialize.loads(saved[:-1])
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        serialize.loads(saved)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
