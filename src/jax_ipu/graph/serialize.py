@@ -48,7 +48,7 @@ import numpy as np
 from jax_ipu import ir
 from jax_ipu.graph import codelets, codelets_collectives, codelets_indexing, codelets_linalg
 from jax_ipu.graph import programs as p
-from jax_ipu.graph.compute import ComputeSet, DataDependentExchange, Region, Vertex
+from jax_ipu.graph.compute import ComputeSet, DataDependentExchange, Region, Vertex, VertexArray
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.memory import MemoryReport
 from jax_ipu.graph.program import Program
@@ -471,10 +471,13 @@ class _Encoder:
         self.ids: dict[int, int] = {}          # id(object) -> its reference number
         self.keep: list = []                   # the objects numbered (ids stay theirs)
         self.codelets: dict[str, int] = {}
+        # The vertex table's columns, as chunks (a compute set's each).
         self.vertices = {k: [] for k in ("codelet", "tile", "cycles", "reads", "writes")}
         self.regions = {"tensor": [], "block": []}
         self.blocks: dict[int, int] = {}       # id(intervals array) -> block number
-        self.block_arrays: list[np.ndarray] = []
+        self.block_lengths: list[np.ndarray] = []
+        self.block_intervals: list[np.ndarray] = []    # [k, 2] each
+        self.num_blocks = 0
         self.num_vertices = 0
 
     def value(self, v):
@@ -526,7 +529,11 @@ class _Encoder:
         return out
 
     def add_vertices(self, vertices) -> None:
-        table, regions = self.vertices, self.regions
+        if isinstance(vertices, VertexArray):
+            self.add_vertex_array(vertices)
+            return
+        table = {k: [] for k in self.vertices}
+        tensor_ids, block_ids, lengths = [], [], []
         for vertex in vertices:
             table["codelet"].append(self.codelets.setdefault(vertex.codelet, len(self.codelets)))
             table["tile"].append(vertex.tile)
@@ -534,15 +541,63 @@ class _Encoder:
             table["reads"].append(len(vertex.reads))
             table["writes"].append(len(vertex.writes))
             for region in vertex.reads + vertex.writes:
-                if self.program.tensors[region.tensor.id] is not region.tensor:
-                    raise ProgramFormatError(f"a vertex reads or writes {region.tensor}, not the program's")
+                self.check_tensor(region.tensor)
                 block = self.blocks.get(id(region.intervals))
                 if block is None:
-                    block = self.blocks[id(region.intervals)] = len(self.block_arrays)
-                    self.block_arrays.append(region.intervals)
-                regions["tensor"].append(region.tensor.id)
-                regions["block"].append(block)
+                    block = self.blocks[id(region.intervals)] = self.num_blocks
+                    self.num_blocks += 1
+                    lengths.append(len(region.intervals))
+                    self.block_intervals.append(np.asarray(region.intervals, np.int64).reshape(-1, 2))
+                tensor_ids.append(region.tensor.id)
+                block_ids.append(block)
+        for k, column in table.items():
+            self.vertices[k].append(np.asarray(column, np.int64))
+        self.regions["tensor"].append(np.asarray(tensor_ids, np.int64))
+        self.regions["block"].append(np.asarray(block_ids, np.int64))
+        self.block_lengths.append(np.asarray(lengths, np.int64))
         self.num_vertices += len(vertices)
+
+    def add_vertex_array(self, vertices: VertexArray) -> None:
+        """The columns the loop over its Vertex objects would give, from
+        its arrays: each vertex's regions are its reads' then its writes'
+        parts, each interval slice a block of its own (a ResNet-50 step
+        has 1.3M such vertices: one at a time, they took 20 s to save)."""
+        count = len(vertices)
+        parts = vertices.reads + vertices.writes
+        for tensor, _, _ in parts:
+            self.check_tensor(tensor)
+        code = self.codelets.setdefault(vertices.codelet, len(self.codelets))
+        table = self.vertices
+        table["codelet"].append(np.full(count, code, np.int64))
+        table["tile"].append(np.asarray(vertices.tiles, np.int64))
+        table["cycles"].append(np.asarray(vertices.cycles, np.int64))
+        table["reads"].append(np.full(count, len(vertices.reads), np.int64))
+        table["writes"].append(np.full(count, len(vertices.writes), np.int64))
+        self.regions["tensor"].append(np.tile(np.asarray([t.id for t, _, _ in parts], np.int64), count))
+        self.regions["block"].append(self.num_blocks + np.arange(count * len(parts), dtype=np.int64))
+        self.num_blocks += count * len(parts)
+        offsets = [np.asarray(off, np.int64) for _, _, off in parts]
+        lengths = np.stack([np.diff(off) for off in offsets], axis=1) if parts else np.zeros((count, 0), np.int64)
+        self.block_lengths.append(lengths.reshape(-1))
+        if len(parts) == 1:
+            (_, intervals, _), = parts
+            off = offsets[0]
+            self.block_intervals.append(np.asarray(intervals[off[0]:off[-1]], np.int64).reshape(-1, 2))
+        elif parts:
+            # Vertex by vertex, part by part: where each part's run of
+            # intervals for a vertex goes among all of them.
+            firsts = (np.cumsum(lengths.reshape(-1)) - lengths.reshape(-1)).reshape(count, len(parts))
+            out = np.empty((int(lengths.sum()), 2), np.int64)
+            for j, ((_, intervals, _), off) in enumerate(zip(parts, offsets)):
+                owner = np.repeat(np.arange(count), lengths[:, j])
+                places = firsts[owner, j] + np.arange(len(owner)) - (off[owner] - off[0])
+                out[places] = np.asarray(intervals[off[0]:off[-1]], np.int64).reshape(-1, 2)
+            self.block_intervals.append(out)
+        self.num_vertices += count
+
+    def check_tensor(self, tensor: Tensor) -> None:
+        if self.program.tensors[tensor.id] is not tensor:
+            raise ProgramFormatError(f"a vertex reads or writes {tensor}, not the program's")
 
     def tensors(self) -> dict:
         meta, runs, tiles, starts = [], [], [], []
@@ -567,16 +622,16 @@ class _Encoder:
         their tiles (the program's summary lists each compute set's)."""
         def add(values):
             return self.arrays.add(values, True)
-        blocks = self.block_arrays
-        lengths = np.asarray([len(b) for b in blocks], np.int64)
-        flat = np.concatenate([np.asarray(b, np.int64).reshape(-1, 2) for b in blocks]) if blocks \
-            else np.zeros((0, 2), np.int64)
+
+        def joined(chunks: list, shape=(0,)) -> np.ndarray:
+            return np.concatenate(chunks) if chunks else np.zeros(shape, np.int64)
+        flat = joined(self.block_intervals, (0, 2))
         return {"codelets": list(self.codelets),
-                **{k: add(np.asarray(v, np.int64)) for k, v in self.vertices.items() if k != "tile"},
-                "tile": self.arrays.add(np.asarray(self.vertices["tile"], np.int64)),
-                "region_tensor": add(np.asarray(self.regions["tensor"], np.int64)),
-                "region_block": add(np.asarray(self.regions["block"], np.int64)),
-                "block_lengths": add(lengths),
+                **{k: add(joined(v)) for k, v in self.vertices.items() if k != "tile"},
+                "tile": self.arrays.add(joined(self.vertices["tile"])),
+                "region_tensor": add(joined(self.regions["tensor"])),
+                "region_block": add(joined(self.regions["block"])),
+                "block_lengths": add(joined(self.block_lengths)),
                 "block_starts": add(flat[:, 0].copy()), "block_stops": add(flat[:, 1].copy())}
 
 
