@@ -176,6 +176,13 @@ def test_truncated_or_corrupted_bytes_are_refused(saved):
     _load_fails(bytes(flipped), "checksum")
     _load_fails(b"PK\x03\x04" + saved[4:], "program mark")
     _load_fails(saved[:8] + struct.pack("<I", 99) + saved[12:], "format 99")
+    # Cut where the deferred section starts, or within it: refused at load
+    # (the checksum covers both sections), not when the section is read.
+    packed_size = serialize._PREFIX.unpack_from(saved)[4]
+    _load_fails(saved[:serialize._PREFIX.size + packed_size], "checksum")
+    _load_fails(saved[:serialize._PREFIX.size + packed_size + 4], "checksum")
+    # An entry of the format before the deferred section (format 1) is another format.
+    _load_fails(saved[:8] + struct.pack("<I", 1) + saved[12:], "program format 1, this jax-ipu reads format 2")
 
 
 def test_another_version_is_refused(saved):
