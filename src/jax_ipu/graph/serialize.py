@@ -811,9 +811,9 @@ class _Decoder:
         t = type(v)
         if t in _PLAIN:
             return v
-        if t is list:
+        if t is list:        # plain elements (shapes, registers) without a call each
             value = self.value
-            return tuple([value(x, where) for x in v])
+            return tuple([x if type(x) in _PLAIN else value(x, where) for x in v])
         if t is not dict or len(v) != 1 and "k" not in v:
             _fail(f"{_at(where)}: malformed value")
         if "k" in v:
@@ -877,7 +877,9 @@ class _Decoder:
         values = {}
         value = self.value
         for f, dot, test, spec in fields:
-            x = value(v[f], (where, dot))
+            x = v[f]
+            if type(x) not in _PLAIN:
+                x = value(x, (where, dot))
             if test is not None and not test(x):
                 self.check(spec, x, _at((where, dot)))
             values[f] = x
