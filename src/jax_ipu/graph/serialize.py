@@ -566,6 +566,8 @@ class _Encoder:
         parts = vertices.reads + vertices.writes
         for tensor, _, _ in parts:
             self.check_tensor(tensor)
+        if not count:        # (its codelet is not named, as the loop would not name it)
+            return
         code = self.codelets.setdefault(vertices.codelet, len(self.codelets))
         table = self.vertices
         table["codelet"].append(np.full(count, code, np.int64))
