@@ -364,3 +364,23 @@ def test_loading_leaves_the_garbage_collector_as_it_found_it(saved):
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_the_deferred_section_read_from_several_threads_at_once(saved, monkeypatch):
+    # Profiles are made on the devices' threads: the section is inflated
+    # once, and every thread reads the same columns.
+    from concurrent.futures import ThreadPoolExecutor
+    inflated = []
+    original = serialize._inflate
+    monkeypatch.setattr(serialize, "_inflate", lambda packed, size, what: inflated.append(what) or
+                        original(packed, size, what))
+    program, _ = serialize.loads(saved)
+
+    def read(_):
+        _deferred_steps(program)
+        return [t.mapping.tiles.tolist() for t in program.tensors]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(read, range(8)))
+    assert inflated == ["its body", "its deferred section"]
+    intact, _ = serialize.loads(saved)
+    assert all(r == [t.mapping.tiles.tolist() for t in intact.tensors] for r in results)

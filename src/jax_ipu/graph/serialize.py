@@ -40,6 +40,7 @@ import hashlib
 import json
 import math
 import struct
+import threading
 import zlib
 
 import ml_dtypes
@@ -235,12 +236,13 @@ class _Section:
 
     def __init__(self, packed: memoryview, size: int):
         self._packed, self.size, self._body = packed, size, None
+        self._lock = threading.Lock()     # (profiles are made on the devices' threads)
 
     def body(self) -> memoryview:
-        if self._body is None:
-            self._body = _inflate(self._packed, self.size, "its deferred section")
-            self._packed = None
-        return self._body
+        with self._lock:
+            if self._body is None:
+                self._body = _inflate(self._packed, self.size, "its deferred section")
+            return self._body
 
 
 def _inflate(packed: memoryview, size: int, what: str) -> memoryview:
@@ -268,9 +270,10 @@ class _Deferred:
         return self.shape[0]
 
     def value(self) -> np.ndarray:
-        if self._value is None:
-            self._value, self._decode = self._decode(), None
-        return self._value
+        value = self._value
+        if value is None:        # (two threads may both decode: the same array)
+            value = self._value = self._decode()
+        return value
 
 
 def _resolved(array) -> np.ndarray:
