@@ -261,21 +261,26 @@ def run_python(code: str, **env) -> subprocess.CompletedProcess:
                           text=True, timeout=240, cwd=tempfile.gettempdir())
 
 
-def rewrite_saved_program(data: bytes, edit) -> bytes:
+def rewrite_saved_program(data: bytes, edit, deferred=None) -> bytes:
     """A saved program's bytes (graph/serialize.py) with its JSON header
-    edited by edit(header), the checksum made good again: how tests forge
-    entries that pass the checksum."""
+    edited by edit(header) and its deferred section's compressed bytes
+    replaced by deferred(header, packed) if given, the checksum made good again:
+    how tests forge entries that pass the checksum."""
     import hashlib
     import json
     import zlib
 
     from jax_ipu.graph import serialize
-    magic, version, header_size, body_size, _ = serialize._PREFIX.unpack_from(data)
-    body = zlib.decompress(data[serialize._PREFIX.size:])
+    magic, version, header_size, body_size, packed_size, deferred_size, _ = serialize._PREFIX.unpack_from(data)
+    packed = data[serialize._PREFIX.size:]
+    body = zlib.decompress(packed[:packed_size])
     header = json.loads(body[:header_size])
     edit(header)
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 64)
     body = text + body[header_size:]
-    packed = zlib.compress(body)
-    return serialize._PREFIX.pack(magic, version, len(text), len(body), hashlib.sha256(packed).digest()) + packed
+    packed_body = zlib.compress(body)
+    packed_deferred = packed[packed_size:] if deferred is None else deferred(header, packed[packed_size:])
+    packed = packed_body + packed_deferred
+    return serialize._PREFIX.pack(magic, version, len(text), len(body), len(packed_body), deferred_size,
+                                  hashlib.sha256(packed).digest()) + packed

@@ -64,6 +64,20 @@ def test_as_text_shows_the_program_and_what_it_compiled_to(ipu):
     assert _round_trip(compiled, [ipu]).as_text() == text
 
 
+def test_the_summary_is_an_mlir_string_literal():
+    # What XLA parses at every compile and load: quotes and backslashes
+    # escaped, every byte of what is not printable ASCII as \\XX.
+    from jax_ipu.pjrt.executable import _mlir_string
+    from jaxlib.mlir import ir
+
+    cases = ["", "plain text", 'a "quoted" \\ path\\', "lines\nand\ttabs\x00\x7f", "caf\u00e9 \u2192 \U0001f600"]
+    for text in cases:
+        literal = _mlir_string(text)
+        assert set(literal) <= {chr(c) for c in range(32, 127)}, literal
+        with ir.Context():
+            assert ir.StringAttr(ir.Attribute.parse(literal)).value == text, (text, literal)
+
+
 def test_donation_in_a_loaded_executable(ipu):
     w, x = jax.device_put(_data(), ipu)
     loaded = _round_trip(jax.jit(step, donate_argnums=0).lower(w, x).compile(), [ipu])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import struct
 import types
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -175,6 +176,13 @@ def test_truncated_or_corrupted_bytes_are_refused(saved):
     _load_fails(bytes(flipped), "checksum")
     _load_fails(b"PK\x03\x04" + saved[4:], "program mark")
     _load_fails(saved[:8] + struct.pack("<I", 99) + saved[12:], "format 99")
+    # Cut where the deferred section starts, or within it: refused at load
+    # (the checksum covers both sections), not when the section is read.
+    packed_size = serialize._PREFIX.unpack_from(saved)[4]
+    _load_fails(saved[:serialize._PREFIX.size + packed_size], "checksum")
+    _load_fails(saved[:serialize._PREFIX.size + packed_size + 4], "checksum")
+    # An entry of the format before the deferred section (format 1) is another format.
+    _load_fails(saved[:8] + struct.pack("<I", 1) + saved[12:], "program format 1, this jax-ipu reads format 2")
 
 
 def test_another_version_is_refused(saved):
@@ -233,13 +241,146 @@ def test_vertex_regions_are_checked_when_the_vertices_are_built(saved):
                 list(step.compute_set.vertices)
 
 
+def _edit_deferred_array(table: str, column: str, change):
+    """deferred(header, packed) for rewrite_saved_program: the deferred
+    section with the first part of a column's array (narrow-coded) replaced
+    by change(values)."""
+    import zlib
+
+    def edit(header, packed):
+        entry = header["arrays"][header[table][column]]
+        assert entry.get("deferred") and entry["codec"] == "narrow", entry
+        dtype, offset, nbytes = entry["parts"][0]
+        section = bytearray(zlib.decompress(packed))
+        values = np.frombuffer(section, dtype, nbytes // np.dtype(dtype).itemsize, offset).copy()
+        section[offset:offset + nbytes] = change(values).astype(dtype).tobytes()
+        return zlib.compress(bytes(section))
+    return edit
+
+
 def test_tensor_mappings_are_checked_when_first_read(saved):
     # Tile mappings (9.9M runs in a ResNet-50 step) are decoded and checked
     # when a mapping is first read (profiles, reports), not to run: one
     # naming a tile beyond the program's is refused then.
-    program, _ = serialize.loads(rewrite_saved_program(saved, lambda h: h["program"].update(num_tiles=1)))
-    with pytest.raises(serialize.ProgramFormatError, match="mapped to a tile beyond 1"):
+    beyond = _edit_deferred_array("tensors", "tiles", lambda tiles: np.full_like(tiles, SMALL.num_tiles))
+    program, _ = serialize.loads(rewrite_saved_program(saved, lambda h: None, beyond))
+    with pytest.raises(serialize.ProgramFormatError, match=f"mapped to a tile beyond {SMALL.num_tiles}"):
         for t in program.tensors:
             t.mapping.tiles
     intact, _ = serialize.loads(saved)
     assert all(t.mapping.tiles.max(initial=0) < intact.num_tiles for t in intact.tensors)
+
+
+def test_a_vertex_beyond_the_tiles_is_refused_at_load(saved):
+    # The vertex table's tile column is read at load (the summary counts
+    # each compute set's tiles): its range is checked then.
+    _load_fails(rewrite_saved_program(saved, lambda h: h["program"].update(num_tiles=1)), "tile beyond 1")
+
+
+def _deferred_steps(program) -> None:
+    """Reads everything in the deferred section: vertices and mappings."""
+    for step in p.leaves(program.body):
+        if isinstance(step, p.Execute):
+            list(step.compute_set.vertices)
+    for t in program.tensors:
+        t.mapping.tiles
+
+
+@pytest.mark.parametrize("spoil, words", [
+    (lambda header, packed: packed[:len(packed) // 2], "deferred section inflates to other than"),
+    (lambda header, packed: b"\x78\x01garbage" + packed[9:], "deferred section does not inflate"),
+    (lambda header, packed: packed + b"\0", "deferred section inflates to other than"),
+    (lambda header, packed: zlib.compress(zlib.decompress(packed)[:-64]), "inflates to other than"),
+])
+def test_a_spoilt_deferred_section_is_refused_when_first_read(saved, spoil, words):
+    # With a good checksum (a forged entry: corruption and truncation fail
+    # the checksum at load), the program loads and runs; reading the
+    # deferred section raises a clear error, every time, never a crash.
+    data = rewrite_saved_program(saved, lambda h: None, spoil)
+    program, _ = serialize.loads(data)
+    args = [np.asarray(a) for a in PROGRAMS["mlp_step"][1]()]
+    expected = Engine(SMALL).run(serialize.loads(saved)[0], [a.copy() for a in args])
+    for e, g in zip(expected, Engine(SMALL).run(program, [a.copy() for a in args])):
+        np.testing.assert_array_equal(g, e)
+    for _ in range(2):
+        with pytest.raises(serialize.ProgramFormatError, match=words):
+            _deferred_steps(program)
+
+
+@pytest.mark.parametrize("column, change, words", [
+    ("region_tensor", lambda v: v * 0 - 1, "no tensor or interval block"),
+    ("block_lengths", lambda v: v + 1, "interval columns do not match the blocks"),
+    ("reads", lambda v: v + 1, "regions expected"),
+    ("codelet", lambda v: v * 0 - 1, "codelet or region count out of range"),
+])
+def test_deferred_vertex_columns_are_checked_when_first_read(saved, column, change, words):
+    program, _ = serialize.loads(rewrite_saved_program(
+        saved, lambda h: None, _edit_deferred_array("vertices", column, change)))
+    with pytest.raises(serialize.ProgramFormatError, match=words):
+        _deferred_steps(program)
+
+
+def test_deferred_arrays_are_checked_at_load_for_what_needs_no_values(saved):
+    # Their entries (codec, parts, lengths) are checked at load, without
+    # inflating the section.
+    def shorten(h):
+        h["arrays"][h["vertices"]["reads"]]["shape"] = [1]
+    _load_fails(rewrite_saved_program(saved, shorten), "elements, not 1$")
+
+    def beyond(h):
+        h["arrays"][h["tensors"]["tiles"]]["parts"][0][1] = 10 ** 9
+    _load_fails(rewrite_saved_program(saved, beyond), "out of the data's bounds")
+
+    def in_body(h):
+        h["arrays"][h["vertices"]["region_tensor"]]["deferred"] = False
+    _load_fails(rewrite_saved_program(saved, in_body), "malformed entry")
+
+
+def test_loading_inflates_only_the_body(saved, monkeypatch):
+    inflated = []
+    original = serialize._inflate
+    monkeypatch.setattr(serialize, "_inflate", lambda packed, size, what: inflated.append(what) or
+                        original(packed, size, what))
+    program, _ = serialize.loads(saved)
+    program.summary()
+    assert inflated == ["its body"]
+    _deferred_steps(program)
+    assert inflated == ["its body", "its deferred section"]
+
+
+def test_loading_leaves_the_garbage_collector_as_it_found_it(saved):
+    # loads pauses the cyclic collector while it decodes (it makes no
+    # cycles), and restores it, after a refused entry too.
+    import gc
+    assert gc.isenabled()
+    serialize.loads(saved)
+    assert gc.isenabled()
+    with pytest.raises(serialize.ProgramFormatError):
+        serialize.loads(saved[:-1])
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        serialize.loads(saved)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_the_deferred_section_read_from_several_threads_at_once(saved, monkeypatch):
+    # Profiles are made on the devices' threads: the section is inflated
+    # once, and every thread reads the same columns.
+    from concurrent.futures import ThreadPoolExecutor
+    inflated = []
+    original = serialize._inflate
+    monkeypatch.setattr(serialize, "_inflate", lambda packed, size, what: inflated.append(what) or
+                        original(packed, size, what))
+    program, _ = serialize.loads(saved)
+
+    def read(_):
+        _deferred_steps(program)
+        return [t.mapping.tiles.tolist() for t in program.tensors]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(read, range(8)))
+    assert inflated == ["its body", "its deferred section"]
+    intact, _ = serialize.loads(saved)
+    assert all(r == [t.mapping.tiles.tolist() for t in intact.tensors] for r in results)

@@ -5,9 +5,14 @@ schema-checked tree of the program's objects) and a block of arrays.
            8-11   format version (little-endian u32)
            12-19  header length in bytes (u64)
            20-27  length of the uncompressed body (u64)
-           28-59  sha256 of everything after these 60 bytes
-           60-    the body, zlib-compressed: the header (UTF-8 JSON), then
-                  the arrays, each part aligned to 64 bytes
+           28-35  length of the compressed body (u64)
+           36-43  length of the uncompressed deferred section (u64)
+           44-75  sha256 of everything after these 76 bytes
+           76-    the body, zlib-compressed: the header (UTF-8 JSON), then
+                  the arrays, each part aligned to 64 bytes; then the
+                  deferred section, compressed on its own: the arrays that
+                  running never reads (vertex table but for its tiles, tile
+                  mappings), inflated when one of them is first read
 
 Loading never runs code from the bytes: the header is parsed with `json`,
 arrays are read with np.frombuffer from a table of (dtype, shape, offset)
@@ -15,7 +20,9 @@ whose dtypes come from a fixed list, and objects are built only from the
 classes of the graph layer named in `_SCHEMA`, each field checked against
 its entry there. Anything malformed (a wrong digest, a field missing or of
 the wrong type, a reference out of range, a view whose ops do not give its
-shape) raises ProgramFormatError naming what and where.
+shape) raises ProgramFormatError naming what and where: at load, or for
+what needs the values of a deferred array (its runs, its ranges), when
+that array is first read.
 
 Sizes grow with the program, not with tiles x elements: tile mappings are
 stored as runs, the vertices of all compute sets as one table of arrays
@@ -28,10 +35,12 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import gc
 import hashlib
 import json
 import math
 import struct
+import threading
 import zlib
 
 import ml_dtypes
@@ -40,7 +49,7 @@ import numpy as np
 from jax_ipu import ir
 from jax_ipu.graph import codelets, codelets_collectives, codelets_indexing, codelets_linalg
 from jax_ipu.graph import programs as p
-from jax_ipu.graph.compute import ComputeSet, DataDependentExchange, Region, Vertex
+from jax_ipu.graph.compute import ComputeSet, DataDependentExchange, Region, Vertex, VertexArray
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.memory import MemoryReport
 from jax_ipu.graph.program import Program
@@ -48,8 +57,9 @@ from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import _SHAPE, Concat, View
 
 MAGIC = b"JAXIPUPG"
-FORMAT_VERSION = 1
-_PREFIX = struct.Struct("<8sIQQ32s")
+FORMAT_VERSION = 2
+_MARK = struct.Struct("<8sI")
+_PREFIX = struct.Struct("<8sIQQQQ32s")
 _ALIGN = 64
 
 
@@ -91,9 +101,9 @@ _DTYPES = {np.dtype(t).name: np.dtype(t) for t in (
     np.float16, np.float32, np.float64, np.complex64, np.complex128, ml_dtypes.bfloat16)}
 
 
-def _dtype(name, where: str) -> np.dtype:
+def _dtype(name, where) -> np.dtype:
     if not isinstance(name, str) or name not in _DTYPES:
-        _fail(f"{where}: unknown element type {name!r}")
+        _fail(f"{_at(where)}: unknown element type {name!r}")
     return _DTYPES[name]
 
 
@@ -126,23 +136,26 @@ def _narrow(values: np.ndarray) -> np.ndarray:
 
 
 class _Writer:
-    """Collects arrays: each gets an index into the header's table."""
+    """Collects arrays: each gets an index into the header's table. Its
+    parts go to the body, or to the deferred section (`deferred`: arrays
+    that running never reads, inflated only when first read)."""
 
     def __init__(self):
         self.table: list = []
-        self.parts: list[bytes] = []
-        self.size = 0
+        self.parts: tuple[list, list] = ([], [])     # the body's, the deferred section's
+        self.sizes = [0, 0]
 
-    def _part(self, array: np.ndarray) -> list:
+    def _part(self, array: np.ndarray, section: int) -> list:
         # The array's own bytes (no copy when it is contiguous): a large
         # program's arrays are not held twice while saved.
         data = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).reshape(-1)
         data = memoryview(data.view(np.uint8))
-        offset = -(-self.size // _ALIGN) * _ALIGN
-        if offset > self.size:
-            self.parts.append(b"\0" * (offset - self.size))
-        self.parts.append(data)
-        self.size = offset + len(data)
+        size = self.sizes[section]
+        offset = -(-size // _ALIGN) * _ALIGN
+        if offset > size:
+            self.parts[section].append(b"\0" * (offset - size))
+        self.parts[section].append(data)
+        self.sizes[section] = offset + len(data)
         return [array.dtype.name, offset, len(data)]
 
     @staticmethod
@@ -156,11 +169,14 @@ class _Writer:
         rows = values.reshape(-1, shape[-1])
         return np.diff(rows, axis=0, prepend=np.zeros((1, rows.shape[1]), values.dtype)).reshape(-1)
 
-    def add(self, array: np.ndarray) -> int:
+    def add(self, array: np.ndarray, deferred: bool = False) -> int:
         array = np.asarray(array)
         if array.dtype.name not in _DTYPES:
             raise ProgramFormatError(f"cannot save an array of {array.dtype}")
         entry = {"dtype": array.dtype.name, "shape": list(array.shape)}
+        section = int(deferred)
+        if deferred:
+            entry["deferred"] = True
         flat = array.reshape(-1)
         if array.dtype.kind in "iu" and array.dtype.itemsize <= 8 and flat.size >= 64 \
                 and not (array.dtype == np.uint64 and int(flat.max()) > np.iinfo(np.int64).max):
@@ -195,28 +211,56 @@ class _Writer:
                 if flat.size // 8 + _narrow_size(steps) * len(steps) < best_size:
                     best = "masked"
                     entry["fill"] = high
-                    entry["parts"] = [self._part(np.packbits(padding)), self._part(_narrow(steps))]
+                    entry["parts"] = [self._part(np.packbits(padding), section), self._part(_narrow(steps), section)]
                 del valid, steps
             del padding
             entry["codec"] = best
             if best == "narrow":
-                entry["parts"] = [self._part(_narrow(values) if array.dtype != np.uint64 else flat)]
+                entry["parts"] = [self._part(_narrow(values) if array.dtype != np.uint64 else flat, section)]
             elif best != "masked":
                 steps = self._steps(values, array.shape, best)
                 starts = np.concatenate(([0], np.flatnonzero(steps[1:] != steps[:-1]) + 1))
                 counts = np.diff(np.append(starts, flat.size))
-                entry["parts"] = [self._part(_narrow(steps[starts])), self._part(_narrow(counts))]
+                entry["parts"] = [self._part(_narrow(steps[starts]), section), self._part(_narrow(counts), section)]
         else:
             entry["codec"] = "raw"
-            entry["parts"] = [self._part(flat)]
+            entry["parts"] = [self._part(flat, section)]
         self.table.append(entry)
         return len(self.table) - 1
 
 
+class _Section:
+    """The deferred section's bytes, inflated when an array in it is first
+    read (a ResNet-50 step's vertex regions and intervals and its tensors'
+    tile mappings: 75 of its 87 MB, read only by profiles and validation)."""
+
+    def __init__(self, packed: memoryview, size: int):
+        self._packed, self.size, self._body = packed, size, None
+        self._lock = threading.Lock()     # (profiles are made on the devices' threads)
+
+    def body(self) -> memoryview:
+        with self._lock:
+            if self._body is None:
+                self._body = _inflate(self._packed, self.size, "its deferred section")
+            return self._body
+
+
+def _inflate(packed: memoryview, size: int, what: str) -> memoryview:
+    """One zlib stream that inflates to exactly `size` bytes, as a
+    writeable buffer (arrays are views of it, as compiled ones are writeable)."""
+    inflate = zlib.decompressobj()
+    try:
+        out = bytearray(inflate.decompress(packed, size + 1))
+    except zlib.error as exc:
+        _fail(f"{what} does not inflate ({exc})")
+    if len(out) != size or not inflate.eof or inflate.unused_data:
+        _fail(f"{what} inflates to other than the {size} bytes it declares")
+    return memoryview(out)
+
+
 class _Deferred:
-    """An array checked at load and decoded on first use: the vertex
-    table's region and interval columns (tens of millions of entries in a
-    ResNet-50 step, read only by profiles and validation, never to run)."""
+    """An array of the deferred section: its entry checked at load, its
+    bytes inflated, checked and decoded on first use."""
 
     def __init__(self, shape, dtype, decode):
         self.shape, self.dtype, self.ndim = tuple(shape), dtype, len(shape)
@@ -226,32 +270,34 @@ class _Deferred:
         return self.shape[0]
 
     def value(self) -> np.ndarray:
-        if self._value is None:
-            self._value, self._decode = self._decode(), None
-        return self._value
-
-
-# Columns of the vertex table decoded only when vertices are built.
-_DEFERRED_COLUMNS = ("region_tensor", "region_block", "block_starts", "block_stops")
-# Columns of the tensor table decoded only when a mapping is read.
-_DEFERRED_TENSOR_COLUMNS = ("tiles", "starts")
+        value = self._value
+        if value is None:        # (two threads may both decode: the same array)
+            value = self._value = self._decode()
+        return value
 
 
 def _resolved(array) -> np.ndarray:
     return array.value() if isinstance(array, _Deferred) else array
 
 
-def _read_arrays(table, data: memoryview, deferred=frozenset()) -> list:
-    """The arrays of the table; those at the indices in `deferred` as
-    _Deferred (checked now, decoded when used)."""
+# How many parts each codec's entries have.
+_CODEC_PARTS = {"raw": 1, "narrow": 1, "runs": 2, "row-runs": 2, "masked": 2}
+
+
+def _read_arrays(table, body: memoryview, section: _Section) -> list:
+    """The arrays of the table: those of the body decoded now, those of
+    the deferred section as _Deferred. Every entry's fields and the
+    bounds of its parts are checked here; what needs an array's values
+    (runs adding up to its size) when it is decoded."""
     if not isinstance(table, list):
         _fail("the array table is not a list")
     out = []
     for i, entry in enumerate(table):
         where = f"array {i}"
-        if not isinstance(entry, dict) or set(entry) - {"fill"} != {"dtype", "shape", "codec", "parts"} \
-                or ("fill" in entry) != (entry.get("codec") == "masked"):
+        if not isinstance(entry, dict) or set(entry) - {"fill", "deferred"} != {"dtype", "shape", "codec", "parts"} \
+                or ("fill" in entry) != (entry.get("codec") == "masked") or entry.get("deferred", True) is not True:
             _fail(f"{where}: malformed entry")
+        deferred = "deferred" in entry
         dtype = _dtype(entry["dtype"], where)
         shape = entry["shape"]
         if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
@@ -259,51 +305,52 @@ def _read_arrays(table, data: memoryview, deferred=frozenset()) -> list:
         size = math.prod(shape)
         parts = entry["parts"]
         codec = entry["codec"]
-        expected = {"raw": 1, "narrow": 1, "runs": 2, "row-runs": 2, "masked": 2}.get(codec)
-        if expected is None or not isinstance(parts, list) or len(parts) != expected:
+        if codec not in _CODEC_PARTS or not isinstance(parts, list) or len(parts) != _CODEC_PARTS[codec]:
             _fail(f"{where}: unknown codec {codec!r} or wrong parts")
-        arrays = []
+        limit = section.size if deferred else len(body)
+        spans = []
         for part in parts:
             if not isinstance(part, list) or len(part) != 3:
                 _fail(f"{where}: malformed part")
-            pdtype = _dtype(part[0], where)
+            pdtype = _dtype(part[0], where).newbyteorder("<")
             offset, nbytes = part[1], part[2]
             if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 0 \
-                    or offset + nbytes > len(data) or nbytes % pdtype.itemsize:
+                    or offset + nbytes > limit or nbytes % pdtype.itemsize:
                 _fail(f"{where}: part out of the data's bounds")
-            arrays.append(np.frombuffer(data[offset:offset + nbytes], dtype=pdtype.newbyteorder("<")))
+            spans.append((pdtype, offset, nbytes // pdtype.itemsize))
+        counts = [n for _, _, n in spans]
         if codec == "raw":
-            if arrays[0].dtype != dtype.newbyteorder("<") or arrays[0].size != size:
-                _fail(f"{where}: holds {arrays[0].size} {arrays[0].dtype} elements, not {size} {dtype}")
+            if spans[0][0] != dtype.newbyteorder("<") or counts[0] != size:
+                _fail(f"{where}: holds {counts[0]} {spans[0][0]} elements, not {size} {dtype}")
         else:
-            if dtype.kind not in "iu" or any(a.dtype.kind not in "iu" for a in arrays):
+            if dtype.kind not in "iu" or any(d.kind not in "iu" for d, _, _ in spans):
                 _fail(f"{where}: codec {codec} of a non-integer array")
             if codec == "narrow":
-                if arrays[0].size != size:
-                    _fail(f"{where}: holds {arrays[0].size} elements, not {size}")
+                if counts[0] != size:
+                    _fail(f"{where}: holds {counts[0]} elements, not {size}")
             elif codec == "masked":
-                bits, steps = arrays
                 fill = entry["fill"]
-                if bits.dtype != np.uint8 or bits.size != -(-size // 8) or type(fill) is not int \
+                if spans[0][0] != np.uint8 or counts[0] != -(-size // 8) or type(fill) is not int \
                         or not np.iinfo(dtype).min <= fill <= np.iinfo(dtype).max:
                     _fail(f"{where}: malformed padding mask")
             else:
-                steps, counts = arrays
-                if steps.size != counts.size or (counts.size and int(counts.min()) < 1) \
-                        or int(counts.sum(dtype=np.int64)) != size:
-                    _fail(f"{where}: runs do not add up to {size} elements")
+                if counts[0] != counts[1]:
+                    _fail(f"{where}: {counts[0]} run steps but {counts[1]} run lengths")
                 if codec == "row-runs" and (len(shape) < 2 or shape[-1] < 1):
                     _fail(f"{where}: row-runs of an array without rows")
-        decode = _decoder(entry, arrays, dtype, shape, size, where)
-        out.append(_Deferred(shape, dtype, decode) if i in deferred else decode())
+        decode = _decoder(entry, spans, dtype, shape, size, where, section.body if deferred else lambda: body)
+        out.append(_Deferred(shape, dtype, decode) if deferred else decode())
     return out
 
 
-def _decoder(entry, arrays, dtype, shape, size, where):
-    """fn() -> the array an entry's checked parts encode."""
+def _decoder(entry, spans, dtype, shape, size, where, buffer):
+    """fn() -> the array an entry's checked parts (in buffer()) encode."""
     codec = entry["codec"]
 
     def decode() -> np.ndarray:
+        data = buffer()
+        arrays = [np.frombuffer(data[offset:offset + count * pdtype.itemsize], dtype=pdtype)
+                  for pdtype, offset, count in spans]
         if codec in ("raw", "narrow"):
             return arrays[0].astype(dtype, copy=False).reshape(shape)
         if codec == "masked":
@@ -315,16 +362,12 @@ def _decoder(entry, arrays, dtype, shape, size, where):
             array[~padding] = np.cumsum(steps.astype(dtype), dtype=dtype)
             return array.reshape(shape)
         steps, counts = arrays
-        # Without np.repeat (slow for short runs): the change of step at
-        # each run's start, summed twice, in the array's own type (every
-        # partial sum of the second is one of its elements; wrapping
-        # differences wrap back).
-        values = steps.astype(dtype)
-        counts = counts.astype(np.int64)
-        array = np.zeros(size, dtype)
-        if size:
-            array[np.cumsum(counts) - counts] = np.diff(values, prepend=values[:1] * 0)
-            np.cumsum(array, out=array)
+        if counts.size and int(counts.min()) < 1 or int(counts.sum(dtype=np.int64)) != size:
+            _fail(f"{where}: runs do not add up to {size} elements")
+        # The steps, each repeated as often as its run says, summed in the
+        # array's own type (every partial sum is one of its elements;
+        # wrapping differences wrap back).
+        array = np.repeat(steps.astype(dtype), counts)
         if codec == "runs":
             np.cumsum(array, out=array)
         else:
@@ -431,10 +474,13 @@ class _Encoder:
         self.ids: dict[int, int] = {}          # id(object) -> its reference number
         self.keep: list = []                   # the objects numbered (ids stay theirs)
         self.codelets: dict[str, int] = {}
+        # The vertex table's columns, as chunks (a compute set's each).
         self.vertices = {k: [] for k in ("codelet", "tile", "cycles", "reads", "writes")}
         self.regions = {"tensor": [], "block": []}
         self.blocks: dict[int, int] = {}       # id(intervals array) -> block number
-        self.block_arrays: list[np.ndarray] = []
+        self.block_lengths: list[np.ndarray] = []
+        self.block_intervals: list[np.ndarray] = []    # [k, 2] each
+        self.num_blocks = 0
         self.num_vertices = 0
 
     def value(self, v):
@@ -486,7 +532,11 @@ class _Encoder:
         return out
 
     def add_vertices(self, vertices) -> None:
-        table, regions = self.vertices, self.regions
+        if isinstance(vertices, VertexArray):
+            self.add_vertex_array(vertices)
+            return
+        table = {k: [] for k in self.vertices}
+        tensor_ids, block_ids, lengths = [], [], []
         for vertex in vertices:
             table["codelet"].append(self.codelets.setdefault(vertex.codelet, len(self.codelets)))
             table["tile"].append(vertex.tile)
@@ -494,15 +544,65 @@ class _Encoder:
             table["reads"].append(len(vertex.reads))
             table["writes"].append(len(vertex.writes))
             for region in vertex.reads + vertex.writes:
-                if self.program.tensors[region.tensor.id] is not region.tensor:
-                    raise ProgramFormatError(f"a vertex reads or writes {region.tensor}, not the program's")
+                self.check_tensor(region.tensor)
                 block = self.blocks.get(id(region.intervals))
                 if block is None:
-                    block = self.blocks[id(region.intervals)] = len(self.block_arrays)
-                    self.block_arrays.append(region.intervals)
-                regions["tensor"].append(region.tensor.id)
-                regions["block"].append(block)
+                    block = self.blocks[id(region.intervals)] = self.num_blocks
+                    self.num_blocks += 1
+                    lengths.append(len(region.intervals))
+                    self.block_intervals.append(np.asarray(region.intervals, np.int64).reshape(-1, 2))
+                tensor_ids.append(region.tensor.id)
+                block_ids.append(block)
+        for k, column in table.items():
+            self.vertices[k].append(np.asarray(column, np.int64))
+        self.regions["tensor"].append(np.asarray(tensor_ids, np.int64))
+        self.regions["block"].append(np.asarray(block_ids, np.int64))
+        self.block_lengths.append(np.asarray(lengths, np.int64))
         self.num_vertices += len(vertices)
+
+    def add_vertex_array(self, vertices: VertexArray) -> None:
+        """The columns the loop over its Vertex objects would give, from
+        its arrays: each vertex's regions are its reads' then its writes'
+        parts, each interval slice a block of its own (a ResNet-50 step
+        has 1.3M such vertices: one at a time, they took 20 s to save)."""
+        count = len(vertices)
+        parts = vertices.reads + vertices.writes
+        for tensor, _, _ in parts:
+            self.check_tensor(tensor)
+        if not count:        # (its codelet is not named, as the loop would not name it)
+            return
+        code = self.codelets.setdefault(vertices.codelet, len(self.codelets))
+        table = self.vertices
+        table["codelet"].append(np.full(count, code, np.int64))
+        table["tile"].append(np.asarray(vertices.tiles, np.int64))
+        table["cycles"].append(np.asarray(vertices.cycles, np.int64))
+        table["reads"].append(np.full(count, len(vertices.reads), np.int64))
+        table["writes"].append(np.full(count, len(vertices.writes), np.int64))
+        self.regions["tensor"].append(np.tile(np.asarray([t.id for t, _, _ in parts], np.int64), count))
+        self.regions["block"].append(self.num_blocks + np.arange(count * len(parts), dtype=np.int64))
+        self.num_blocks += count * len(parts)
+        offsets = [np.asarray(off, np.int64) for _, _, off in parts]
+        lengths = np.stack([np.diff(off) for off in offsets], axis=1) if parts else np.zeros((count, 0), np.int64)
+        self.block_lengths.append(lengths.reshape(-1))
+        if len(parts) == 1:
+            (_, intervals, _), = parts
+            off = offsets[0]
+            self.block_intervals.append(np.asarray(intervals[off[0]:off[-1]], np.int64).reshape(-1, 2))
+        elif parts:
+            # Vertex by vertex, part by part: where each part's run of
+            # intervals for a vertex goes among all of them.
+            firsts = (np.cumsum(lengths.reshape(-1)) - lengths.reshape(-1)).reshape(count, len(parts))
+            out = np.empty((int(lengths.sum()), 2), np.int64)
+            for j, ((_, intervals, _), off) in enumerate(zip(parts, offsets)):
+                owner = np.repeat(np.arange(count), lengths[:, j])
+                places = firsts[owner, j] + np.arange(len(owner)) - (off[owner] - off[0])
+                out[places] = np.asarray(intervals[off[0]:off[-1]], np.int64).reshape(-1, 2)
+            self.block_intervals.append(out)
+        self.num_vertices += count
+
+    def check_tensor(self, tensor: Tensor) -> None:
+        if self.program.tensors[tensor.id] is not tensor:
+            raise ProgramFormatError(f"a vertex reads or writes {tensor}, not the program's")
 
     def tensors(self) -> dict:
         meta, runs, tiles, starts = [], [], [], []
@@ -517,21 +617,26 @@ class _Encoder:
                 raise ProgramFormatError(f"{t}: its mapping's intervals do not touch")
             if m.size != t.size:
                 raise ProgramFormatError(f"{t} has a mapping of {m.size} elements")
+        # The mappings are deferred: running never reads them.
         return {"meta": meta, "runs": self.arrays.add(np.asarray(runs, np.int64)),
-                "tiles": self.arrays.add(np.concatenate(tiles) if tiles else np.zeros(0, np.int64)),
-                "starts": self.arrays.add(np.concatenate(starts) if starts else np.zeros(0, np.int64))}
+                "tiles": self.arrays.add(np.concatenate(tiles) if tiles else np.zeros(0, np.int64), True),
+                "starts": self.arrays.add(np.concatenate(starts) if starts else np.zeros(0, np.int64), True)}
 
     def vertex_table(self) -> dict:
-        add = self.arrays.add
-        blocks = self.block_arrays
-        lengths = np.asarray([len(b) for b in blocks], np.int64)
-        flat = np.concatenate([np.asarray(b, np.int64).reshape(-1, 2) for b in blocks]) if blocks \
-            else np.zeros((0, 2), np.int64)
+        """The vertices of all compute sets as columns, deferred but for
+        their tiles (the program's summary lists each compute set's)."""
+        def add(values):
+            return self.arrays.add(values, True)
+
+        def joined(chunks: list, shape=(0,)) -> np.ndarray:
+            return np.concatenate(chunks) if chunks else np.zeros(shape, np.int64)
+        flat = joined(self.block_intervals, (0, 2))
         return {"codelets": list(self.codelets),
-                **{k: add(np.asarray(v, np.int64)) for k, v in self.vertices.items()},
-                "region_tensor": add(np.asarray(self.regions["tensor"], np.int64)),
-                "region_block": add(np.asarray(self.regions["block"], np.int64)),
-                "block_lengths": add(lengths),
+                **{k: add(joined(v)) for k, v in self.vertices.items() if k != "tile"},
+                "tile": self.arrays.add(joined(self.vertices["tile"])),
+                "region_tensor": add(joined(self.regions["tensor"])),
+                "region_block": add(joined(self.regions["block"])),
+                "block_lengths": add(joined(self.block_lengths)),
                 "block_starts": add(flat[:, 0].copy()), "block_stops": add(flat[:, 1].copy())}
 
 
@@ -566,14 +671,21 @@ def dumps(program: Program, meta: dict | None = None) -> bytes:
     text = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
     pad = -len(text) % _ALIGN
     # Level 1: the runs still repeat (image rows, tiles); 7x smaller for a
-    # CNN step at 30 ms to inflate. Compressed part by part, never joined.
-    deflate = zlib.compressobj(1)
-    packed = [deflate.compress(text + b" " * pad)]
-    packed += [deflate.compress(part) for part in enc.arrays.parts]
-    packed.append(deflate.flush())
+    # CNN step at 30 ms to inflate. Compressed part by part, never joined;
+    # the deferred section as a stream of its own, inflated when first read.
+    body, deferred = enc.arrays.parts
+    packed = _deflate([text + b" " * pad] + body)
+    packed_size = sum(len(chunk) for chunk in packed)
+    packed += _deflate(deferred)
     packed = b"".join(packed)
-    body_size = len(text) + pad + enc.arrays.size
-    return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(text) + pad, body_size, hashlib.sha256(packed).digest()) + packed
+    body_size = len(text) + pad + enc.arrays.sizes[0]
+    return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(text) + pad, body_size, packed_size, enc.arrays.sizes[1],
+                        hashlib.sha256(packed).digest()) + packed
+
+
+def _deflate(parts: list) -> list[bytes]:
+    deflate = zlib.compressobj(1)
+    return [deflate.compress(part) for part in parts] + [deflate.flush()]
 
 
 # --------------------------------------------------------------- reading --
@@ -641,6 +753,48 @@ _CHECKS = {"int": lambda y: type(y) is int, "float": lambda y: type(y) in (int, 
            "any": lambda y: True}
 
 
+def _accepts(spec: str):
+    """fn(x) -> whether x is what a field spec says (None: anything); a
+    field that fails goes through _Decoder.check for the message."""
+    if spec == "any":
+        return None
+    if spec[0] == "?":
+        inner = _accepts(spec[1:])
+        return lambda x: x is None or inner(x)
+    if spec[0] in "*[":
+        kind = tuple if spec[0] == "*" else list
+        inner = _accepts(spec[1:])
+        if inner is None:
+            return lambda x: type(x) is kind
+        return lambda x: type(x) is kind and all(map(inner, x))
+    return _CHECKS[spec]
+
+
+def _kind(name: str, cls, fields: dict) -> tuple:
+    """What decoding an object of one kind needs, worked out once: its
+    class, the keys its dict holds, per field (name, where suffix, test,
+    spec), and its checked string choices."""
+    keys = frozenset(fields) | {"k"} | ({"vertices"} if name == "ComputeSet" else set())
+    return (cls, keys, tuple((f, "." + f, _accepts(spec), spec) for f, spec in fields.items()),
+            " > " + name, {f: c for (k, f), c in _CHOICES.items() if k is cls})
+
+
+_KINDS = {cls.__name__: _kind(cls.__name__, cls, fields) for cls, fields in _SCHEMA.items()}
+_KINDS["ComputeSet"] = _kind("ComputeSet", LoadedComputeSet, _COMPUTE_SET_FIELDS)
+_PLAIN = frozenset((type(None), bool, int, float, str))
+
+
+def _at(where) -> str:
+    """A decoder's place, kept as (place, suffix) pairs while all goes
+    well, as text for a message."""
+    parts = []
+    while type(where) is tuple:
+        where, suffix = where
+        parts.append(suffix)
+    parts.append(where)
+    return "".join(reversed(parts))
+
+
 class _Decoder:
     def __init__(self, arrays: list[np.ndarray], tensors: list[Tensor], vertices: dict):
         self.arrays = arrays
@@ -648,45 +802,51 @@ class _Decoder:
         self.vertices = vertices
         self.refs: list = []
 
-    def array(self, i, where: str) -> np.ndarray:
+    def array(self, i, where) -> np.ndarray:
         if type(i) is not int or not 0 <= i < len(self.arrays):
-            _fail(f"{where}: array {i!r} out of range")
+            _fail(f"{_at(where)}: array {i!r} out of range")
         return _resolved(self.arrays[i])
 
-    def tensor(self, i, where: str) -> Tensor:
+    def tensor(self, i, where) -> Tensor:
         if type(i) is not int or not 0 <= i < len(self.tensors):
-            _fail(f"{where}: tensor {i!r} out of range")
+            _fail(f"{_at(where)}: tensor {i!r} out of range")
         return self.tensors[i]
 
-    def value(self, v, where: str):
-        if v is None or type(v) in (bool, int, float, str):
+    def value(self, v, where):
+        t = type(v)
+        if t in _PLAIN:
             return v
-        if type(v) is list:
-            return tuple(self.value(x, where) for x in v)
-        if type(v) is not dict or len(v) != 1 and "k" not in v:
-            _fail(f"{where}: malformed value")
+        if t is list:        # plain elements (shapes, registers) without a call each
+            value = self.value
+            return tuple([x if type(x) in _PLAIN else value(x, where) for x in v])
+        if t is not dict or len(v) != 1 and "k" not in v:
+            _fail(f"{_at(where)}: malformed value")
         if "k" in v:
             return self.obj(v, where)
         (tag, x), = v.items()
         if tag == "T":
             return self.tensor(x, where)
+        if tag == "r":
+            if type(x) is not int or not 0 <= x < len(self.refs) or self.refs[x] is None:
+                _fail(f"{_at(where)}: reference {x!r} to no earlier object")
+            return self.refs[x]
+        if tag == "dt":
+            return _dtype(x, where)
         if tag == "a":
             return self.array(x, where)
         if tag == "n":
             array = self.array(x, where)
             if array.ndim:
-                _fail(f"{where}: a scalar that is not 0-d")
+                _fail(f"{_at(where)}: a scalar that is not 0-d")
             return array[()]
         if tag == "b":
             array = self.array(x, where)
             if array.dtype != np.uint8:
-                _fail(f"{where}: bytes not held as uint8")
+                _fail(f"{_at(where)}: bytes not held as uint8")
             return array.tobytes()
-        if tag == "dt":
-            return _dtype(x, where)
         if tag == "f":
             if x not in ("inf", "-inf", "nan"):
-                _fail(f"{where}: bad float {x!r}")
+                _fail(f"{_at(where)}: bad float {x!r}")
             return float(x)
         if tag == "L" and type(x) is list:
             return [self.value(y, where) for y in x]
@@ -694,62 +854,58 @@ class _Decoder:
             out = {}
             for pair in x:
                 if type(pair) is not list or len(pair) != 2:
-                    _fail(f"{where}: malformed dict entry")
+                    _fail(f"{_at(where)}: malformed dict entry")
                 key = self.value(pair[0], where)
                 try:
                     out[key] = self.value(pair[1], where)
                 except TypeError:
-                    _fail(f"{where}: dict key of type {type(key).__name__}")
+                    _fail(f"{_at(where)}: dict key of type {type(key).__name__}")
             return out
-        if tag == "r":
-            if type(x) is not int or not 0 <= x < len(self.refs) or self.refs[x] is None:
-                _fail(f"{where}: reference {x!r} to no earlier object")
-            return self.refs[x]
-        _fail(f"{where}: unknown value tag {tag!r}")
+        _fail(f"{_at(where)}: unknown value tag {tag!r}")
 
-    def obj(self, v: dict, where: str):
+    def obj(self, v: dict, where):
         name = v.get("k")
-        if type(name) is not str:
-            _fail(f"{where}: object kind {name!r:.40}")
-        if name == "ComputeSet":
-            fields = _COMPUTE_SET_FIELDS
-        elif name in _BY_NAME:
-            fields = _SCHEMA[_BY_NAME[name]]
-        elif name in _LATE:
-            fields = None
-        else:
-            _fail(f"{where}: unknown object kind {name!r}")
-        where = f"{where} > {name}"
+        kind = _KINDS.get(name) if type(name) is str else None
+        if kind is None:
+            if type(name) is not str:
+                _fail(f"{_at(where)}: object kind {name!r:.40}")
+            if name not in _LATE:
+                _fail(f"{_at(where)}: unknown object kind {name!r}")
+            cls = _late_class(name)
+            kind = _kind(name, cls, {f.name: "any" for f in dataclasses.fields(cls)})
+        cls, keys, fields, suffix, choices = kind
+        where = (where, suffix)
         slot = len(self.refs)
         self.refs.append(None)          # numbered before its parts, as written
-        if fields is None:
-            cls = _late_class(name)
-            fields = {f.name: "any" for f in dataclasses.fields(cls)}
-        expected = set(fields) | {"k"} | ({"vertices"} if name == "ComputeSet" else set())
-        if set(v) != expected:
-            _fail(f"{where}: fields {sorted(set(v) - {'k'})}, expected {sorted(expected - {'k'})}")
-        values = {f: self.check(spec, self.value(v[f], f"{where}.{f}"), f"{where}.{f}") for f, spec in fields.items()}
-        if name == "ComputeSet":
+        if v.keys() != keys:
+            _fail(f"{_at(where)}: fields {sorted(set(v) - {'k'})}, expected {sorted(keys - {'k'})}")
+        values = {}
+        value = self.value
+        for f, dot, test, spec in fields:
+            x = v[f]
+            if type(x) not in _PLAIN:
+                x = value(x, (where, dot))
+            if test is not None and not test(x):
+                self.check(spec, x, _at((where, dot)))
+            values[f] = x
+        if cls is LoadedComputeSet:
             result = LoadedComputeSet(values["name"], self.compute_set_vertices(v["vertices"], where),
                                       values["kernel"], values["exchange"])
         elif name in _LATE:
-            cls = _late_class(name)
             for f, x in values.items():
                 ok = type(x) is int or type(x) is tuple and all(type(y) is int for y in x)
                 if not ok:
-                    _fail(f"{where}.{f}: expected integers")
+                    _fail(f"{_at(where)}.{f}: expected integers")
             result = cls(**values)
         else:
-            cls = _BY_NAME[name]
-            choices = {f: c for (k, f), c in _CHOICES.items() if k is cls}
             for f, allowed in choices.items():
                 if values[f] not in allowed:
-                    _fail(f"{where}.{f}: {values[f]!r} is not one of {allowed}")
+                    _fail(f"{_at(where)}.{f}: {values[f]!r} is not one of {allowed}")
             if cls is View:
                 _check_view(values["tensor"], values["ops"], values["shape"], where)
-            if cls is p.Switch and not (type(values["cases"]) is dict and all(
+            elif cls is p.Switch and not (type(values["cases"]) is dict and all(
                     type(k) is int and type(s) is p.Sequence for k, s in values["cases"].items())):
-                _fail(f"{where}.cases: not a dict of integers to sequences")
+                _fail(f"{_at(where)}.cases: not a dict of integers to sequences")
             result = cls(**values)
         self.refs[slot] = result
         return result
@@ -769,13 +925,13 @@ class _Decoder:
             _fail(f"{where}: expected {spec}, got {type(x).__name__}")
         return x
 
-    def compute_set_vertices(self, span, where: str) -> list:
-        if type(span) is not list or len(span) != 2 or not all(type(i) is int for i in span):
-            _fail(f"{where}: malformed vertex span")
+    def compute_set_vertices(self, span, where) -> list:
+        if type(span) is not list or len(span) != 2 or type(span[0]) is not int or type(span[1]) is not int:
+            _fail(f"{_at(where)}: malformed vertex span")
         first, count = span
         table = self.vertices
         if first < 0 or count < 0 or first + count > table["count"]:
-            _fail(f"{where}: vertices {first}..{first + count} out of the table")
+            _fail(f"{_at(where)}: vertices {first}..{first + count} out of the table")
         return _VertexSpan(table, first, count)
 
 
@@ -789,61 +945,70 @@ class _VertexSpan:
         return self._table["build"](self._first, self.count)
 
     def tiles(self) -> np.ndarray:
-        return np.unique(self._table["tile"][self._first:self._first + self.count]).astype(np.int64)
+        # The tiles as np.unique gives them, without its sort or hash: the
+        # summary asks for every compute set's at load. (Checked at load:
+        # no tile is negative.)
+        return np.flatnonzero(np.bincount(self._table["tile"][self._first:self._first + self.count]))
 
 
-def _check_view(tensor: Tensor, ops, shape, where: str) -> None:
+def _ints(t) -> bool:
+    return type(t) is tuple and all(type(i) is int for i in t)
+
+
+def _check_view(tensor: Tensor, ops, shape, where) -> None:
     """The view's ops are well-formed and give its shape."""
     if type(ops) is not tuple:
-        _fail(f"{where}: ops are not a tuple")
+        _fail(f"{_at(where)}: ops are not a tuple")
     current = tuple(tensor.shape)
     for op in ops:
         if type(op) is not tuple or not op or op[0] not in _SHAPE:
-            _fail(f"{where}: unknown view op {op!r:.60}")
+            _fail(f"{_at(where)}: unknown view op {op!r:.60}")
         kind, args = op[0], op[1:]
-        ints = lambda t: type(t) is tuple and all(type(i) is int for i in t)   # noqa: E731
         size = math.prod(current)
-        if kind == "reshape" and not (len(args) == 1 and ints(args[0]) and all(d >= 0 for d in args[0])
+        if kind == "reshape" and not (len(args) == 1 and _ints(args[0]) and all(d >= 0 for d in args[0])
                                       and math.prod(args[0]) == size):
-            _fail(f"{where}: reshape {args!r:.60} of {current}")
-        if kind == "transpose" and not (len(args) == 1 and ints(args[0])
+            _fail(f"{_at(where)}: reshape {args!r:.60} of {current}")
+        if kind == "transpose" and not (len(args) == 1 and _ints(args[0])
                                         and sorted(args[0]) == list(range(len(current)))):
-            _fail(f"{where}: transpose {args!r:.60} of {current}")
-        if kind == "slice" and not (len(args) == 3 and all(ints(a) and len(a) == len(current) for a in args)
+            _fail(f"{_at(where)}: transpose {args!r:.60} of {current}")
+        if kind == "slice" and not (len(args) == 3 and all(_ints(a) and len(a) == len(current) for a in args)
                                     and all(0 <= a <= b <= d and c > 0 for a, b, c, d in zip(*args, current))):
-            _fail(f"{where}: slice {args!r:.60} of {current}")
+            _fail(f"{_at(where)}: slice {args!r:.60} of {current}")
         if kind == "broadcast":
-            if not (len(args) == 2 and ints(args[0]) and ints(args[1]) and len(args[1]) == len(current)
+            if not (len(args) == 2 and _ints(args[0]) and _ints(args[1]) and len(args[1]) == len(current)
                     and all(0 <= d < len(args[0]) for d in args[1])
                     and all(n in (1, args[0][d]) for n, d in zip(current, args[1]))):
-                _fail(f"{where}: broadcast {args!r:.60} of {current}")
+                _fail(f"{_at(where)}: broadcast {args!r:.60} of {current}")
         if kind == "gather":
             if not (len(args) == 2 and type(args[0]) is np.ndarray and args[0].dtype in (np.int32, np.intp)):
-                _fail(f"{where}: gather without integer indices")
+                _fail(f"{_at(where)}: gather without integer indices")
             indices, fill = args
             if indices.size and (int(indices.min()) < 0 or int(indices.max()) > size
                                  or int(indices.max()) == size and fill is None):
-                _fail(f"{where}: gather indices out of 0..{size}")
+                _fail(f"{_at(where)}: gather indices out of 0..{size}")
             if fill is not None and not (isinstance(fill, np.generic) or type(fill) in (bool, int, float)
                                          or type(fill) is np.ndarray and fill.ndim == 0):
-                _fail(f"{where}: gather fill is not a scalar")
+                _fail(f"{_at(where)}: gather fill is not a scalar")
         if kind == "windows":
             spec = args[0] if len(args) == 2 else None
             if not (type(spec) is tuple and 0 < len(spec) <= len(current)
                     and all(type(a) is tuple and len(a) == 7 and all(type(i) is int for i in a)
                             and min(a[0], a[1], a[4], a[5]) >= 1 and a[6] in (0, 1)
                             and max(abs(a[2]), abs(a[3]), *a[:2], *a[4:6]) < 1 << 31 for a in spec)):
-                _fail(f"{where}: windows {args!r:.60} of {current}")
+                _fail(f"{_at(where)}: windows {args!r:.60} of {current}")
             fill = args[1]
             if fill is not None and not (isinstance(fill, np.generic) or type(fill) is np.ndarray and fill.ndim == 0):
-                _fail(f"{where}: windows fill is not a scalar")
+                _fail(f"{_at(where)}: windows fill is not a scalar")
         current = _SHAPE[kind](current, *args)
     if current != shape:
-        _fail(f"{where}: ops give shape {current}, the view says {shape}")
+        _fail(f"{_at(where)}: ops give shape {current}, the view says {shape}")
 
 
 def _vertex_builder(header, arrays, tensors, where="vertices"):
-    """Reads the vertex table: a function building vertices first..first+count."""
+    """Reads the vertex table: its count, its tile column (compute sets'
+    tiles, read at load for the program's summary), and a function
+    building vertices first..first+count. The other columns are deferred:
+    their lengths are checked now, their values when vertices are first built."""
     if type(header) is not dict:
         _fail(f"{where}: not a table")
     keys = ("codelet", "tile", "cycles", "reads", "writes", "region_tensor", "region_block", "block_lengths",
@@ -858,66 +1023,72 @@ def _vertex_builder(header, arrays, tensors, where="vertices"):
         i = header[k]
         if type(i) is not int or not 0 <= i < len(arrays) or arrays[i].ndim != 1 or arrays[i].dtype.kind not in "iu":
             _fail(f"{where}.{k}: not an integer column")
-        cols[k] = arrays[i] if k in _DEFERRED_COLUMNS else _resolved(arrays[i])
-    n = len(cols["codelet"])
-    if any(len(cols[k]) != n for k in ("tile", "cycles", "reads", "writes")):
+        cols[k] = arrays[i]
+    tile = _resolved(cols["tile"]).astype(np.int64, copy=False)
+    n = len(tile)
+    if any(len(cols[k]) != n for k in ("codelet", "cycles", "reads", "writes")) \
+            or len(cols["region_tensor"]) != len(cols["region_block"]) \
+            or len(cols["block_starts"]) != len(cols["block_stops"]):
         _fail(f"{where}: columns of different lengths")
-    if n and (int(cols["codelet"].min()) < 0 or int(cols["codelet"].max()) >= len(names)
-              or int(cols["reads"].min()) < 0 or int(cols["writes"].min()) < 0):
-        _fail(f"{where}: a codelet or region count out of range")
-    region_ends = np.cumsum(cols["reads"] + cols["writes"])
-    num_regions = int(region_ends[-1]) if n else 0
-    if len(cols["region_tensor"]) != num_regions or len(cols["region_block"]) != num_regions:
-        _fail(f"{where}: {num_regions} regions expected")
-    lengths = cols["block_lengths"]
-    if len(lengths) and int(lengths.min()) < 0:
-        _fail(f"{where}: negative interval count")
-    block_ends = np.cumsum(lengths)
-    if len(cols["block_starts"]) != (int(block_ends[-1]) if len(lengths) else 0) \
-            or len(cols["block_stops"]) != len(cols["block_starts"]):
-        _fail(f"{where}: interval columns do not match the blocks")
-    regions: list = []
+    if n and int(tile.min()) < 0:
+        _fail(f"{where}: a vertex on a negative tile")
+    table: dict = {}
 
-    def region_columns() -> tuple[np.ndarray, np.ndarray]:
-        """The region columns, decoded and checked when vertices are first built."""
-        if not regions:
-            tensor, block = _resolved(cols["region_tensor"]), _resolved(cols["region_block"])
+    def columns() -> dict:
+        """The table's columns, decoded and checked when vertices are first built."""
+        if not table:
+            c = {k: _resolved(v) for k, v in cols.items()}
+            if n and (int(c["codelet"].min()) < 0 or int(c["codelet"].max()) >= len(names)
+                      or int(c["reads"].min()) < 0 or int(c["writes"].min()) < 0):
+                _fail(f"{where}: a codelet or region count out of range")
+            region_ends = np.cumsum(c["reads"].astype(np.int64) + c["writes"])
+            num_regions = int(region_ends[-1]) if n else 0
+            if len(c["region_tensor"]) != num_regions:
+                _fail(f"{where}: {num_regions} regions expected")
+            lengths = c["block_lengths"]
+            if len(lengths) and int(lengths.min()) < 0:
+                _fail(f"{where}: negative interval count")
+            block_ends = np.cumsum(lengths.astype(np.int64))
+            if len(c["block_starts"]) != (int(block_ends[-1]) if len(lengths) else 0):
+                _fail(f"{where}: interval columns do not match the blocks")
+            tensor, block = c["region_tensor"], c["region_block"]
             if num_regions and (int(tensor.min()) < 0 or int(tensor.max()) >= len(tensors)
                                 or int(block.min()) < 0 or int(block.max()) >= len(lengths)):
                 _fail(f"{where}: a region refers to no tensor or interval block")
-            regions.extend((tensor, block))
-        return regions[0], regions[1]
+            c["region_starts"] = np.concatenate(([0], region_ends))
+            c["block_cuts"] = np.concatenate(([0], block_ends))
+            table.update(c)
+        return table
+    blocks: dict = {}
     pairs = []
-    block_cuts = np.concatenate(([0], block_ends))
-    blocks: list = [None] * len(lengths)
-    region_starts = np.concatenate(([0], region_ends))
 
     def block(b: int) -> np.ndarray:
-        found = blocks[b]
+        found = blocks.get(b)
         if found is None:
             if not pairs:
-                starts, stops = _resolved(cols["block_starts"]), _resolved(cols["block_stops"])
-                pairs.append(np.stack([starts, stops], axis=1).astype(np.int64))
-            found = blocks[b] = pairs[0][int(block_cuts[b]):int(block_cuts[b + 1])]
+                pairs.append(np.stack([table["block_starts"], table["block_stops"]], axis=1).astype(np.int64))
+            cuts = table["block_cuts"]
+            found = blocks[b] = pairs[0][int(cuts[b]):int(cuts[b + 1])]
         return found
 
     def build(first: int, count: int) -> list:
         """Vertices first..first+count (regions sharing interval arrays as
         the compiler's did)."""
+        c = columns()
         span = slice(first, first + count)
-        codelet_names = [names[i] for i in cols["codelet"][span].tolist()]
-        tiles, cycles = cols["tile"][span].tolist(), cols["cycles"][span].tolist()
-        reads, writes = cols["reads"][span].tolist(), cols["writes"][span].tolist()
-        r0, r1 = (int(region_starts[first]), int(region_starts[first + count])) if count else (0, 0)
-        region_tensor, region_block = (c[r0:r1].tolist() for c in region_columns())
+        codelet_names = [names[i] for i in c["codelet"][span].tolist()]
+        tiles, cycles = c["tile"][span].tolist(), c["cycles"][span].tolist()
+        reads, writes = c["reads"][span].tolist(), c["writes"][span].tolist()
+        r0, r1 = (int(c["region_starts"][first]), int(c["region_starts"][first + count])) if count else (0, 0)
+        region_tensor, region_block = c["region_tensor"][r0:r1].tolist(), c["region_block"][r0:r1].tolist()
         out, r = [], 0
         for v in range(count):
-            n = reads[v] + writes[v]
-            regions = tuple(Region(tensors[region_tensor[j]], block(region_block[j])) for j in range(r, r + n))
-            r += n
+            k = reads[v] + writes[v]
+            regions = tuple(Region(tensors[region_tensor[j]], block(region_block[j])) for j in range(r, r + k))
+            r += k
             out.append(Vertex(codelet_names[v], tiles[v], regions[:reads[v]], regions[reads[v]:], cycles[v]))
         return out
-    return {"count": n, "build": build, "tile": cols["tile"]}
+    return {"count": n, "build": build, "tile": tile}
 
 
 class _MappingColumns:
@@ -971,7 +1142,7 @@ def _tensors(header, arrays) -> list[Tensor]:
         i = header[k]
         if type(i) is not int or not 0 <= i < len(arrays) or arrays[i].ndim != 1 or arrays[i].dtype.kind not in "iu":
             _fail(f"tensors.{k}: not an integer column")
-        cols[k] = arrays[i] if k in _DEFERRED_TENSOR_COLUMNS else _resolved(arrays[i]).astype(np.int64)
+        cols[k] = arrays[i] if k != "runs" else _resolved(arrays[i]).astype(np.int64)
     if type(meta) is not list or len(meta) != len(cols["runs"]):
         _fail("tensors: one entry per tensor expected")
     if len(cols["runs"]) and int(cols["runs"].min()) < 0:
@@ -1004,29 +1175,43 @@ def _tensors(header, arrays) -> list[Tensor]:
 
 def loads(data: bytes) -> tuple[Program, dict]:
     """(program, meta) from bytes written by dumps; ProgramFormatError if
-    they are not such bytes, or were written by another jax-ipu."""
+    they are not such bytes, or were written by another jax-ipu. The
+    deferred section is inflated and checked when first read."""
+    # Decoding makes 10^5 objects and no reference cycles: the cyclic
+    # collector, run every few hundred allocations over the whole heap
+    # (JAX's and the model's among it), doubled a ResNet-50 step's load.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _loads(data)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _loads(data: bytes) -> tuple[Program, dict]:
     data = memoryview(data)
-    if len(data) < _PREFIX.size:
+    if len(data) < _MARK.size:
         _fail(f"{len(data)} bytes are too few")
-    magic, version, header_size, body_size, digest = _PREFIX.unpack_from(data)
+    magic, version = _MARK.unpack_from(data)
     if magic != MAGIC:
         _fail("it does not start with the jax-ipu program mark")
     if version != FORMAT_VERSION:
         _fail(f"program format {version}, this jax-ipu reads format {FORMAT_VERSION}")
+    if len(data) < _PREFIX.size:
+        _fail(f"{len(data)} bytes are too few")
+    _, _, header_size, body_size, packed_size, deferred_size, digest = _PREFIX.unpack_from(data)
     packed = data[_PREFIX.size:]
+    # Over both sections: a truncated or corrupted entry is refused here,
+    # not when its deferred section is first read.
     if hashlib.sha256(packed).digest() != digest:
         _fail("its checksum does not match (truncated or corrupted)")
-    inflate = zlib.decompressobj()
-    try:
-        # A writeable copy the arrays can be views of, as compiled ones are writeable.
-        body = bytearray(inflate.decompress(packed, body_size + 1))
-    except zlib.error as exc:
-        _fail(f"its body does not inflate ({exc})")
-    if len(body) != body_size or not inflate.eof:
-        _fail(f"its body inflates to other than the {body_size} bytes it declares")
+    if packed_size > len(packed):
+        _fail("its body runs past the end")
+    body = _inflate(packed[:packed_size], body_size, "its body")
+    section = _Section(packed[packed_size:], deferred_size)
     if header_size > len(body):
         _fail("the header runs past the end")
-    body = memoryview(body)
     try:
         header = json.loads(bytes(body[:header_size]))
     except (ValueError, UnicodeDecodeError) as exc:
@@ -1038,11 +1223,7 @@ def loads(data: bytes) -> tuple[Program, dict]:
         _fail(f"header fields {sorted(header)}, expected {sorted(expected)}")
     if header["plugin"] != plugin_version():
         _fail(f"saved by jax-ipu {header['plugin']}, this is jax-ipu {plugin_version()}; compile it again")
-    vertex_table = header["vertices"] if type(header["vertices"]) is dict else {}
-    tensor_table = header["tensors"] if type(header["tensors"]) is dict else {}
-    deferred = ({vertex_table.get(k) for k in _DEFERRED_COLUMNS}
-                | {tensor_table.get(k) for k in _DEFERRED_TENSOR_COLUMNS}) - {None}
-    arrays = _read_arrays(header["arrays"], body[header_size:], deferred)
+    arrays = _read_arrays(header["arrays"], body[header_size:], section)
     tensors = _tensors(header["tensors"], arrays)
     dec = _Decoder(arrays, tensors, _vertex_builder(header["vertices"], arrays, tensors))
     program = _program(header["program"], dec, tensors)
@@ -1094,6 +1275,9 @@ def _program(h, dec: _Decoder, tensors: list[Tensor]) -> Program:
         _fail("program.memory: not a memory report")
     if values["num_tiles"] < 1:
         _fail("program.num_tiles: below 1")
+    vertex_tiles = dec.vertices["tile"]
+    if len(vertex_tiles) and int(vertex_tiles.max()) >= values["num_tiles"]:
+        _fail(f"vertices: a vertex on a tile beyond {values['num_tiles']}")
     for t in tensors:
         if isinstance(t.mapping, _LoadedMapping):      # checked when first read
             t.mapping._columns.num_tiles = values["num_tiles"]

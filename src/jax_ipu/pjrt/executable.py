@@ -248,16 +248,18 @@ def _check_donations(row: list[DeviceBuffer], donated: frozenset) -> None:
 EXECUTABLE_KIND = "jax-ipu executable"
 
 
+# What an MLIR string literal spells \XX (per byte of its UTF-8) besides
+# newlines: whatever is not printable ASCII.
+_UNPRINTABLE = re.compile(r"[^ -~]+")
+
+
 def _mlir_string(text: str) -> str:
-    out = []
-    for ch in text:
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif " " <= ch <= "~":
-            out.append(ch)
-        else:
-            out.extend(f"\\{b:02X}" for b in ch.encode())
-    return '"' + "".join(out) + '"'
+    # Not character by character in Python: the summary of a ResNet-50
+    # step, made at every load, is half a million characters (and lines).
+    text = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\0A")
+    if _UNPRINTABLE.search(text):
+        text = _UNPRINTABLE.sub(lambda m: "".join(f"\\{b:02X}" for b in m.group().encode()), text)
+    return '"' + text + '"'
 
 
 def program_text(name: str, program) -> str:
