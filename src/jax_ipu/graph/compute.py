@@ -111,15 +111,24 @@ class VertexArray(Sequence):
         return Vertex(self.codelet, int(self.tiles[i]), regions(self.reads), regions(self.writes),
                       int(self.cycles[i]))
 
+    def listed(self, field: str) -> tuple:
+        """The reads or writes with CSR offsets [v + 1]: shared ranges
+        listed once per vertex that names them (as Vertex objects hold them)."""
+        out = []
+        for tensor, intervals, offsets in getattr(self, field):
+            if offsets.ndim == 2:
+                at, _ = _spans(offsets)
+                intervals, offsets = intervals[at], np.r_[0, np.cumsum(offsets[:, 1] - offsets[:, 0])]
+            out.append((tensor, intervals, offsets))
+        return tuple(out)
+
     def region_arrays(self, field: str):
         """(tensor, intervals [k, 2], vertex index [k]) per region."""
         for tensor, intervals, offsets in getattr(self, field):
             if offsets.ndim == 1:
                 yield tensor, intervals, np.repeat(np.arange(len(self.tiles)), np.diff(offsets))
             else:
-                counts = offsets[:, 1] - offsets[:, 0]
-                index = np.repeat(np.arange(len(self.tiles)), counts)
-                at = np.arange(len(index)) - np.repeat(np.cumsum(counts) - counts, counts) + offsets[index, 0]
+                at, index = _spans(offsets)
                 yield tensor, intervals[at], index
 
     def region_groups(self, field: str):
@@ -132,11 +141,16 @@ class VertexArray(Sequence):
                 yield tensor, intervals, np.repeat(vertices, np.diff(offsets)), vertices, vertices
                 continue
             keys, group = np.unique(offsets[:, 0] * (len(intervals) + 1) + offsets[:, 1], return_inverse=True)
-            ranges = np.stack(np.divmod(keys, len(intervals) + 1), axis=1)
-            counts = ranges[:, 1] - ranges[:, 0]
-            of = np.repeat(np.arange(len(ranges)), counts)
-            at = np.arange(len(of)) - np.repeat(np.cumsum(counts) - counts, counts) + ranges[of, 0]
+            at, of = _spans(np.stack(np.divmod(keys, len(intervals) + 1), axis=1))
             yield tensor, intervals[at], of, vertices, group.ravel()
+
+
+def _spans(ranges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For [n, 2] ranges [begin, end): the positions they cover, in order,
+    and the range each position belongs to."""
+    counts = ranges[:, 1] - ranges[:, 0]
+    index = np.repeat(np.arange(len(ranges)), counts)
+    return np.arange(len(index)) - np.repeat(np.cumsum(counts) - counts, counts) + ranges[index, 0], index
 
 
 def vertex_tiles(vertices) -> np.ndarray:

@@ -566,7 +566,7 @@ class _Encoder:
         parts, each interval slice a block of its own (a ResNet-50 step
         has 1.3M such vertices: one at a time, they took 20 s to save)."""
         count = len(vertices)
-        parts = vertices.reads + vertices.writes
+        parts = vertices.listed("reads") + vertices.listed("writes")
         for tensor, _, _ in parts:
             self.check_tensor(tensor)
         if not count:        # (its codelet is not named, as the loop would not name it)
