@@ -282,3 +282,33 @@ def test_quick_runs_on_the_callers_thread_and_on_two_ipus(ipus):
         assert outs[0].is_ready() in (True, False)      # may run it on this thread
         for o in outs:
             np.testing.assert_array_equal(np.asarray(o), want)
+
+
+def test_chains_computing_the_same_share_one_executable(monkeypatch):
+    """Executables are kept by what they compute (xla_chains._signature):
+    the same chain over other tensors reuses one; another immediate, shape
+    or dtype, or a large array differing in one element, does not."""
+    def kernel(program):
+        [k] = [s.compute_set.kernel for s in leaves(program.body)
+               if isinstance(s, Execute) and isinstance(s.compute_set.kernel, codelets.ElementwiseChain)]
+        return k
+    device = jax.devices("cpu")[0]
+
+    def signature(f, *args):
+        k = kernel(compile_fn(f, *args))
+        return xla_chains._signature(k, device, [r for r, s in enumerate(k.inputs) if hasattr(s, "tensor")], 0)
+    same = signature(lambda x: jnp.tanh(x * 2), X)
+    assert signature(lambda y: jnp.tanh(y * 2), Y) == same
+    assert signature(lambda x: jnp.tanh(x * 3), X) != same
+    assert signature(lambda x: jnp.tanh(x * 2), X[:-1]) != same
+    assert signature(lambda x: jnp.tanh(x * 2), X.astype(np.float16)) != same
+    a = np.zeros(5000, np.float32)
+    b = a.copy()
+    b[2500] = 1
+    assert xla_chains._key((("value", a),)) != xla_chains._key((("value", b),))
+    # Two programs with the chain: one compile, the same values.
+    monkeypatch.setattr(xla_chains, "_EXECUTABLES", type(xla_chains._EXECUTABLES)())
+    engine = Engine(SMALL)
+    outs = [engine.run(compile_fn(lambda x: jnp.tanh(x * 2) + 1, v), [v])[0] for v in (X, Y)]
+    assert len(xla_chains._EXECUTABLES) == 1
+    np.testing.assert_array_equal(outs[1], cpu_leaves(lambda x: jnp.tanh(x * 2) + 1, Y)[0])

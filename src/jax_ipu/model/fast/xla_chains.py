@@ -24,6 +24,7 @@ broadcasts) runs on numpy as before.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import os
@@ -170,6 +171,51 @@ def _rounded(jax, value, zero, shape=None):
 
 
 _compile_lock = threading.Lock()
+# Executables by what they compute (_signature): a network repeats its
+# blocks, and ResNet-50's float16 training step has hundreds of chains of a
+# few dozen kinds (its first run took 29 s compiling each one anew).
+_EXECUTABLES: collections.OrderedDict = collections.OrderedDict()
+EXECUTABLES_KEPT = 1024
+
+
+def _signature(k: codelets.ElementwiseChain, device, arg_regs: list[int], transposed: int) -> str:
+    """What _compile's executable depends on, without the tensors' identities."""
+    inputs = []
+    for reg, source in enumerate(k.inputs):
+        if isinstance(source, View):
+            _, shape, view_ops = _fed(k, reg)
+            inputs.append(("view", str(source.dtype), tuple(source.tensor.shape), tuple(shape), _key(view_ops)))
+        else:
+            inputs.append(_key(np.asarray(source)))
+    return repr((id(device), tuple(k.shape), tuple(arg_regs), transposed, inputs,
+                 [(ins.op, tuple(ins.args), str(ins.dtype), _key(ins.attrs)) for ins in k.instructions],
+                 [(reg, str(t.dtype), tuple(t.shape)) for reg, t in k.outputs]))
+
+
+def _key(obj):
+    """obj (attributes, view ops) as a hashable key, arrays by their bytes
+    (numpy's repr elides the middle of a large one)."""
+    if isinstance(obj, (np.ndarray, np.generic)):
+        return ("array", str(obj.dtype), obj.shape, np.asarray(obj).tobytes())
+    if isinstance(obj, (tuple, list)):
+        return tuple(_key(x) for x in obj)
+    if isinstance(obj, dict):
+        return tuple(sorted((k, _key(v)) for k, v in obj.items()))
+    return repr(obj)
+
+
+def _compiled(k: codelets.ElementwiseChain, device, arg_regs: list[int], transposed: int):
+    """_compile's executable, shared by chains computing the same thing
+    (called under _compile_lock)."""
+    key = _signature(k, device, arg_regs, transposed)
+    executable = _EXECUTABLES.get(key)
+    if executable is None:
+        executable = _EXECUTABLES[key] = _compile(k, device, arg_regs, transposed)
+        while len(_EXECUTABLES) > EXECUTABLES_KEPT:
+            _EXECUTABLES.popitem(last=False)
+    else:
+        _EXECUTABLES.move_to_end(key)
+    return executable
 
 
 def build(k: codelets.ElementwiseChain, reader):
@@ -185,7 +231,7 @@ def build(k: codelets.ElementwiseChain, reader):
     def executable_for(key: int):
         with _compile_lock:
             if key not in variants:
-                variants[key] = _compile(k, device, arg_regs, key)
+                variants[key] = _compiled(k, device, arg_regs, key)
             return variants[key]
     try:
         executable_for(0)
