@@ -19,6 +19,7 @@ import threading
 import numpy as np
 
 from jax_ipu.model.fast.helper import run_halves
+from jax_ipu.model.fast.xla_chains import aligned_empty
 
 
 def _openblas() -> ctypes.CDLL | None:
@@ -393,7 +394,7 @@ def matmul_combined(a: np.ndarray, b: np.ndarray, chunks: int, size: int, dtype,
     row block's partials exist at a time, in cache, never the whole set."""
     batch, m, k = a.shape
     n = b.shape[-1]
-    out = np.empty((batch, m, n), dtype)
+    out = aligned_empty((batch, m, n), dtype)      # read in place by an XLA:CPU convert to float16
 
     def rows(r0, r1):
         call = calls[r0]
