@@ -312,3 +312,16 @@ def test_chains_computing_the_same_share_one_executable(monkeypatch):
     outs = [engine.run(compile_fn(lambda x: jnp.tanh(x * 2) + 1, v), [v])[0] for v in (X, Y)]
     assert len(xla_chains._EXECUTABLES) == 1
     np.testing.assert_array_equal(outs[1], cpu_leaves(lambda x: jnp.tanh(x * 2) + 1, Y)[0])
+
+
+def test_float16_max_of_signed_zeros_is_xla_cpus(monkeypatch):
+    """The one place a float16 chain on XLA differs from the numpy kernel's
+    bits: max and min of zeros of both signs, where numpy returns its first
+    operand and XLA orders -0 below +0. The XLA path then gives XLA:CPU's
+    own answer (relu(-0.0) is +0.0), as float32 chains on XLA do."""
+    x = np.resize(np.array([-0.0, 0.0, -1.0, 2.0], np.float16), N)
+    f = lambda x: jnp.maximum(x * 1.0, 0.0) + jnp.minimum(x, -0.0) * 0.0   # noqa: E731
+    on_xla, on_numpy = on_both(monkeypatch, f, x)
+    [want] = cpu_leaves(f, x)
+    np.testing.assert_array_equal(on_xla[0].view(np.uint16), np.asarray(want).view(np.uint16))
+    np.testing.assert_array_equal(on_xla[0], on_numpy[0])             # equal as numbers

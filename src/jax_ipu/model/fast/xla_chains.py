@@ -52,7 +52,9 @@ _F16 = np.dtype(np.float16)
 # Unary float ops both compute exactly (correctly rounded or exact).
 _EXACT_UNARY = frozenset({"negate", "abs", "sqrt", "floor", "ceil", "round_nearest_even", "is_finite", "sign"})
 # Ops of float16 operands XLA:CPU computes as numpy does, by IEEE's rules
-# (correctly rounded arithmetic, exact selections and comparisons). Unary
+# (correctly rounded arithmetic, exact selections and comparisons; max and
+# min of +0 and -0 are XLA's, -0 below +0, where numpy returns its first
+# operand, as in float32 chains on XLA). Unary
 # float ops are checked instead, on every float16 value (_f16_op_agrees).
 _F16_EXACT = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum", "compare", "select",
                         "clamp", "constant"})
