@@ -78,7 +78,7 @@ def test_lanes_give_the_same_bits_with_and_without_the_helper(monkeypatch):
     helper.end_session()
     assert taken
     monkeypatch.setattr(helper, "spinner", lambda: None)
-    monkeypatch.setattr(helper, "helper_pool", lambda: None)
+    monkeypatch.setattr(helper, "helper_pool", lambda busy=False: None)
     alone = Engine(IPU2).run(program, params + [x])
     for a, b in zip(with_helper, alone):
         np.testing.assert_array_equal(a, b)
@@ -164,7 +164,7 @@ program = compile_fn(_step, params, x, target=IPU2)
 helper._spare_core = lambda: True
 first = Engine(IPU2).run(program, params + [x])
 helper.end_session()
-helper.spinner = helper.helper_pool = lambda: None
+helper.spinner, helper.helper_pool = (lambda: None), (lambda busy=False: None)
 again = Engine(IPU2).run(program, params + [x])
 print(all(np.array_equal(a, b) for a, b in zip(first, again)))
 """

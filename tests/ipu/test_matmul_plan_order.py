@@ -66,7 +66,7 @@ def test_values_do_not_depend_on_the_helper_or_the_stacking(monkeypatch, batch, 
     monkeypatch.setattr(helper, "spinner", lambda: None)
     with concurrent.futures.ThreadPoolExecutor(1, initializer=helper.init_helper_thread) as pool:
         for p in (pool, None):                      # a thread pool's helper, then none
-            monkeypatch.setattr(helper, "helper_pool", lambda: p)
+            monkeypatch.setattr(helper, "helper_pool", lambda busy=False: p)
             results.append(combined())
     monkeypatch.setattr(blas, "STACKED_BYTES", 0)       # chunk after chunk, never stacked
     results.append(combined())
@@ -114,12 +114,46 @@ def test_a_half_the_helper_has_not_started_runs_on_the_caller(monkeypatch):
         release = threading.Event()
         pool.submit(release.wait)                    # the helper is busy elsewhere
         monkeypatch.setattr(helper, "spinner", lambda: None)
-        monkeypatch.setattr(helper, "helper_pool", lambda: pool)
+        monkeypatch.setattr(helper, "helper_pool", lambda busy=False: pool)
         ran_on = []
         helper.run_halves(lambda: ran_on.append(threading.current_thread()),
                         lambda: ran_on.append(threading.current_thread()))
         release.set()
     assert ran_on == [threading.current_thread()] * 2
+
+
+@pytest.mark.skipif(helper._CORES < 2, reason="needs 2 cores")
+def test_large_halves_go_to_the_pool_on_busy_cores(monkeypatch):
+    """With no core free, small halves both run on the caller; large ones
+    (a product of BUSY_SHARED_MACS or more, lanes) still hand the second
+    to the pool's thread, as XLA:CPU's threads run whatever the load."""
+    import threading
+    monkeypatch.setattr(helper, "spinner", lambda: None)
+    monkeypatch.setattr(helper, "_spare_core", lambda: False)
+    ran_on, second_ran = [], threading.Event()
+
+    def first():
+        ran_on.append(("first", threading.current_thread()))
+        second_ran.wait(10)                     # give the pool's thread its start
+
+    def second():
+        ran_on.append(("second", threading.current_thread()))
+        second_ran.set()
+    helper.run_halves(lambda: ran_on.append(threading.current_thread()),
+                      lambda: ran_on.append(threading.current_thread()))
+    assert ran_on == [threading.current_thread()] * 2
+    ran_on.clear()
+    helper.run_halves(first, second, large=True)
+    where = dict(ran_on)
+    assert where["first"] is threading.current_thread() and where["second"] is not threading.current_thread()
+    calls = []
+    monkeypatch.setattr(helper, "run_halves", lambda a, b, large=False: calls.append(large) or (a(), b()))
+    monkeypatch.setattr(blas, "run_halves", helper.run_halves)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((1, 512, 512)).astype(np.float32), rng.standard_normal((1, 512, 512)).astype(np.float32)
+    blas.matmul_combined(a, b, 2, 256, np.float32, blas.CombineScratch())          # 2^27 multiply-adds
+    blas.matmul_combined(a[:, :, :64], b[:, :64], 1, 64, np.float32, blas.CombineScratch())
+    assert calls == [True, False]
 
 
 def spied(monkeypatch, name: str) -> list:

@@ -73,6 +73,77 @@ def test_float_chains_match_xla_cpu(monkeypatch, name):
     np.testing.assert_allclose(on_numpy[0], want, rtol=2e-5, atol=2e-6, equal_nan=True)
 
 
+H = (X * 1.3).astype(np.float16)
+G = (Y * 0.7).astype(np.float16)
+
+
+def _gelu(x, b):
+    h = x + b
+    return h * (0.5 * (1.0 + jnp.tanh(0.7978846 * (h + 0.044715 * h * h * h)))).astype(h.dtype)
+
+
+def _layer_norm(x, g):
+    """A float16 chain with float32 steps (statistics as Flax computes them)."""
+    w = x.astype(jnp.float32)
+    centred = w - 0.25
+    return (centred / jnp.sqrt(centred * centred + 1e-5) * g.astype(jnp.float32) + 0.5).astype(jnp.float16)
+
+
+# float16 chains XLA:CPU takes with each op rounded to float16 (xla_chains._rounded).
+F16_CHAINS = {
+    "gelu_tanh": _gelu,
+    "multiply_add": lambda x, y: x * y + x * 0.3 - y,         # XLA would contract these into FMAs
+    "divide_by_constants": lambda x, y: x / 3.0 + y / 7.0 - (x - y) / 0.1,
+    "relu_select_clamp": lambda x, y: jnp.where(x > y, jnp.maximum(x, 0.0) * y, jnp.clip(y * 1.7, -1.0, 2.0)),
+    "layer_norm_mixed": _layer_norm,
+    "sqrt_abs_neg": lambda x, y: -jnp.sqrt(jnp.abs(x) * y * y) + jnp.abs(y),
+    "overflow_subnormal": lambda x, y: (x * 3e4) * y + (x * 1e-6) * (y * 1e-2),    # inf and subnormal results
+}
+
+
+@pytest.mark.parametrize("name", sorted(F16_CHAINS))
+def test_float16_chains_give_the_numpy_kernels_bits(monkeypatch, name):
+    """A float16 chain on XLA gives the bits of the Model's numpy kernel
+    (every op rounded to float16, no fused multiply-add), and is within
+    float16 rounding of XLA:CPU's own (which keeps intermediates in float32)."""
+    f = F16_CHAINS[name]
+    x = np.concatenate([H, np.array([0, -0.0, np.inf, -np.inf, np.nan, 6e-8, -6e-8, 65504], np.float16)])
+    y = np.concatenate([G, np.array([1, 2, 3, -1, 0.5, 1e-4, 7, -65504], np.float16)])
+    on_xla, on_numpy = on_both(monkeypatch, f, x, y)
+    assert on_xla[0].dtype == np.float16
+    same = (on_xla[0].view(np.uint16) == on_numpy[0].view(np.uint16)) | (np.isnan(on_xla[0]) & np.isnan(on_numpy[0]))
+    assert same.all(), (x[~same][:5], y[~same][:5], on_xla[0][~same][:5], on_numpy[0][~same][:5])
+    [want] = cpu_leaves(f, x, y)
+    finite = np.isfinite(want.astype(np.float32))
+    # Per-op float16 rounding against XLA's float32 intermediates: a few
+    # float16 ulps, more where a difference cancels.
+    np.testing.assert_allclose(on_xla[0][finite].astype(np.float32), want[finite].astype(np.float32),
+                               rtol=1e-2, atol=2e-2 * float(np.max(np.abs(want[finite]))))
+    np.testing.assert_array_equal(np.isnan(on_xla[0]), np.isnan(want.astype(np.float32)))
+
+
+@pytest.mark.parametrize("op", ["tanh", "exponential", "log", "sqrt", "rsqrt", "logistic", "negate", "abs",
+                                "floor", "is_finite", "sign"])
+def test_float16_unary_ops_are_checked_on_every_value(op):
+    """_f16_op_agrees answers from all 65,536 float16 inputs: when it says
+    yes, XLA's kernel gives numpy's bits for each; an op it refuses has
+    some value that differs."""
+    from jax_ipu import ops
+    values = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    ufunc = ops.ufunc_for(op, np.dtype(np.float16))
+    with np.errstate(all="ignore"):
+        want = np.asarray(ufunc(values) if ufunc is not None
+                          else ops.function_for(op)(values, dtype=np.dtype(np.float16), attrs={}))
+    got = np.asarray(jax.jit(ops.OPS[op].lax(lax))(jax.device_put(values, jax.devices("cpu")[0])))
+    same = (got == want) | (np.isnan(got.astype(np.float32)) & np.isnan(want.astype(np.float32))) \
+        if want.dtype != np.float16 else \
+        (got.view(np.uint16) == want.view(np.uint16)) | (np.isnan(got) & np.isnan(want))
+    assert xla_chains._f16_op_agrees(op) == bool(np.all(same))
+    for exact in ("negate", "abs", "floor", "sqrt", "is_finite"):   # correctly rounded everywhere
+        if op == exact:
+            assert xla_chains._f16_op_agrees(op)
+
+
 INT_CHAINS = {
     # x / 0 is -1 and x % 0 is x, as XLA defines them.
     "divide_remainder": (lambda a, b: (a // b, lax.rem(a, b)), np.int32),
@@ -163,7 +234,18 @@ def test_what_stays_on_numpy(monkeypatch):
     assert "run_on_xla" not in chain_runners(compile_fn(jnp.tanh, small))          # too small
     assert "run_on_xla" not in chain_runners(compile_fn(lambda x: x * 2 + 1, X))   # numpy is fast at it
     half = X.astype(np.float16)
-    assert "run_on_xla" not in chain_runners(compile_fn(jnp.tanh, half))           # IPU's f16 rounding
+    # float16 ops whose values XLA need not give as numpy does: pow, atan2
+    # (not IEEE operations), bitcasts (a NaN's payload), a unary op that
+    # differs from numpy's on this host.
+    assert "run_on_xla" not in chain_runners(compile_fn(lambda x: jnp.power(x, x), half))
+    assert "run_on_xla" not in chain_runners(compile_fn(lambda x: jnp.arctan2(x, x + 1), half))
+    assert "run_on_xla" not in chain_runners(compile_fn(
+        lambda x: lax.bitcast_convert_type(x * 2, jnp.int16), half))
+    assert "run_on_xla" not in chain_runners(compile_fn(                            # float32 rsqrt
+        lambda x: (lax.rsqrt(x.astype(jnp.float32) + 2.0) * 3).astype(jnp.float16), half))
+    monkeypatch.setattr(xla_chains, "_f16_op_agrees", lambda op: op != "tanh")
+    assert "run_on_xla" not in chain_runners(compile_fn(lambda x: jnp.tanh(x * 2), half))
+    assert "run_on_xla" in chain_runners(compile_fn(lambda x: jnp.exp(x * 2), half))
     monkeypatch.setattr(xla_chains, "_cpu", lambda: None)                           # JAX_PLATFORMS=ipu
     program = compile_fn(jnp.tanh, X)
     assert "run_on_xla" not in chain_runners(program)
@@ -200,3 +282,46 @@ def test_quick_runs_on_the_callers_thread_and_on_two_ipus(ipus):
         assert outs[0].is_ready() in (True, False)      # may run it on this thread
         for o in outs:
             np.testing.assert_array_equal(np.asarray(o), want)
+
+
+def test_chains_computing_the_same_share_one_executable(monkeypatch):
+    """Executables are kept by what they compute (xla_chains._signature):
+    the same chain over other tensors reuses one; another immediate, shape
+    or dtype, or a large array differing in one element, does not."""
+    def kernel(program):
+        [k] = [s.compute_set.kernel for s in leaves(program.body)
+               if isinstance(s, Execute) and isinstance(s.compute_set.kernel, codelets.ElementwiseChain)]
+        return k
+    device = jax.devices("cpu")[0]
+
+    def signature(f, *args):
+        k = kernel(compile_fn(f, *args))
+        return xla_chains._signature(k, device, [r for r, s in enumerate(k.inputs) if hasattr(s, "tensor")], 0)
+    same = signature(lambda x: jnp.tanh(x * 2), X)
+    assert signature(lambda y: jnp.tanh(y * 2), Y) == same
+    assert signature(lambda x: jnp.tanh(x * 3), X) != same
+    assert signature(lambda x: jnp.tanh(x * 2), X[:-1]) != same
+    assert signature(lambda x: jnp.tanh(x * 2), X.astype(np.float16)) != same
+    a = np.zeros(5000, np.float32)
+    b = a.copy()
+    b[2500] = 1
+    assert xla_chains._key((("value", a),)) != xla_chains._key((("value", b),))
+    # Two programs with the chain: one compile, the same values.
+    monkeypatch.setattr(xla_chains, "_EXECUTABLES", type(xla_chains._EXECUTABLES)())
+    engine = Engine(SMALL)
+    outs = [engine.run(compile_fn(lambda x: jnp.tanh(x * 2) + 1, v), [v])[0] for v in (X, Y)]
+    assert len(xla_chains._EXECUTABLES) == 1
+    np.testing.assert_array_equal(outs[1], cpu_leaves(lambda x: jnp.tanh(x * 2) + 1, Y)[0])
+
+
+def test_float16_max_of_signed_zeros_is_xla_cpus(monkeypatch):
+    """The one place a float16 chain on XLA differs from the numpy kernel's
+    bits: max and min of zeros of both signs, where numpy returns its first
+    operand and XLA orders -0 below +0. The XLA path then gives XLA:CPU's
+    own answer (relu(-0.0) is +0.0), as float32 chains on XLA do."""
+    x = np.resize(np.array([-0.0, 0.0, -1.0, 2.0], np.float16), N)
+    f = lambda x: jnp.maximum(x * 1.0, 0.0) + jnp.minimum(x, -0.0) * 0.0   # noqa: E731
+    on_xla, on_numpy = on_both(monkeypatch, f, x)
+    [want] = cpu_leaves(f, x)
+    np.testing.assert_array_equal(on_xla[0].view(np.uint16), np.asarray(want).view(np.uint16))
+    np.testing.assert_array_equal(on_xla[0], on_numpy[0])             # equal as numbers

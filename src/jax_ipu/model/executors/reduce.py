@@ -8,6 +8,7 @@ from jax_ipu.graph import codelets
 from jax_ipu.model.executors.common import REDUCE_UFUNCS, reader, register, value_reader
 from jax_ipu.model.executors.elementwise import instruction
 from jax_ipu.model.executors.matmul import Combined
+from jax_ipu.model.fast import xla_chains
 
 # Reductions over at most this many contiguous elements, of at least
 # SHORT_AXIS_ROWS outputs, go element by element along the axis.
@@ -101,7 +102,10 @@ def _build_reduce_combine(k: codelets.ReduceCombine):
             value = ufunc.reduce(get(state), axis=axis, dtype=acc)
         if init is not None:
             value = ufunc(init(state).astype(acc, copy=False), value)
-        state[tid] = np.asarray(value).astype(dtype, copy=False).reshape(shape)   # value is new
+        value = np.asarray(value)
+        if value.dtype != dtype:          # a float16 product's sum: XLA:CPU converts it fastest
+            value = xla_chains.convert(value, dtype)
+        state[tid] = value.reshape(shape)   # value is new
     return run
 
 

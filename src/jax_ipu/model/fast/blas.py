@@ -19,6 +19,7 @@ import threading
 import numpy as np
 
 from jax_ipu.model.fast.helper import run_halves
+from jax_ipu.model.fast.xla_chains import aligned_empty
 
 
 def _openblas() -> ctypes.CDLL | None:
@@ -102,11 +103,16 @@ def _stacked(x: np.ndarray, chunks: int, size: int, axis: int) -> np.ndarray:
     return x.reshape(x.shape[0], chunks, size, x.shape[-1]).transpose(1, 0, 2, 3)
 
 
-def _run(rows, blocks) -> None:
+# A product of at least this many multiply-adds (a millisecond or more on
+# one core) has its halves shared even on busy cores (helper.run_halves).
+BUSY_SHARED_MACS = 1 << 26
+
+
+def _run(rows, blocks, macs: int = 0) -> None:
     if len(blocks) == 1:
         rows(*blocks[0])
     else:
-        run_halves(lambda: rows(*blocks[0]), lambda: rows(*blocks[1]))
+        run_halves(lambda: rows(*blocks[0]), lambda: rows(*blocks[1]), large=macs >= BUSY_SHARED_MACS)
 
 
 _blas_lock = threading.Lock()
@@ -204,7 +210,7 @@ def matmul_partials(a: np.ndarray, b: np.ndarray, out: np.ndarray, chunks: int, 
     def rows(r0, r1):
         np.matmul(_stacked(a[:, r0:r1], chunks, size, -1), sb, out=out[:, :, r0:r1])
     with _OneBlasThread():
-        _run(rows, row_blocks(batch, m, k, n, whole))
+        _run(rows, row_blocks(batch, m, k, n, whole), batch * m * k * n)
 
 
 class CombineScratch:
@@ -393,7 +399,7 @@ def matmul_combined(a: np.ndarray, b: np.ndarray, chunks: int, size: int, dtype,
     row block's partials exist at a time, in cache, never the whole set."""
     batch, m, k = a.shape
     n = b.shape[-1]
-    out = np.empty((batch, m, n), dtype)
+    out = aligned_empty((batch, m, n), dtype)      # read in place by an XLA:CPU convert to float16
 
     def rows(r0, r1):
         call = calls[r0]
@@ -415,5 +421,5 @@ def matmul_combined(a: np.ndarray, b: np.ndarray, chunks: int, size: int, dtype,
     blocks = row_blocks(batch, m, k, n, whole)
     with _OneBlasThread():
         calls = _sgemm_chunks(a, b, out, chunks, size, blocks, scratch)
-        _run(rows, blocks)
+        _run(rows, blocks, batch * m * k * n)
     return out

@@ -77,11 +77,11 @@ _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
-def helper_pool() -> concurrent.futures.ThreadPoolExecutor | None:
+def helper_pool(busy: bool = False) -> concurrent.futures.ThreadPoolExecutor | None:
     """A one-thread pool for the helper's halves, or None when no second
-    core is free."""
+    core is free (busy: even then)."""
     global _pool
-    if _CORES < 2 or not _spare_core():
+    if _CORES < 2 or not (busy or _spare_core()):
         return None
     if _pool is None:
         with _pool_lock:
@@ -241,9 +241,15 @@ _local = threading.local()     # .shared: whether this thread's run handed a hal
 #                                .in_lane: this thread runs a lane
 
 
-def run_halves(first: Callable, second: Callable) -> None:
+def run_halves(first: Callable, second: Callable, large: bool = False) -> None:
     """Calls first() here and second() on the helper when a core is free
-    (else both here; always both here within a lane)."""
+    (else both here; always both here within a lane). `large`: halves of
+    milliseconds each, which go to the pool's thread even when no core is
+    free. On busy cores the operating system shares the time among
+    threads, so a kernel kept on one thread got half the share of XLA:CPU's
+    two (whose threads run whatever the load); a hand-off through the pool
+    (30-160 us) is small against such halves, and a half the pool has not
+    started when the caller is done with its own runs on the caller."""
     if getattr(_local, "in_lane", False):
         first()
         second()
@@ -253,7 +259,7 @@ def run_halves(first: Callable, second: Callable) -> None:
         _local.shared = True
         spin.halves(first, second)
         return
-    pool = helper_pool()
+    pool = helper_pool(busy=large)
     if pool is None:
         first()
         second()
@@ -272,9 +278,10 @@ def _in_lane(fn: Callable) -> Callable:
 
 
 def run_lanes(first: Callable, second: Callable) -> None:
-    """run_halves for two lanes of compute sets (model/lanes.py): what
-    runs in a lane shares nothing further with the helper."""
-    run_halves(_in_lane(first), _in_lane(second))
+    """run_halves for two lanes of compute sets (model/lanes.py, groups
+    worth a hand-off): what runs in a lane shares nothing further with the
+    helper."""
+    run_halves(_in_lane(first), _in_lane(second), large=True)
 
 
 def begin_session() -> None:
