@@ -49,18 +49,34 @@ def kernels_of(program) -> list:
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("target", [SMALL, IPU2], ids=["small", "ipu2"])
 def test_one_compute_set_same_bits_as_two_stages(case, target, monkeypatch):
+    """Where one stage is chosen: one compute set, no partials, the bits of
+    two stages, and fewer cycles. A reduction over leading dims takes two
+    stages when gathering its outputs' columns would take longer than the
+    second stage's superstep (reduce._single_stage_pays): then its cycles
+    are about one stage's or fewer."""
     f, dtype, shape = CASES[case]
     x = operand(dtype, shape)
     program = compile_fn(f, x, target=target)
     ks = kernels_of(program)
     stages = [k for k in ks if isinstance(k, codelets.ReducePartials)]
-    assert stages and all(k.init is not None and k.out.shape == (k.out.size,) for k in stages)
-    assert not [k for k in ks if isinstance(k, codelets.ReduceCombine)]
-    assert not [t for t in program.tensors if t.name.endswith("/partials")]
     got = Engine(target).run(program, [x])
     for g, w in zip(got, run_cpu(f, x)):
         assert g.dtype == w.dtype and g.shape == w.shape
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    if [k for k in ks if isinstance(k, codelets.ReduceCombine)]:
+        assert case == "batch sum"      # the one reduction over leading dims here
+        monkeypatch.setattr(reduce_rule, "_single_stage_pays", lambda *a: True)
+        one = compile_fn(f, x, target=target)
+        assert not [k for k in kernels_of(one) if isinstance(k, codelets.ReduceCombine)]
+        # The rule weighs the columns gathered against the second stage's
+        # superstep, not the first stage's exchange: on ipu2 it is right by
+        # 17% (646 against 777 cycles), on 16 tiles wrong by 2% (790, 777).
+        assert program.cycles <= 1.05 * one.cycles
+        if target is IPU2:
+            assert program.cycles < one.cycles
+        return
+    assert stages and all(k.init is not None and k.out.shape == (k.out.size,) for k in stages)
+    assert not [t for t in program.tensors if t.name.endswith("/partials")]
 
     monkeypatch.setattr(reduce_rule, "SINGLE_STAGE", False)
     two = compile_fn(f, x, target=target)

@@ -230,7 +230,8 @@ def reduce(b: Builder, op: ir.Op) -> None:
             for d in dtypes]
     what = single or "+".join(dict.fromkeys(i.op for i in program if i.op != "constant"))
     per_element = max(1, len(program))
-    if SINGLE_STAGE and chunks == 1 and single is not None and accs[0] == dtypes[0]:
+    if SINGLE_STAGE and chunks == 1 and single is not None and accs[0] == dtypes[0] \
+            and (not outer or _single_stage_pays(b, kept, size, xs[0].dtype, dtypes[0])):
         _single_stage(b, op, xs[0], single, _init_source(inits[0]), dtypes[0], kept, size, outer)
         return
 
@@ -348,6 +349,19 @@ def _single_stage(b: Builder, op: ir.Op, x: View, single: str, init, dtype: np.d
     b.execute(f"reduce {single} {name_of(op)}", codelets.ReducePartials(x, single, out, outer, init), vertices)
     b.flops += kept * size
     b.values[op.results[0]] = View(out).then("reshape", op.results[0].type.shape)
+
+
+def _single_stage_pays(b: Builder, kept: int, size: int, in_dtype: np.dtype, dtype: np.dtype) -> bool:
+    """Whether one stage over leading dims beats two: its busiest tile
+    receives its outputs' whole columns (size rows each), where two stages
+    reduce rows where they live and add a superstep (a sync, an exchange's
+    fixed cost, and receiving at least one partial per output)."""
+    mapping = _outer_mapping(b, kept, size, in_dtype, dtype) or b.linear_mapping(kept, dtype)
+    outputs = int((mapping.stops - mapping.starts).max(initial=0))
+    rate = b.target.exchange_bytes_per_cycle
+    one = -(-outputs * size * np.dtype(in_dtype).itemsize // rate)
+    second = b.target.sync_cycles + b.target.exchange_fixed_cycles + -(-outputs * np.dtype(dtype).itemsize // rate)
+    return one <= second
 
 
 def _outer_mapping(b: Builder, kept: int, size: int, in_dtype: np.dtype, dtype: np.dtype) -> TileMapping | None:
