@@ -52,20 +52,20 @@ def exchange_cycles(target: Target, sent: np.ndarray, received: np.ndarray) -> i
     return target.exchange_fixed_cycles + -(-busiest // target.exchange_bytes_per_cycle)
 
 
-def _owners(mapping, intervals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Splits read intervals by the tiles that hold them: (index of the read
-    interval, owning tile, element count) per piece."""
+def _owners(mapping, intervals: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """Splits read intervals by the tiles that hold them: (pieces per read
+    interval, or None when each lies within one run; then per piece, in
+    interval order, the owning tile and element count)."""
     first = np.searchsorted(mapping.stops, intervals[:, 0], side="right")
     last = np.searchsorted(mapping.starts, intervals[:, 1], side="left")
     pieces = np.maximum(last - first, 0)
     if len(intervals) and pieces.min() == 1 and pieces.max() == 1:   # each within one run
-        return np.arange(len(intervals)), mapping.tiles[first], intervals[:, 1] - intervals[:, 0]
-    which = np.repeat(np.arange(len(intervals)), pieces)
-    # (np.repeat rather than gathers by `which`: a third of the time.)
-    held = np.arange(len(which)) + np.repeat(first - (np.cumsum(pieces) - pieces), pieces)
+        return None, mapping.tiles[first], intervals[:, 1] - intervals[:, 0]
+    # (np.repeat rather than gathers by interval index: a third of the time.)
+    held = np.arange(int(pieces.sum())) + np.repeat(first - (np.cumsum(pieces) - pieces), pieces)
     lengths = (np.minimum(np.repeat(intervals[:, 1], pieces), mapping.stops[held])
                - np.maximum(np.repeat(intervals[:, 0], pieces), mapping.starts[held]))
-    return which, mapping.tiles[held], lengths
+    return pieces, mapping.tiles[held], lengths
 
 
 def _read_exchange(num_tiles: int, mapping, intervals, of, readers, groups) -> tuple[np.ndarray, np.ndarray]:
@@ -74,15 +74,21 @@ def _read_exchange(num_tiles: int, mapping, intervals, of, readers, groups) -> t
     their groups (see VertexArray.region_groups). A reader receives what
     its tile does not hold; an owner sends its piece to each reader on
     another tile. A group read by several vertices is split by owner once."""
-    which, owners, lengths = _owners(mapping, intervals)
+    pieces, owners, lengths = _owners(mapping, intervals)
+
+    def per_piece(values):
+        return values if pieces is None else np.repeat(values, pieces)
     if np.array_equal(groups, np.arange(len(groups))):   # each vertex its own intervals
-        at = readers[of[which]]
-        remote = at != owners
-        return (np.bincount(owners[remote], weights=lengths[remote], minlength=num_tiles),
-                np.bincount(at[remote], weights=lengths[remote], minlength=num_tiles))
+        # What stays on a tile is neither sent nor received: owners send
+        # all they hold less it, readers receive all they read less it.
+        reader = readers[of]
+        local = per_piece(reader) == owners
+        kept = np.bincount(owners[local], weights=lengths[local], minlength=num_tiles)
+        return (np.bincount(owners, weights=lengths, minlength=num_tiles) - kept,
+                np.bincount(reader, weights=intervals[:, 1] - intervals[:, 0], minlength=num_tiles) - kept)
     count = len(intervals) and int(of.max()) + 1
     # Elements of each group held by each tile, keyed group * tiles + tile.
-    keys, at = np.unique(of[which] * num_tiles + owners, return_inverse=True)
+    keys, at = np.unique(per_piece(of) * num_tiles + owners, return_inverse=True)
     held = np.bincount(at.ravel(), weights=lengths, minlength=len(keys))
     size = np.bincount(of, weights=intervals[:, 1] - intervals[:, 0], minlength=count)
 
