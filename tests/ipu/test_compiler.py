@@ -168,3 +168,31 @@ def test_mlp_training_step():
         value, grads = jax.value_and_grad(loss)(jax.tree.unflatten(tree, args[:-2]), *args[-2:])
         return [value] + [p - 0.1 * g for p, g in zip(args[:-2], jax.tree.leaves(grads))]
     assert_matches_cpu(step, *leaves, x, y, rtol=1e-5, atol=1e-6, target=SMALL)
+
+
+def test_compiling_leaves_the_garbage_collector_as_it_found_it(monkeypatch):
+    """The cyclic collector is paused while compiling (gc_pause), and left
+    as it was afterwards, also when compiling fails."""
+    import gc
+
+    from jax_ipu import compiler
+    module = lower(lambda x: jnp.tanh(x) * 2, np.ones(8, np.float32))
+    seen = []
+    monkeypatch.setattr(compiler, "PASSES", compiler.PASSES + [("probe", lambda c: seen.append(gc.isenabled()))])
+    assert gc.isenabled()
+    compile_module(module, SMALL)
+    assert seen == [False] and gc.isenabled()
+
+    def fail(c):
+        raise IpuUnimplementedError("probe")
+    monkeypatch.setattr(compiler, "PASSES", [("fail", fail)])
+    with pytest.raises(IpuUnimplementedError):
+        compile_module(module, SMALL)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        monkeypatch.setattr(compiler, "PASSES", [("probe", lambda c: seen.append(gc.isenabled()))])
+        compile_module(module, SMALL)
+        assert seen == [False, False] and not gc.isenabled()
+    finally:
+        gc.enable()

@@ -20,7 +20,7 @@ import re
 from typing import Any
 from collections.abc import Callable
 
-from jax_ipu import ir
+from jax_ipu import gc_pause, ir
 # Importing the rule modules registers their lowering rules.
 from jax_ipu.compiler.lowering import (collectives, control, conv, host, indexing, layout, linalg,  # noqa: F401
                                        matmul, reduce, sort, windows)
@@ -223,11 +223,12 @@ def _dump(c: Compilation, index: int, name: str) -> None:
 def compile_module(module: ir.Module, target: Target, options: CompileOptions = CompileOptions()) -> Program:
     if options.f64_policy not in ("error", "as_f32"):
         raise IpuCompileError(f"f64_policy={options.f64_policy!r} is not supported; use 'error' or 'as_f32'")
-    c = Compilation(module, target, options)
-    if options.dump_to:
-        _dump(c, 0, "input")
-    for index, (name, run) in enumerate(PASSES, 1):
-        run(c)
+    with gc_pause.paused():    # many objects, no cycles (see gc_pause)
+        c = Compilation(module, target, options)
         if options.dump_to:
-            _dump(c, index, name)
+            _dump(c, 0, "input")
+        for index, (name, run) in enumerate(PASSES, 1):
+            run(c)
+            if options.dump_to:
+                _dump(c, index, name)
     return c.program

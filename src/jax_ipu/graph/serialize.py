@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
-import gc
 import hashlib
 import json
 import math
@@ -46,7 +45,7 @@ import zlib
 import ml_dtypes
 import numpy as np
 
-from jax_ipu import ir
+from jax_ipu import gc_pause, ir
 from jax_ipu.graph import codelets, codelets_collectives, codelets_indexing, codelets_linalg
 from jax_ipu.graph import programs as p
 from jax_ipu.graph.compute import ComputeSet, DataDependentExchange, Region, Vertex, VertexArray
@@ -1177,16 +1176,8 @@ def loads(data: bytes) -> tuple[Program, dict]:
     """(program, meta) from bytes written by dumps; ProgramFormatError if
     they are not such bytes, or were written by another jax-ipu. The
     deferred section is inflated and checked when first read."""
-    # Decoding makes 10^5 objects and no reference cycles: the cyclic
-    # collector, run every few hundred allocations over the whole heap
-    # (JAX's and the model's among it), doubled a ResNet-50 step's load.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_pause.paused():    # 10^5 objects, no cycles (see gc_pause)
         return _loads(data)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _loads(data: bytes) -> tuple[Program, dict]:
