@@ -21,7 +21,7 @@ from jax_ipu.compiler.planners import mapping
 from jax_ipu.compiler.options import CompileOptions
 from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.graph import codelets
-from jax_ipu.graph.compute import ComputeSet, VertexArray
+from jax_ipu.graph.compute import ComputeSet, VertexArray, spans
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.programs import Copy, Execute
 from jax_ipu.graph.tensors import Tensor
@@ -288,10 +288,10 @@ def broadcast_reads(view: View, intervals: np.ndarray, offsets: np.ndarray) -> t
     lead_shape, lead_strides = shape[:axis], np.asarray(strides[:axis], np.int64)
     vertex = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
     first, last = intervals[:, 0] // row, (intervals[:, 1] - 1) // row
-    count = last - first + 1
-    which = np.repeat(np.arange(len(intervals)), count)
-    r = np.arange(len(which)) - np.repeat(np.cumsum(count) - count, count) + first[which]
-    base = (np.stack(np.unravel_index(r, lead_shape)) * lead_strides[:, None]).sum(0) if lead_shape         else np.zeros(len(r), np.int64)
+    which = np.repeat(np.arange(len(intervals)), last + 1 - first)
+    r = spans(first, last + 1)
+    base = (np.stack(np.unravel_index(r, lead_shape)) * lead_strides[:, None]).sum(0) if lead_shape \
+        else np.zeros(len(r), np.int64)
     if constant:
         lo, hi = base, base + 1
     else:

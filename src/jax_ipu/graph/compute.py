@@ -117,8 +117,8 @@ class VertexArray(Sequence):
         out = []
         for tensor, intervals, offsets in getattr(self, field):
             if offsets.ndim == 2:
-                at, _ = _spans(offsets)
-                intervals, offsets = intervals[at], np.r_[0, np.cumsum(offsets[:, 1] - offsets[:, 0])]
+                intervals = intervals[spans(offsets[:, 0], offsets[:, 1])]
+                offsets = np.r_[0, np.cumsum(offsets[:, 1] - offsets[:, 0])]
             out.append((tensor, intervals, offsets))
         return tuple(out)
 
@@ -128,8 +128,7 @@ class VertexArray(Sequence):
             if offsets.ndim == 1:
                 yield tensor, intervals, np.repeat(np.arange(len(self.tiles)), np.diff(offsets))
             else:
-                at, index = _spans(offsets)
-                yield tensor, intervals[at], index
+                yield tensor, intervals[spans(offsets[:, 0], offsets[:, 1])], _range_index(offsets[:, 0], offsets[:, 1])
 
     def region_groups(self, field: str):
         """(tensor, intervals [k, 2], group of each interval [k], reading
@@ -141,16 +140,20 @@ class VertexArray(Sequence):
                 yield tensor, intervals, np.repeat(vertices, np.diff(offsets)), vertices, vertices
                 continue
             keys, group = np.unique(offsets[:, 0] * (len(intervals) + 1) + offsets[:, 1], return_inverse=True)
-            at, of = _spans(np.stack(np.divmod(keys, len(intervals) + 1), axis=1))
-            yield tensor, intervals[at], of, vertices, group.ravel()
+            begins, stops = np.divmod(keys, len(intervals) + 1)
+            yield tensor, intervals[spans(begins, stops)], _range_index(begins, stops), vertices, group.ravel()
 
 
-def _spans(ranges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For [n, 2] ranges [begin, end): the positions they cover, in order,
-    and the range each position belongs to."""
-    counts = ranges[:, 1] - ranges[:, 0]
-    index = np.repeat(np.arange(len(ranges)), counts)
-    return np.arange(len(index)) - np.repeat(np.cumsum(counts) - counts, counts) + ranges[index, 0], index
+def spans(begins: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """The positions of the ranges [begins[i], stops[i]) one after another
+    (by np.repeat, not gathers by range index: a third of the time)."""
+    counts = stops - begins
+    return np.arange(int(counts.sum())) + np.repeat(begins - (np.cumsum(counts) - counts), counts)
+
+
+def _range_index(begins: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """For each position spans() gives, the range it belongs to."""
+    return np.repeat(np.arange(len(begins)), stops - begins)
 
 
 def vertex_tiles(vertices) -> np.ndarray:
