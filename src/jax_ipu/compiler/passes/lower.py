@@ -39,18 +39,14 @@ def _used_outside(nodes, results) -> dict[int, set]:
 
 
 def _lazy_broadcasts(nodes, results) -> set:
-    """The broadcast_in_dim results that only element-wise clusters of
-    their shape read (as operands, not from nested bodies, not as block
-    results): those stay unmaterialised (builder.Broadcast)."""
-    made = {node.results[0]: node.results[0].type.shape for node in nodes
-            if not isinstance(node, Cluster) and node.name == "broadcast_in_dim"}
-    lazy = set(made) - set(results)
+    """The broadcast_in_dim results that only element-wise clusters read
+    (not another op, a nested body, or the block's results): those stay
+    unmaterialised (builder.Broadcast). An element-wise op's operands have
+    its shape and it has no body, so a cluster reads them as they are."""
+    lazy = {node.results[0] for node in nodes
+            if not isinstance(node, Cluster) and node.name == "broadcast_in_dim"} - set(results)
     for node in nodes:
-        if isinstance(node, Cluster):
-            for op in node.ops:
-                lazy -= {v for v in reads_of(op, regions_only=True)}
-                lazy -= {v for v in op.operands if v in made and made[v] != node.shape}
-        else:
+        if not isinstance(node, Cluster):
             lazy -= set(reads_of(node))
     return lazy
 
