@@ -74,12 +74,8 @@ def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype and bool(np.all((a.view(width) == b.view(width)) | nan))
 
 
-def test_xla_convert_gives_numpys_bits(monkeypatch):
-    """xla_chains.convert: every float16 value to float32, and float32
-    values around float16's ties, subnormals, overflow, NaN and -0 to
-    float16, bit for bit as numpy's astype; large aligned contiguous
-    arrays go to XLA:CPU, others to numpy."""
-    every = np.tile(np.arange(1 << 16, dtype=np.uint16).view(np.float16), 2)    # 2^17 elements
+def _count_conversions(monkeypatch) -> list:
+    """The arguments of each XLA:CPU conversion kernel made from now on."""
     taken = []
     real = xla_chains._converter
 
@@ -87,6 +83,16 @@ def test_xla_convert_gives_numpys_bits(monkeypatch):
         taken.append(args)
         return real(*args)
     monkeypatch.setattr(xla_chains, "_converter", counted)
+    return taken
+
+
+def test_xla_convert_gives_numpys_bits(monkeypatch):
+    """xla_chains.convert: every float16 value to float32, and float32
+    values around float16's ties, subnormals, overflow, NaN and -0 to
+    float16, bit for bit as numpy's astype; large aligned contiguous
+    arrays go to XLA:CPU, others to numpy."""
+    every = np.tile(np.arange(1 << 16, dtype=np.uint16).view(np.float16), 2)    # 2^17 elements
+    taken = _count_conversions(monkeypatch)
     aligned = xla_chains.aligned_copy(every)
     got = xla_chains.convert(aligned, np.float32)
     assert len(taken) == 1 and _bits_equal(got, every.astype(np.float32))
@@ -122,13 +128,7 @@ def test_large_float16_products_through_xla_conversions(monkeypatch, shape):
     w = (rng.standard_normal((*batch, k, n)) / np.sqrt(k)).astype(np.float16)
     f = jnp.matmul
     program = compile_fn(f, x, w)
-    calls = []
-    real = xla_chains._converter
-
-    def counted(*args):
-        calls.append(args)
-        return real(*args)
-    monkeypatch.setattr(xla_chains, "_converter", counted)
+    calls = _count_conversions(monkeypatch)
     got = Engine(SMALL).run(program, [xla_chains.aligned_copy(x), xla_chains.aligned_copy(w)])[0]
     assert calls                                                   # the XLA conversions were taken
     monkeypatch.setattr(xla_chains, "CONVERT_MIN_ELEMENTS", 1 << 40)

@@ -336,11 +336,17 @@ def test_deferred_arrays_are_checked_at_load_for_what_needs_no_values(saved):
     _load_fails(rewrite_saved_program(saved, in_body), "malformed entry")
 
 
-def test_loading_inflates_only_the_body(saved, monkeypatch):
+def _count_inflations(monkeypatch) -> list:
+    """What each zlib inflation of a saved program's sections was, from now on."""
     inflated = []
     original = serialize._inflate
     monkeypatch.setattr(serialize, "_inflate", lambda packed, size, what: inflated.append(what) or
                         original(packed, size, what))
+    return inflated
+
+
+def test_loading_inflates_only_the_body(saved, monkeypatch):
+    inflated = _count_inflations(monkeypatch)
     program, _ = serialize.loads(saved)
     program.summary()
     assert inflated == ["its body"]
@@ -370,10 +376,7 @@ def test_the_deferred_section_read_from_several_threads_at_once(saved, monkeypat
     # Profiles are made on the devices' threads: the section is inflated
     # once, and every thread reads the same columns.
     from concurrent.futures import ThreadPoolExecutor
-    inflated = []
-    original = serialize._inflate
-    monkeypatch.setattr(serialize, "_inflate", lambda packed, size, what: inflated.append(what) or
-                        original(packed, size, what))
+    inflated = _count_inflations(monkeypatch)
     program, _ = serialize.loads(saved)
 
     def read(_):
