@@ -172,6 +172,37 @@ def test_copy_exchange_of_transposes_and_concatenations_counts_every_element(see
         -(-int(local.max(initial=0)) // target.sram_write_bytes_per_cycle)
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_copy_exchange_of_whole_tensors_in_order_counts_every_element(seed):
+    """Concatenations of whole tensors (a serial matmul's column blocks)
+    are costed from their runs, cut where each part's chunks land, and
+    agree with counting every element."""
+    from jax_ipu.graph.tensors import Tensor
+    from jax_ipu.graph.views import Concat, View, source_tiles
+    rng = np.random.default_rng(seed)
+    target = get_target("ipu2", num_tiles=8)
+    shape = (int(rng.integers(1, 4)), int(rng.integers(1, 5)), int(rng.integers(30, 90)))
+    axis = int(rng.integers(0, 3))
+    parts = []
+    for i in range(int(rng.integers(1, 4))):
+        part = list(shape)
+        part[axis] = int(rng.integers(1, shape[axis] + 1))
+        t = Tensor(i, f"t{i}", (int(np.prod(part)),), np.dtype(np.float16),
+                   _random_mapping(rng, int(np.prod(part)), 8))
+        parts.append(View(t).then("reshape", tuple(part)))
+    src = Concat(tuple(parts), axis) if len(parts) > 1 else parts[0]
+    dst = Tensor(9, "dst", src.shape, np.dtype(np.float16), _random_mapping(rng, src.size, 8))
+    assert cost._kept_in_order(dst, tuple(parts), axis if len(parts) > 1 else 0, 8) is not None
+    step = Copy(src, dst)
+    received = cost.cost_copy(target, step)
+    owners, readers = source_tiles(src).astype(np.int64), dst.mapping.element_tiles().astype(np.int64)
+    sent_want, received_want = _per_element_exchange(target, owners, readers, 2, src.tensors)
+    np.testing.assert_array_equal(received, received_want)
+    local = np.bincount(readers[owners == readers], minlength=8) * 2
+    assert step.exchange_cycles == cost.exchange_cycles(target, sent_want, received_want) + \
+        -(-int(local.max(initial=0)) // target.sram_write_bytes_per_cycle)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_shared_read_ranges_cost_as_the_same_reads_listed_per_vertex(seed):
     """A VertexArray whose vertices name shared ranges of read intervals

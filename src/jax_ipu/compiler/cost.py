@@ -174,31 +174,71 @@ def cost_copy(target: Target, step: Copy) -> np.ndarray:
             m.drop_element_tiles()
 
 
+def _kept_in_order(dst, parts: tuple, axis: int, tiles: int) -> np.ndarray | None:
+    """Elements each tile keeps in a copy of whole tensors read in their
+    own order (a concatenation, or one tensor reshaped), from the runs of
+    the mappings: a part's chunk along the concatenated axis lands
+    contiguous in the destination, so its runs, cut at chunk ends, are
+    intervals of the destination split by owner. None when the chunks are
+    too short for that to pay (per element then)."""
+    runs = sum(len(p.tensor.mapping.tiles) for p in parts)
+    inner = [int(np.prod(p.shape[axis:], dtype=np.int64)) for p in parts]
+    if runs + sum(p.size // max(c, 1) for p, c in zip(parts, inner)) > dst.size // 8:
+        return None
+    row = int(np.prod(dst.shape[axis:], dtype=np.int64))
+    kept = np.zeros(tiles, np.int64)
+    offset = 0
+    for p, chunk in zip(parts, inner):
+        m = p.tensor.mapping
+        if chunk == 0 or not len(m.tiles):
+            continue
+        first, last = m.starts // chunk, (m.stops - 1) // chunk
+        piece = spans(first, last + 1)                    # chunk of each piece
+        run = np.repeat(np.arange(len(m.tiles)), last - first + 1)
+        lo = np.maximum(m.starts[run], piece * chunk)
+        hi = np.minimum(m.stops[run], (piece + 1) * chunk)
+        at = piece * row + offset - piece * chunk         # destination of part position 0 of the chunk
+        pieces, owners, lengths = _owners(dst.mapping, np.stack([lo + at, hi + at], axis=1))
+        holder = m.tiles[run] if pieces is None else np.repeat(m.tiles[run], pieces)
+        same = holder == owners
+        kept += np.bincount(owners[same], weights=lengths[same], minlength=tiles).astype(np.int64)
+        offset += chunk
+    return kept
+
+
+def _kept_permuted(dst, src, parts: tuple, tiles: int) -> np.ndarray:
+    """Elements each tile keeps in a copy reading each element of its
+    tensors once through reshapes and transposes: the parts are compared
+    with the destination where they land, not concatenated."""
+    at = dst.mapping.element_tiles().reshape(src.shape)
+    kept = np.zeros(tiles, np.int64)
+    offset = 0
+    for p in parts:
+        r = at
+        if isinstance(src, Concat):
+            r = at[(slice(None),) * src.axis + (slice(offset, offset + p.shape[src.axis]),)]
+            offset += p.shape[src.axis]
+        o = p.apply(lambda t: t.mapping.element_tiles())
+        kept += _bincount_chunked(r[o == r], tiles)
+    return kept
+
+
 def _cost_copy(target: Target, step: Copy) -> np.ndarray:
-    readers = step.dst.mapping.element_tiles()
     itemsize = step.dst.dtype.itemsize
     tiles = target.num_tiles
     # What each tile holds less what stays on it is sent; what it reads
     # less that is received.
     parts = step.src.parts if isinstance(step.src, Concat) else (step.src,)
-    if all(op[0] in ("reshape", "transpose") for p in parts for op in p.ops) \
-            and len({p.tensor.id for p in parts}) == len(parts):
-        # Each element of its tensors read once (a transpose, a
-        # concatenation): a tile reads what it holds, and the parts are
-        # compared with the destination where they land, not concatenated.
+    once = len({p.tensor.id for p in parts}) == len(parts)   # each element of the tensors read once
+    local = None
+    if once and all(p.is_whole_tensor for p in parts):
+        local = _kept_in_order(step.dst, parts, step.src.axis if isinstance(step.src, Concat) else 0, tiles)
+    if local is None and once and all(op[0] in ("reshape", "transpose") for p in parts for op in p.ops):
+        local = _kept_permuted(step.dst, step.src, parts, tiles)
+    if local is not None:
         read = sum(p.tensor.mapping.elements_per_tile(tiles) for p in parts)
-        local = np.zeros(tiles, np.int64)
-        at = readers.reshape(step.src.shape)
-        offset = 0
-        for p in parts:
-            r = at
-            if isinstance(step.src, Concat):
-                axis = step.src.axis
-                r = at[(slice(None),) * axis + (slice(offset, offset + p.shape[axis]),)]
-                offset += p.shape[axis]
-            o = p.apply(lambda t: t.mapping.element_tiles())
-            local += _bincount_chunked(r[o == r], tiles)
     else:
+        readers = step.dst.mapping.element_tiles()
         owners = source_tiles(step.src)
         local, read = np.zeros(tiles, np.int64), np.zeros(tiles, np.int64)
         for start in range(0, owners.size, COPY_CHUNK):
