@@ -181,15 +181,15 @@ def _kept_in_order(dst, parts: tuple, axis: int, tiles: int) -> np.ndarray | Non
     contiguous in the destination, so its runs, cut at chunk ends, are
     intervals of the destination split by owner. None when the chunks are
     too short for that to pay (per element then)."""
-    runs = sum(len(p.tensor.mapping.tiles) for p in parts)
-    inner = [int(np.prod(p.shape[axis:], dtype=np.int64)) for p in parts]
-    if runs + sum(p.size // max(c, 1) for p, c in zip(parts, inner)) > dst.size // 8:
+    runs = sum(len(part.tensor.mapping.tiles) for part in parts)
+    inner = [int(np.prod(part.shape[axis:], dtype=np.int64)) for part in parts]
+    if runs + sum(part.size // max(c, 1) for part, c in zip(parts, inner)) > dst.size // 8:
         return None
     row = int(np.prod(dst.shape[axis:], dtype=np.int64))
     kept = np.zeros(tiles, np.int64)
     offset = 0
-    for p, chunk in zip(parts, inner):
-        m = p.tensor.mapping
+    for part, chunk in zip(parts, inner):
+        m = part.tensor.mapping
         if chunk == 0 or not len(m.tiles):
             continue
         first, last = m.starts // chunk, (m.stops - 1) // chunk
@@ -213,12 +213,12 @@ def _kept_permuted(dst, src, parts: tuple, tiles: int) -> np.ndarray:
     at = dst.mapping.element_tiles().reshape(src.shape)
     kept = np.zeros(tiles, np.int64)
     offset = 0
-    for p in parts:
+    for part in parts:
         r = at
         if isinstance(src, Concat):
-            r = at[(slice(None),) * src.axis + (slice(offset, offset + p.shape[src.axis]),)]
-            offset += p.shape[src.axis]
-        o = p.apply(lambda t: t.mapping.element_tiles())
+            r = at[(slice(None),) * src.axis + (slice(offset, offset + part.shape[src.axis]),)]
+            offset += part.shape[src.axis]
+        o = part.apply(lambda t: t.mapping.element_tiles())
         kept += _bincount_chunked(r[o == r], tiles)
     return kept
 
@@ -236,7 +236,7 @@ def _cost_copy(target: Target, step: Copy) -> np.ndarray:
     if local is None and once and all(op[0] in ("reshape", "transpose") for p in parts for op in p.ops):
         local = _kept_permuted(step.dst, step.src, parts, tiles)
     if local is not None:
-        read = sum(p.tensor.mapping.elements_per_tile(tiles) for p in parts)
+        read = sum(part.tensor.mapping.elements_per_tile(tiles) for part in parts)
     else:
         readers = step.dst.mapping.element_tiles()
         owners = source_tiles(step.src)
