@@ -234,3 +234,40 @@ def test_shared_read_ranges_cost_as_the_same_reads_listed_per_vertex(seed):
     np.testing.assert_array_equal(ia, ib)
     for i in range(vertices):
         np.testing.assert_array_equal(shared[i].reads[0].intervals, listed[i].reads[0].intervals)
+
+
+def test_repeated_layers_share_vertex_patterns_and_cost_as_if_alone():
+    """The same product in each layer has the same tiles and vertex arrays
+    (a plan on over half the tiles starts where the first started), and
+    counting each pattern's exchange once gives every step the cycles it
+    has costed alone. The numerics stay XLA:CPU's."""
+    from jax_ipu.graph.compute import VertexArray
+    from conftest import run_ipu
+
+    def layers(x, ws):
+        for i in range(ws.shape[0]):
+            x = jnp.tanh(x @ ws[i])
+        return x
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 96)).astype(np.float32)
+    ws = (rng.standard_normal((4, 96, 96)) / 10).astype(np.float32)
+    target = get_target("ipu2", num_tiles=20)
+    program = compile_fn(layers, x, ws, target=target)
+    products = [s for s in leaves(program.body) if isinstance(s, Execute)
+                and isinstance(s.compute_set.vertices, VertexArray)
+                and s.compute_set.vertices.codelet.startswith("MatMulPartial")]
+    assert len(products) == 4
+    first = products[0].compute_set.vertices
+    assert target.num_tiles // 2 < len(np.unique(first.tiles)) < target.num_tiles
+    for step in products[1:]:
+        v = step.compute_set.vertices
+        assert v.tiles is first.tiles and all(a[1] is b[1] for a, b in zip(v.reads, first.reads))
+    for step in leaves(program.body):
+        if isinstance(step, Execute):
+            stored = (step.cycles, step.exchange_cycles, step.exchange_bytes)
+            cost.cost_execute(target, step)
+            assert (step.cycles, step.exchange_cycles, step.exchange_bytes) == stored
+    want = x.astype(np.float64)
+    for w in ws:
+        want = np.tanh(want @ w)
+    np.testing.assert_allclose(run_ipu(layers, x, ws, target=target)[0], want, rtol=1e-5, atol=1e-5)

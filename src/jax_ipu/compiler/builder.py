@@ -83,6 +83,10 @@ class Builder:
         self.flops = 0.0
         self.transcendentals = 0.0
         self._mappings: dict = {}
+        # Vertex arrays by what they depend on, not the tensors they name
+        # (see pattern): a model's layers repeat the same products and
+        # reductions over other tensors of the same shapes and mappings.
+        self._patterns: dict = {}
         # Where the next small tensor's linear mapping starts (see
         # start_tile): small tensors go round the tiles, not all to tile 0.
         self._next_tile = 0
@@ -116,6 +120,19 @@ class Builder:
         start = self._next_tile
         self._next_tile = (start + tiles_used) % tiles
         return start
+
+    def shared_start_tile(self, key, tiles_used: int) -> int:
+        """start_tile for something on at most half the tiles; a bigger one
+        starts where the first of its kind (key) started, as
+        small_linear_mapping places tensors: each layer of a model then
+        has the same tiles for the same product, and the same vertex
+        pattern (see pattern)."""
+        if tiles_used <= self.target.num_tiles // 2:
+            return self.start_tile(tiles_used)
+        key = ("start", key)
+        if key not in self._mappings:
+            self._mappings[key] = self.start_tile(tiles_used)
+        return self._mappings[key]
 
     def rotated(self, m: TileMapping) -> TileMapping:
         """m (a mapping starting at tile 0 on consecutive tiles) moved to
@@ -177,6 +194,17 @@ class Builder:
         value = np.array(value, order="C")  # a copy of its own, and 0-d stays 0-d
         value.setflags(write=False)
         return View(self.tensor(name, value.shape, value.dtype, constant=value))
+
+    def pattern(self, key, make):
+        """make() -> a tuple of arrays describing vertices, built once per
+        key: the arrays are shared, never written, by every compute set
+        with that key (the same product in each of GPT-2's 12 layers), so
+        the cost pass also counts their exchange once (see
+        cost.cost_steps). Keys name mappings by identity (they never
+        change) and hold them, so an id is never reused while compiling."""
+        if key not in self._patterns:
+            self._patterns[key] = make()
+        return self._patterns[key]
 
     # -- values --
     def view(self, value: ir.Value, name: str = "") -> View:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from jax_ipu.graph import programs as p
-from jax_ipu.graph.compute import region_groups, spans, vertex_cycles, vertex_tiles
+from jax_ipu.graph.compute import VertexArray, region_groups, spans, vertex_cycles, vertex_tiles
 from jax_ipu.graph.programs import CONTROL, Copy, Execute, HostCall, leaves
 from jax_ipu.graph.views import Concat, source_tiles
 from jax_ipu.ops import cycles_per_vector
@@ -104,6 +104,26 @@ def _read_exchange(num_tiles: int, mapping, intervals, of, readers, groups) -> t
     return np.bincount(keys % num_tiles, weights=held * others, minlength=num_tiles), received
 
 
+def _region_exchanges(num_tiles: int, vertices, tiles: np.ndarray, memo: dict):
+    """(tensor, elements sent, elements received) per read region. A region
+    whose mapping, intervals, offsets and vertex tiles were counted before
+    (the same vertex pattern over other tensors of the same mapping: the
+    same product in each layer of a model) is not counted again."""
+    if not isinstance(vertices, VertexArray):
+        for tensor, intervals, of, readers, groups in region_groups(vertices, "reads"):
+            yield tensor, *_read_exchange(num_tiles, tensor.mapping, intervals, of, tiles[readers], groups)
+        return
+    for region in vertices.reads:
+        tensor, intervals, offsets = region
+        key = (id(tensor.mapping), id(intervals), id(offsets), id(tiles))
+        if key not in memo:
+            _, grouped, of, readers, groups = vertices.grouped(region)
+            # The objects are kept with the result, so their ids stay theirs.
+            memo[key] = (tensor.mapping, intervals, offsets, tiles), \
+                _read_exchange(num_tiles, tensor.mapping, grouped, of, tiles[readers], groups)
+        yield tensor, *memo[key][1]
+
+
 def _held_bytes(target: Target, tensors) -> np.ndarray:
     """Bytes of these tensors each tile holds: the most a tile sends in one
     exchange, as the exchange multicasts (a tile sends an element once and
@@ -115,10 +135,11 @@ def _held_bytes(target: Target, tensors) -> np.ndarray:
     return held
 
 
-def cost_execute(target: Target, step: Execute) -> np.ndarray:
+def cost_execute(target: Target, step: Execute, memo: dict | None = None) -> np.ndarray:
     """Fills step.cycles / exchange_bytes; returns the bytes of exchange
     buffers per tile (what each tile receives, or a data-dependent
-    exchange's planned buffers)."""
+    exchange's planned buffers). memo: the exchange of read regions
+    already counted, by their mapping and arrays (see cost_steps)."""
     vertices = step.compute_set.vertices
     tiles = vertex_tiles(vertices)
     compute = np.bincount(tiles, weights=vertex_cycles(vertices), minlength=target.num_tiles) \
@@ -134,8 +155,7 @@ def cost_execute(target: Target, step: Execute) -> np.ndarray:
     tensors = set()
     sent = np.zeros(target.num_tiles)
     received = np.zeros(target.num_tiles)
-    for tensor, intervals, of, readers, groups in region_groups(vertices, "reads"):
-        s, r = _read_exchange(target.num_tiles, tensor.mapping, intervals, of, tiles[readers], groups)
+    for tensor, s, r in _region_exchanges(target.num_tiles, vertices, tiles, {} if memo is None else memo):
         sent += s * tensor.dtype.itemsize
         received += r * tensor.dtype.itemsize
         tensors.add(tensor)
@@ -264,21 +284,24 @@ def host_call_cycles(target: Target, host_bytes: int) -> int:
     return int(seconds * target.clock_hz) + 2 * target.sync_cycles
 
 
-def cost_steps(target: Target, steps: list) -> list[np.ndarray]:
+def cost_steps(target: Target, steps: list, memo: dict | None = None) -> list[np.ndarray]:
     """Costs every Execute and Copy; per step, bytes received per tile (the
-    exchange buffers the memory plan counts while the step runs)."""
+    exchange buffers the memory plan counts while the step runs). Read
+    regions of the same mapping and vertex arrays are counted once (see
+    Builder.pattern)."""
+    memo = {} if memo is None else memo
     none = np.zeros(target.num_tiles, dtype=np.int64)
     out = []
     for step in steps:
         if isinstance(step, Execute):
-            out.append(cost_execute(target, step))
+            out.append(cost_execute(target, step, memo))
         elif isinstance(step, Copy):
             out.append(cost_copy(target, step))
         elif isinstance(step, HostCall):
             step.cycles = host_call_cycles(target, step.host_bytes)
             out.append(none)
         elif isinstance(step, CONTROL):   # each sub-program step; the busiest buffers
-            inner = cost_steps(target, list(leaves(step)))
+            inner = cost_steps(target, list(leaves(step)), memo)
             out.append(np.max(inner, axis=0) if inner else none)
         else:
             out.append(none)

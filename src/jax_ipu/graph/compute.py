@@ -57,20 +57,25 @@ class ComputeSet:
         return np.unique(vertex_tiles(self.vertices))
 
 
+def compact(intervals) -> np.ndarray:
+    """An interval array as int32 where it fits: a ResNet-50 step's
+    intervals took 1 GB as int64. (An int32 array is itself.)"""
+    intervals = np.asarray(intervals)
+    small = intervals.dtype != np.int32 and intervals.size and intervals.max() < 2 ** 31 \
+        and intervals.min() >= 0
+    return intervals.astype(np.int32) if small else intervals
+
+
 class _Compact:
-    """Interval arrays as int32 where they fit (one copy of an array shared
-    by several regions): a ResNet-50 step's intervals took 1 GB as int64."""
+    """compact() once per array shared by several regions."""
 
     def __init__(self):
         self.done: dict = {}
 
     def __call__(self, intervals) -> np.ndarray:
-        intervals = np.asarray(intervals)
         key = id(intervals)
         if key not in self.done:
-            small = intervals.dtype != np.int32 and intervals.size and intervals.max() < 2 ** 31 \
-                and intervals.min() >= 0
-            self.done[key] = (intervals, intervals.astype(np.int32) if small else intervals)
+            self.done[key] = (intervals, compact(intervals))
         return self.done[key][1]
 
 
@@ -134,14 +139,19 @@ class VertexArray(Sequence):
         """(tensor, intervals [k, 2], group of each interval [k], reading
         vertices [n], their groups [n]) per region: the vertices of a group
         read the same intervals (each its own group under CSR offsets)."""
+        for region in getattr(self, field):
+            yield self.grouped(region)
+
+    def grouped(self, region: tuple) -> tuple:
+        """region_groups' tuple for one (tensor, intervals, offsets) of
+        the reads or writes."""
+        tensor, intervals, offsets = region
         vertices = np.arange(len(self.tiles))
-        for tensor, intervals, offsets in getattr(self, field):
-            if offsets.ndim == 1:
-                yield tensor, intervals, np.repeat(vertices, np.diff(offsets)), vertices, vertices
-                continue
-            keys, group = np.unique(offsets[:, 0] * (len(intervals) + 1) + offsets[:, 1], return_inverse=True)
-            begins, stops = np.divmod(keys, len(intervals) + 1)
-            yield tensor, intervals[spans(begins, stops)], _range_index(begins, stops), vertices, group.ravel()
+        if offsets.ndim == 1:
+            return tensor, intervals, np.repeat(vertices, np.diff(offsets)), vertices, vertices
+        keys, group = np.unique(offsets[:, 0] * (len(intervals) + 1) + offsets[:, 1], return_inverse=True)
+        begins, stops = np.divmod(keys, len(intervals) + 1)
+        return tensor, intervals[spans(begins, stops)], _range_index(begins, stops), vertices, group.ravel()
 
 
 def spans(begins: np.ndarray, stops: np.ndarray) -> np.ndarray:

@@ -17,7 +17,7 @@ from jax_ipu.compiler.lowering.elementwise import lower_cluster
 from jax_ipu.compiler.passes.fuse import Cluster
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
-from jax_ipu.graph.compute import VertexArray
+from jax_ipu.graph.compute import VertexArray, compact
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import Concat, View
@@ -154,20 +154,16 @@ def _product(b: Builder, op: ir.Op, lhs: View, rhs: View, window: tuple, acc, ou
     if (c0, c1, kc * pk) != (0, n, kp):
         rhs = rhs.then("slice", (0, 0, c0), (batch, kc * pk, c1), (1, 1, 1))
 
-    # Partials [pk, batch, rows, cols]: tile of block (kk, bi, mi, ni).
-    # (From runs of a block row each: per element, this took 6 s of a
-    # ResNet-18 step's compile.)
-    col_blocks = np.arange(-(-cols // nb))
-    tile_of = (((np.arange(pk)[:, None, None, None] * pb + np.arange(batch)[None, :, None, None] // bb) * pm
-                + np.arange(rows)[None, None, :, None] // mb) * pn + col_blocks)    # [pk, batch, rows, col blocks]
+    codelet = f"MatMulPartial<{lhs.dtype.name},{acc.name}>"
     # A plan on few tiles starts where the last small one ended (as small
     # tensors do), not at tile 0 with every other small product.
-    tile_of = (tile_of + b.start_tile(plan.tiles)) % b.target.num_tiles
-    run_starts = np.arange(pk * batch * rows)[:, None] * cols + col_blocks * nb
-    partials = b.tensor(f"{name_of(op)}/partials", (pk, batch, rows, cols), acc,
-                        TileMapping.from_runs(pk * batch * rows * cols, tile_of, run_starts))
-    codelet = f"MatMulPartial<{lhs.dtype.name},{acc.name}>"
-    vertices = _partial_vertices(b, codelet, lhs, rhs, partials, tile_of, window, plan, batch, m, n, kp)
+    start = b.shared_start_tile(("matmul", batch, rows, cols, kp, plan), plan.tiles)
+    mapping, (tiles, cycles, lhs_iv, lhs_at, rhs_iv, rhs_at, out_iv, offsets) = b.pattern(
+        ("matmul", codelet, batch, m, n, kp, window, start),
+        lambda: _partial_pattern(b, lhs.dtype, window, batch, m, n, kp, start))
+    partials = b.tensor(f"{name_of(op)}/partials", (pk, batch, rows, cols), acc, mapping)
+    vertices = VertexArray(codelet, tiles, cycles, ((lhs.tensor, lhs_iv, lhs_at), (rhs.tensor, rhs_iv, rhs_at)),
+                           ((partials, out_iv, offsets),))
     b.execute(f"matmul {name_of(op)} {pb}x{pm}x{pn}x{pk} tiles", codelets.MatMulPartials(lhs, rhs, partials),
               vertices)
     if pk == 1 and acc == out_dtype:
@@ -185,17 +181,28 @@ def _grouped(keys: np.ndarray, even: bool, blocks: tuple, perm: tuple) -> np.nda
     return np.argsort(keys, kind="stable")
 
 
-def _partial_vertices(b: Builder, codelet: str, lhs: View, rhs: View, partials, tile_of: np.ndarray,
-                      window: tuple, plan, batch: int, m: int, n: int, kp: int) -> VertexArray:
-    """The partial products' vertices as arrays: vertex (kk, bi, mi, ni)
-    (K-chunk, batch, row and column block, in that order) on tile_of of its
-    block, reading its rows of lhs' K-chunk and the K-chunk's rows of rhs'
-    column block, writing its block of partials [pk, batch, rows, cols]."""
-    r0, r1, c0, c1, _ = window
+def _partial_pattern(b: Builder, in_dtype: np.dtype, window: tuple, batch: int, m: int, n: int, kp: int,
+                     start: int) -> tuple:
+    """The partials' mapping, and the partial products' vertices as arrays
+    (tiles, cycles, lhs intervals and ranges, rhs intervals and ranges,
+    partials intervals and offsets): vertex (kk, bi, mi, ni) (K-chunk,
+    batch, row and column block, in that order) on the tile of its block,
+    reading its rows of lhs' K-chunk and the K-chunk's rows of rhs' column
+    block, writing its block of partials [pk, batch, rows, cols]."""
+    r0, r1, c0, c1, plan = window
     rows, cols = r1 - r0, c1 - c0
-    _, _, _, pk = plan.splits
+    pb, pm, pn, pk = plan.splits
     bb, mb, nb, kc = plan.blocks
     nbb, nmb, nnb = -(-batch // bb), -(-rows // mb), -(-cols // nb)
+    # Partials [pk, batch, rows, cols]: tile of block (kk, bi, mi, ni).
+    # (From runs of a block row each: per element, this took 6 s of a
+    # ResNet-18 step's compile.)
+    col_blocks = np.arange(nnb)
+    tile_of = (((np.arange(pk)[:, None, None, None] * pb + np.arange(batch)[None, :, None, None] // bb) * pm
+                + np.arange(rows)[None, None, :, None] // mb) * pn + col_blocks)    # [pk, batch, rows, col blocks]
+    tile_of = (tile_of + start) % b.target.num_tiles
+    run_starts = np.arange(pk * batch * rows)[:, None] * cols + col_blocks * nb
+    mapping = TileMapping.from_runs(pk * batch * rows * cols, tile_of, run_starts)
     widths = np.minimum(nb, cols - np.arange(nnb) * nb)                      # [nnb]
     vertices = pk * nbb * nmb * nnb
     v = np.arange(vertices)
@@ -233,9 +240,8 @@ def _partial_vertices(b: Builder, codelet: str, lhs: View, rhs: View, partials, 
     vk, vb, vm, vn = np.unravel_index(v, (pk, nbb, nmb, nnb))
     tiles = tile_of[vk, vb * bb, vm * mb, vn]
     macs = (np.minimum(bb, batch - vb * bb) * np.minimum(mb, rows - vm * mb) * widths[vn] * kc)
-    cycles = np.asarray(cost.matmul_cycles(b.target, macs, lhs.dtype)).astype(np.int64)
-    return VertexArray(codelet, tiles, cycles, ((lhs.tensor, lhs_iv, lhs_at), (rhs.tensor, rhs_iv, rhs_at)),
-                       ((partials, out_iv, offsets),))
+    cycles = np.asarray(cost.matmul_cycles(b.target, macs, in_dtype)).astype(np.int64)
+    return mapping, (tiles, cycles, compact(lhs_iv), lhs_at, compact(rhs_iv), rhs_at, compact(out_iv), offsets)
 
 
 def _reduce_partials(b: Builder, op: ir.Op, partials: View, out: Tensor) -> None:
@@ -243,10 +249,15 @@ def _reduce_partials(b: Builder, op: ir.Op, partials: View, out: Tensor) -> None
     partials of its own elements of out."""
     count, size = partials.shape
     codelet = f"ReduceAdd<{partials.dtype.name},{out.dtype.name}>"
-    tiles, intervals, offsets, counts = b.by_tile(out.mapping)
-    # Each tile reads its elements' partials, count intervals per interval of out.
-    reads = (intervals[:, None, :] + (np.arange(count) * size)[None, :, None]).reshape(-1, 2)
-    cycles = b.cycles_by_count(counts, lambda n: cost.reduce_cycles(b.target, n * count, partials.dtype))
-    vertices = VertexArray(codelet, tiles, cycles, ((partials.tensor, reads, offsets * count),),
+
+    def pattern():
+        tiles, intervals, offsets, counts = b.by_tile(out.mapping)
+        # Each tile reads its elements' partials, count intervals per interval of out.
+        reads = (intervals[:, None, :] + (np.arange(count) * size)[None, :, None]).reshape(-1, 2)
+        cycles = b.cycles_by_count(counts, lambda n: cost.reduce_cycles(b.target, n * count, partials.dtype))
+        return tiles, cycles, compact(reads), offsets * count, compact(intervals), offsets
+    tiles, cycles, reads, read_offsets, intervals, offsets = b.pattern(
+        ("matmul reduce", codelet, count, size, out.mapping), pattern)
+    vertices = VertexArray(codelet, tiles, cycles, ((partials.tensor, reads, read_offsets),),
                            ((out, intervals, offsets),))
     b.execute(f"matmul reduce {name_of(op)}", codelets.ReduceCombine(partials, 0, "add", None, out), vertices)
