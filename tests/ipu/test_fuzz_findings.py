@@ -142,6 +142,9 @@ except Exception as e:
 def test_ctrl_c_cancels_a_long_loop_on_the_ipu_at_its_next_iteration():
     result = run_python("""
 import os, signal, time
+# Python's own handler, as at a terminal: a job started in the background
+# by a shell without job control inherits SIGINT ignored, and keeps it so.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import jax, numpy as np
 from jax import lax
 ipu = jax.devices('ipu')[0]
