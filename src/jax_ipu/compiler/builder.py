@@ -196,14 +196,18 @@ class Builder:
         return View(self.tensor(name, value.shape, value.dtype, constant=value))
 
     def pattern(self, key, make):
-        """make() -> a tuple of arrays describing vertices, built once per
+        """make() -> a tuple (of arrays) describing vertices, built once per
         key: the arrays are shared, never written, by every compute set
         with that key (the same product in each of GPT-2's 12 layers), so
         the cost pass also counts their exchange once (see
         cost.cost_steps). Keys name mappings by identity (they never
         change) and hold them, so an id is never reused while compiling."""
         if key not in self._patterns:
-            self._patterns[key] = make()
+            made = make()
+            for part in made:
+                if isinstance(part, np.ndarray):
+                    part.setflags(write=False)    # shared: a write would change other compute sets
+            self._patterns[key] = made
         return self._patterns[key]
 
     # -- values --

@@ -158,7 +158,7 @@ def _product(b: Builder, op: ir.Op, lhs: View, rhs: View, window: tuple, acc, ou
     # A plan on few tiles starts where the last small one ended (as small
     # tensors do), not at tile 0 with every other small product.
     start = b.shared_start_tile(("matmul", batch, rows, cols, kp, plan), plan.tiles)
-    mapping, (tiles, cycles, lhs_iv, lhs_at, rhs_iv, rhs_at, out_iv, offsets) = b.pattern(
+    mapping, tiles, cycles, lhs_iv, lhs_at, rhs_iv, rhs_at, out_iv, offsets = b.pattern(
         ("matmul", codelet, batch, m, n, kp, window, start),
         lambda: _partial_pattern(b, lhs.dtype, window, batch, m, n, kp, start))
     partials = b.tensor(f"{name_of(op)}/partials", (pk, batch, rows, cols), acc, mapping)
@@ -241,7 +241,7 @@ def _partial_pattern(b: Builder, in_dtype: np.dtype, window: tuple, batch: int, 
     tiles = tile_of[vk, vb * bb, vm * mb, vn]
     macs = (np.minimum(bb, batch - vb * bb) * np.minimum(mb, rows - vm * mb) * widths[vn] * kc)
     cycles = np.asarray(cost.matmul_cycles(b.target, macs, in_dtype)).astype(np.int64)
-    return mapping, (tiles, cycles, compact(lhs_iv), lhs_at, compact(rhs_iv), rhs_at, compact(out_iv), offsets)
+    return mapping, tiles, cycles, compact(lhs_iv), lhs_at, compact(rhs_iv), rhs_at, compact(out_iv), offsets
 
 
 def _reduce_partials(b: Builder, op: ir.Op, partials: View, out: Tensor) -> None:
