@@ -134,6 +134,20 @@ def _per_element_exchange(target, owners, readers, itemsize, sources):
     return np.minimum(sent, held), np.bincount(readers[remote], minlength=target.num_tiles) * itemsize
 
 
+def _assert_costs_as_per_element(target, src, dst):
+    """cost_copy of src into dst gives the exchange counted element by element."""
+    from jax_ipu.graph.views import source_tiles
+    itemsize = dst.dtype.itemsize
+    step = Copy(src, dst)
+    received = cost.cost_copy(target, step)
+    owners, readers = source_tiles(src).astype(np.int64), dst.mapping.element_tiles().astype(np.int64)
+    sent_want, received_want = _per_element_exchange(target, owners, readers, itemsize, src.tensors)
+    np.testing.assert_array_equal(received, received_want)
+    local = np.bincount(readers[owners == readers], minlength=target.num_tiles) * itemsize
+    assert step.exchange_cycles == cost.exchange_cycles(target, sent_want, received_want) + \
+        -(-int(local.max(initial=0)) // target.sram_write_bytes_per_cycle)
+
+
 def _random_mapping(rng, size, tiles):
     cuts = np.unique(rng.integers(1, size, size=rng.integers(0, 6))) if size > 1 else np.zeros(0, int)
     starts = np.r_[0, cuts]
@@ -145,7 +159,7 @@ def test_copy_exchange_of_transposes_and_concatenations_counts_every_element(see
     """The copy costing's shortcut for views reading each element once (no
     per-element pass over the owners) agrees with counting every element."""
     from jax_ipu.graph.tensors import Tensor
-    from jax_ipu.graph.views import Concat, View, source_tiles
+    from jax_ipu.graph.views import Concat, View
     rng = np.random.default_rng(seed)
     target = get_target("ipu2", num_tiles=8)
     shape = (int(rng.integers(1, 5)), int(rng.integers(1, 6)), int(rng.integers(1, 7)))
@@ -162,14 +176,7 @@ def test_copy_exchange_of_transposes_and_concatenations_counts_every_element(see
         parts.append(view)
     src = Concat(tuple(parts), axis) if len(parts) > 1 else parts[0]
     dst = Tensor(9, "dst", src.shape, np.dtype(np.float32), _random_mapping(rng, src.size, 8))
-    step = Copy(src, dst)
-    received = cost.cost_copy(target, step)
-    owners, readers = source_tiles(src).astype(np.int64), dst.mapping.element_tiles().astype(np.int64)
-    sent_want, received_want = _per_element_exchange(target, owners, readers, 4, src.tensors)
-    np.testing.assert_array_equal(received, received_want)
-    local = np.bincount(readers[owners == readers], minlength=8) * 4
-    assert step.exchange_cycles == cost.exchange_cycles(target, sent_want, received_want) + \
-        -(-int(local.max(initial=0)) // target.sram_write_bytes_per_cycle)
+    _assert_costs_as_per_element(target, src, dst)
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -178,7 +185,7 @@ def test_copy_exchange_of_whole_tensors_in_order_counts_every_element(seed):
     are costed from their runs, cut where each part's chunks land, and
     agree with counting every element."""
     from jax_ipu.graph.tensors import Tensor
-    from jax_ipu.graph.views import Concat, View, source_tiles
+    from jax_ipu.graph.views import Concat, View
     rng = np.random.default_rng(seed)
     target = get_target("ipu2", num_tiles=8)
     shape = (int(rng.integers(1, 4)), int(rng.integers(1, 5)), int(rng.integers(30, 90)))
@@ -193,14 +200,7 @@ def test_copy_exchange_of_whole_tensors_in_order_counts_every_element(seed):
     src = Concat(tuple(parts), axis) if len(parts) > 1 else parts[0]
     dst = Tensor(9, "dst", src.shape, np.dtype(np.float16), _random_mapping(rng, src.size, 8))
     assert cost._kept_in_order(dst, tuple(parts), axis if len(parts) > 1 else 0, 8) is not None
-    step = Copy(src, dst)
-    received = cost.cost_copy(target, step)
-    owners, readers = source_tiles(src).astype(np.int64), dst.mapping.element_tiles().astype(np.int64)
-    sent_want, received_want = _per_element_exchange(target, owners, readers, 2, src.tensors)
-    np.testing.assert_array_equal(received, received_want)
-    local = np.bincount(readers[owners == readers], minlength=8) * 2
-    assert step.exchange_cycles == cost.exchange_cycles(target, sent_want, received_want) + \
-        -(-int(local.max(initial=0)) // target.sram_write_bytes_per_cycle)
+    _assert_costs_as_per_element(target, src, dst)
 
 
 @pytest.mark.parametrize("seed", range(6))
