@@ -21,7 +21,7 @@ from jax_ipu.compiler.planners import mapping
 from jax_ipu.compiler.options import CompileOptions
 from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.graph import codelets
-from jax_ipu.graph.compute import ComputeSet, VertexArray, spans
+from jax_ipu.graph.compute import ComputeSet, VertexArray, compact, spans
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.programs import Copy, Execute
 from jax_ipu.graph.tensors import Tensor
@@ -266,6 +266,10 @@ class Builder:
         counts = np.add.reduceat(intervals[:, 1] - intervals[:, 0], first)
         return tiles_sorted[first], intervals, np.r_[first, len(order)], counts
 
+    def _compact_by_tile(self, m: TileMapping) -> tuple:
+        tiles, intervals, offsets, counts = self.by_tile(m)
+        return tiles, compact(intervals), offsets, counts
+
     @staticmethod
     def cycles_by_count(counts: np.ndarray, cycles) -> np.ndarray:
         """cycles(n) of each count, called once per distinct count (most
@@ -284,8 +288,9 @@ class Builder:
         whole-tensor input (or the one element of a scalar input).
         cycles(n) -> cycles of a vertex over n elements."""
         m = outs[0].mapping
-        tiles, intervals, offsets, counts = self.by_tile(m)
-        one = self.one_element(len(tiles))
+        # Shared by every compute set over this mapping (see pattern).
+        tiles, intervals, offsets, counts = self.pattern(("by tile", m), lambda: self._compact_by_tile(m))
+        one = self.pattern(("one element", len(tiles)), lambda: self.one_element(len(tiles)))
         reads = tuple((v.tensor, *broadcast_reads(v, intervals, offsets)) if v.ops and v.ops[-1][0] == "broadcast"
                       else (v.tensor, intervals, offsets) if v.size == m.size else (v.tensor, *one) for v in inputs)
         writes = tuple((out, intervals, offsets) for out in outs)
