@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 from jax import lax
 
@@ -55,6 +56,15 @@ def test_broadcast_read_outside_element_wise_ops_is_materialised():
     x, b = rng.standard_normal((8, 12)).astype(np.float32), rng.standard_normal(12).astype(np.float32)
     assert_matches_cpu(f, x, b, rtol=1e-5, atol=1e-5)
     assert len(_broadcast_copies(compile_fn(f, x, b))) == 1
+
+
+@pytest.mark.parametrize("shapes", [((3,), (0,)), ((0,), (5,)), ((0,), (0,))])
+def test_broadcasts_into_an_empty_result(shapes):
+    """jnp.outer with a length-0 vector: the broadcast operands of an empty
+    product have no elements to read (the JAX suite's linalg testOuter)."""
+    a, b = (np.arange(int(np.prod(s)), dtype=np.float32).reshape(s) for s in shapes)
+    got = assert_matches_cpu(jnp.outer, a, b, exact=True)
+    assert got.shape == (a.size, b.size)
 
 
 def test_broadcast_in_a_loop_body_and_as_a_result():

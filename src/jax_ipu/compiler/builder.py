@@ -305,6 +305,8 @@ def broadcast_reads(view: View, intervals: np.ndarray, offsets: np.ndarray) -> t
     Worked out a row at a time, a row being the trailing axes over which
     the source is contiguous or constant, so the work is the rows touched,
     not the elements."""
+    if not len(intervals):        # an empty result (jnp.outer of a length-0 vector)
+        return np.zeros((0, 2), np.int64), np.zeros(len(offsets), np.int64)
     _, shape, dims = view.ops[-1]
     src_shape = View(view.tensor, view.ops[:-1]).shape
     src_strides = np.cumprod((1,) + tuple(src_shape[::-1]))[:-1][::-1] if src_shape else ()
