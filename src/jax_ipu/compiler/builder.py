@@ -21,7 +21,7 @@ from jax_ipu.compiler.planners import mapping
 from jax_ipu.compiler.options import CompileOptions
 from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.graph import codelets
-from jax_ipu.graph.compute import ComputeSet, VertexArray, compact, spans
+from jax_ipu.graph.compute import ComputeSet, VertexArray, compact, range_index, spans
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.programs import Copy, Execute
 from jax_ipu.graph.tensors import Tensor
@@ -325,9 +325,9 @@ def broadcast_reads(view: View, intervals: np.ndarray, offsets: np.ndarray) -> t
         else:
             break
     lead_shape, lead_strides = shape[:axis], np.asarray(strides[:axis], np.int64)
-    vertex = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    vertex = range_index(offsets[:-1], offsets[1:])
     first, last = intervals[:, 0] // row, (intervals[:, 1] - 1) // row
-    which = np.repeat(np.arange(len(intervals)), last + 1 - first)
+    which = range_index(first, last + 1)
     r = spans(first, last + 1)
     base = (np.stack(np.unravel_index(r, lead_shape)) * lead_strides[:, None]).sum(0) if lead_shape \
         else np.zeros(len(r), np.int64)

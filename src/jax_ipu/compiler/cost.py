@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from jax_ipu.graph import programs as p
-from jax_ipu.graph.compute import VertexArray, region_groups, spans, vertex_cycles, vertex_tiles
+from jax_ipu.graph.compute import VertexArray, range_index, region_groups, spans, vertex_cycles, vertex_tiles
 from jax_ipu.graph.programs import CONTROL, Copy, Execute, HostCall, leaves
 from jax_ipu.graph.views import Concat, source_tiles
 from jax_ipu.ops import cycles_per_vector
@@ -214,7 +214,7 @@ def _kept_in_order(dst, parts: tuple, axis: int, tiles: int) -> np.ndarray | Non
             continue
         first, last = m.starts // chunk, (m.stops - 1) // chunk
         piece = spans(first, last + 1)                    # chunk of each piece
-        run = np.repeat(np.arange(len(m.tiles)), last - first + 1)
+        run = range_index(first, last + 1)
         lo = np.maximum(m.starts[run], piece * chunk)
         hi = np.minimum(m.stops[run], (piece + 1) * chunk)
         at = piece * row + offset - piece * chunk         # destination of part position 0 of the chunk

@@ -131,9 +131,9 @@ class VertexArray(Sequence):
         """(tensor, intervals [k, 2], vertex index [k]) per region."""
         for tensor, intervals, offsets in getattr(self, field):
             if offsets.ndim == 1:
-                yield tensor, intervals, np.repeat(np.arange(len(self.tiles)), np.diff(offsets))
+                yield tensor, intervals, range_index(offsets[:-1], offsets[1:])
             else:
-                yield tensor, intervals[spans(offsets[:, 0], offsets[:, 1])], _range_index(offsets[:, 0], offsets[:, 1])
+                yield tensor, intervals[spans(offsets[:, 0], offsets[:, 1])], range_index(offsets[:, 0], offsets[:, 1])
 
     def region_groups(self, field: str):
         """(tensor, intervals [k, 2], group of each interval [k], reading
@@ -148,10 +148,10 @@ class VertexArray(Sequence):
         tensor, intervals, offsets = region
         vertices = np.arange(len(self.tiles))
         if offsets.ndim == 1:
-            return tensor, intervals, np.repeat(vertices, np.diff(offsets)), vertices, vertices
+            return tensor, intervals, range_index(offsets[:-1], offsets[1:]), vertices, vertices
         keys, group = np.unique(offsets[:, 0] * (len(intervals) + 1) + offsets[:, 1], return_inverse=True)
         begins, stops = np.divmod(keys, len(intervals) + 1)
-        return tensor, intervals[spans(begins, stops)], _range_index(begins, stops), vertices, group.ravel()
+        return tensor, intervals[spans(begins, stops)], range_index(begins, stops), vertices, group.ravel()
 
 
 def spans(begins: np.ndarray, stops: np.ndarray) -> np.ndarray:
@@ -161,8 +161,9 @@ def spans(begins: np.ndarray, stops: np.ndarray) -> np.ndarray:
     return np.arange(int(counts.sum())) + np.repeat(begins - (np.cumsum(counts) - counts), counts)
 
 
-def _range_index(begins: np.ndarray, stops: np.ndarray) -> np.ndarray:
-    """For each position spans() gives, the range it belongs to."""
+def range_index(begins: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """For each position spans() gives, the range it belongs to (with CSR
+    offsets, offsets[:-1] and offsets[1:]: the vertex of each interval)."""
     return np.repeat(np.arange(len(begins)), stops - begins)
 
 
