@@ -305,8 +305,6 @@ def broadcast_reads(view: View, intervals: np.ndarray, offsets: np.ndarray) -> t
     Worked out a row at a time, a row being the trailing axes over which
     the source is contiguous or constant, so the work is the rows touched,
     not the elements."""
-    if not len(intervals):        # an empty result (jnp.outer of a length-0 vector)
-        return np.zeros((0, 2), np.int64), np.zeros(len(offsets), np.int64)
     _, shape, dims = view.ops[-1]
     src_shape = View(view.tensor, view.ops[:-1]).shape
     src_strides = np.cumprod((1,) + tuple(src_shape[::-1]))[:-1][::-1] if src_shape else ()
@@ -343,7 +341,8 @@ def broadcast_reads(view: View, intervals: np.ndarray, offsets: np.ndarray) -> t
     order = np.lexsort((hi, lo))
     lo, hi = lo[order], hi[order]
     reach = np.maximum.accumulate(hi)
-    new = np.r_[True, lo[1:] > reach[:-1]]
+    new = np.ones(len(lo), bool)     # (none for an empty result: jnp.outer of a length-0 vector)
+    new[1:] = lo[1:] > reach[:-1]
     starts = lo[new]
     stops = reach[np.r_[np.flatnonzero(new)[1:] - 1, len(lo) - 1]] if len(lo) else reach[:0]
     owner = starts // span
