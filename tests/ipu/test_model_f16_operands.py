@@ -1,8 +1,9 @@
 """float16 operands of float32 matmul partials (model/executors/matmul.py):
-a view reading elements more than once (im2col windows, broadcasts) is
-converted as its tensor, then read through the view. The values must be
-the bits of converting the view's elements one by one, and within float16
-rounding of XLA:CPU's."""
+a view is read as one strided array of its tensor (model/fast/strided.py),
+the tensor converted first when the view reads its elements at least once
+each (im2col windows, broadcasts). The values must be the bits of
+converting the view's elements one by one, and within float16 rounding of
+XLA:CPU's."""
 from __future__ import annotations
 
 import jax
@@ -11,10 +12,9 @@ import numpy as np
 import pytest
 
 from conftest import SMALL, compile_fn, on_cpu
-from jax_ipu.graph.views import apply_ops
 from jax_ipu.model.engine import Engine
 from jax_ipu.model.executors import matmul
-from jax_ipu.model.fast import xla_chains
+from jax_ipu.model.fast import strided, xla_chains
 
 rng = np.random.default_rng(3)
 
@@ -44,14 +44,24 @@ def test_converted_operands_keep_the_bits(monkeypatch, name, dtype):
     w = (rng.standard_normal(ws) * 0.2).astype(dtype)
     program = compile_fn(f, x, w)
     taken = []
+    planner = strided.operand_reader
 
-    def counted(array, ops):
-        taken.append(array.dtype)
-        return apply_ops(array, ops)
-    monkeypatch.setattr(matmul, "apply_ops", counted)
+    def counted(view, acc):
+        read = planner(view, acc)
+        if read is None:
+            return None
+
+        def counting(state):
+            value = read(state)
+            taken.append((view.dtype, None if value is None else value.dtype))
+            return value
+        return counting
+    monkeypatch.setattr(strided, "operand_reader", counted)
     got = Engine(SMALL).run(program, [x, w])
-    # The path under test is taken (the engine reads im2col Copies lazily).
-    assert bool(taken) == (dtype == np.float16) and all(t == np.float32 for t in taken)
+    # The path under test is taken (the engine reads im2col Copies lazily):
+    # float16 views come out as float32 arrays.
+    halves = [out for dtype_in, out in taken if dtype_in == np.float16]
+    assert bool(halves) == (dtype == np.float16) and all(t == np.float32 for t in halves)
 
     def element_by_element(view, acc):
         read = matmul.reader(view)

@@ -7,7 +7,7 @@ import numpy as np
 from jax_ipu.graph import codelets
 from jax_ipu.graph.views import View, apply_ops
 from jax_ipu.model.executors.common import reader, register
-from jax_ipu.model.fast import blas, xla_chains
+from jax_ipu.model.fast import blas, strided, xla_chains
 
 def _operands(k: codelets.MatMulPartials):
     """fn(state) -> (lhs, rhs) in the partials' dtype."""
@@ -20,12 +20,27 @@ def _operands(k: codelets.MatMulPartials):
 
 def _converted(view, acc: np.dtype):
     """fn(state) -> the view's array in `acc` (float16 operands of float32
-    partials: the products are exact in float32). A view reading elements
-    more than once (im2col windows, broadcasts) converts its tensor first
-    and reads that through the view: numpy converts about one element a
-    nanosecond, and the patches of a 3x3 convolution are 9 times its input
-    (3.9 -> 1.2 ms for a 56x56x64 image). The same values either way;
-    large aligned arrays are converted by XLA:CPU (xla_chains.convert)."""
+    partials: the products are exact in float32): one strided view or
+    copy of its tensor where fast.strided plans the view, else _unplanned.
+    The same values either way."""
+    read = _unplanned(view, acc)
+    planned = strided.operand_reader(view, acc) if isinstance(view, View) and view.ops else None
+    if planned is None:
+        return read
+
+    def get(state):
+        value = planned(state)
+        return read(state) if value is None else value
+    return get
+
+
+def _unplanned(view, acc: np.dtype):
+    """The view's ops one by one. A view reading elements more than once
+    (im2col windows, broadcasts) converts its tensor first and reads that
+    through the view: numpy converts about one element a nanosecond, and
+    the patches of a 3x3 convolution are 9 times its input (3.9 -> 1.2 ms
+    for a 56x56x64 image). Large aligned arrays are converted by XLA:CPU
+    (xla_chains.convert)."""
     read = reader(view)
     if view.dtype == acc:
         return read
