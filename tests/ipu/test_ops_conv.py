@@ -128,3 +128,33 @@ def test_boolean_convolution_is_an_or_of_ands(shapes):
     want = np.asarray(jax.jit(conv)(*jax.device_put((lhs, rhs), jax.devices("cpu")[0])))
     assert got.dtype == want.dtype == np.bool_
     np.testing.assert_array_equal(got, want)
+
+
+def _copied_shapes(f, *args) -> list[tuple]:
+    """The shapes of the tensors the compiled program's Copies write."""
+    from conftest import compile_fn
+    from jax_ipu.graph import programs as p
+    program = compile_fn(f, *args)
+    return [tuple(s.dst.shape) for s in p.leaves(program.body) if isinstance(s, p.Copy)]
+
+
+def test_channels_last_convolutions_copy_only_their_patches():
+    """An NHWC x HWIO convolution contracts over (window, input features):
+    its kernel is read in place (no Copy of it), its product is the NHWC
+    output as it stands, and its weight gradient ([*window, in, out], rows
+    ordered as the output walks them) is the product reshaped. The only
+    Copies are the im2col patches; the values match XLA:CPU."""
+    x, w = rand((2, 6, 6, 4), np.float32, 0), rand((3, 3, 4, 5), np.float32, 1)
+    conv = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=NHWC)  # noqa: E731
+    patches = (1, 2 * 6 * 6, 3 * 3 * 4)
+    assert _copied_shapes(conv, x, w) == [patches]
+    weight_grad = lambda x, w: jax.grad(lambda w: (conv(x, w) ** 2).sum())(w)  # noqa: E731
+    copies = _copied_shapes(weight_grad, x, w)
+    assert (3 * 3 * 4, 2 * 6 * 6) not in copies and w.shape not in copies
+    assert_matches_cpu(weight_grad, x, w, rtol=1e-4, atol=1e-4)
+    # A kernel in another layout (OIHW) is copied into [window, in, out].
+    oihw = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME",  # noqa: E731
+                                                 dimension_numbers=("NHWC", "OIHW", "NHWC"))
+    w2 = rand((5, 4, 3, 3), np.float32, 2)
+    assert (1, 3 * 3 * 4, 5) in _copied_shapes(oihw, x, w2)
+    assert_matches_cpu(oihw, x, w2, rtol=1e-5, atol=1e-5)

@@ -103,7 +103,13 @@ def convolution(b: Builder, op: ir.Op) -> None:
                                                        *dn.kernel_spatial_dimensions))
     kernel_view = kernel_view.then("reshape", (groups, og, cg, *window)).then(
         "transpose", (0, *range(3, 3 + spatial), 2, 1)).then("reshape", (groups, k, og))
-    kernel = _values(b, copy_to_new(b, op, kernel_view))
+    in_order = (*dn.kernel_spatial_dimensions, dn.kernel_input_feature_dimension, dn.kernel_output_feature_dimension)
+    if groups == 1 and in_order == tuple(range(len(in_order))):
+        # The kernel lies as the product reads it (HWIO): read in place, as
+        # a dense layer's weights are, not copied first.
+        kernel = _values(b, b.view(rhs, name).then("reshape", (1, k, og)))
+    else:
+        kernel = _values(b, copy_to_new(b, op, kernel_view))
 
     # The planned matmul [groups, m, k] x [groups, k, og] -> [groups, m, og].
     product = ir.Value(ir.TensorType((groups, m, og), out_dtype))
