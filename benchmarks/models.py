@@ -23,7 +23,8 @@ the bytes by category against the IPU's SRAM, compile time IPU / XLA:CPU
 time by pass, the host memory the IPU compile added (peak
 RSS over RSS before it), the estimated samples/s per IPU (static cycles at
 the target's clock), and the wall time of a step on the IPU Model against
-XLA:CPU's (medians over --steps calls after a first one).
+XLA:CPU's (the two taking turns over --steps rounds after a first call
+each: the median of each, and the median of the rounds' ratios).
 """
 import argparse
 import collections
@@ -110,18 +111,24 @@ def cpu_lower_bound(compiled) -> tuple[int, dict]:
     return parts["arguments"] + parts["outputs"] - parts["aliased"] + parts["temporaries"], parts
 
 
-def step_seconds(f, args, device, steps: int) -> float:
-    """Median wall seconds of f on device over `steps` calls after a first
-    (donated arguments are put anew before each call, outside the timing)."""
-    times = []
+def step_seconds(runs, args, steps: int) -> tuple[list[float], float]:
+    """Median wall seconds a call of each (f, device) in `runs`, over
+    `steps` rounds after a first call each, the functions taking turns
+    within a round (so that both see the machine as it is then: its speed
+    moves by half within minutes on the shared VMs we measure on); and the
+    median over rounds of the first's time over the second's. Donated
+    arguments are put anew before each call, outside the timing."""
+    times = [[] for _ in runs]
     for i in range(steps + 1):
-        put = jax.device_put(args, device)
-        jax.block_until_ready(put)
-        start = time.perf_counter()
-        jax.block_until_ready(f(*put))
-        if i:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for (f, device), got in zip(runs, times):
+            put = jax.device_put(args, device)
+            jax.block_until_ready(put)
+            start = time.perf_counter()
+            jax.block_until_ready(f(*put))
+            if i:
+                got.append(time.perf_counter() - start)
+    ratio = statistics.median(a / b for a, b in zip(times[0], times[1]))
+    return [statistics.median(t) for t in times], ratio
 
 
 def main():
@@ -221,9 +228,8 @@ def main():
     print(f"  cycles by kind ({r['steps']} steps): " + ", ".join(
         f"{k} {v / total:.0%}" for k, v in r["cycles_by_kind"].items() if v / total >= 0.005))
     if args.steps:
-        r["wall_ipu_s"] = step_seconds(compiled_ipu, host_args, ipu, args.steps)
-        r["wall_cpu_s"] = step_seconds(compiled_cpu, host_args, cpu, args.steps)
-        r["wall_ratio"] = r["wall_ipu_s"] / r["wall_cpu_s"]
+        (r["wall_ipu_s"], r["wall_cpu_s"]), r["wall_ratio"] = step_seconds(
+            [(compiled_ipu, ipu), (compiled_cpu, cpu)], host_args, args.steps)
         print(f"  wall time a step IPU Model / XLA:CPU: {r['wall_ratio']:.2f} ({r['wall_ipu_s']:.2f} s / "
               f"{r['wall_cpu_s']:.2f} s)")
     if args.json:
