@@ -105,6 +105,17 @@ def window_outputs(sizes, spec) -> tuple[int, ...]:
     return tuple(outs)
 
 
+def padded_axis(n: int, lo: int, hi: int, base: int) -> tuple[int, slice, slice]:
+    """An axis of n elements padded by lo and hi (negative: cropped) with
+    base - 1 holes between elements: (its padded extent, the elements that
+    remain, where they land in the padded axis)."""
+    extent = max((n - 1) * base + 1 + lo + hi if n else lo + hi, 0)
+    first = -(-max(0, -lo) // base)                               # elements cropped by a negative low pad
+    stop = min(n, max(first, -(-(extent - lo) // base)))          # and by a negative high pad
+    end = lo + (stop - 1) * base + 1 if stop > first else lo + first * base
+    return extent, slice(first, stop), slice(lo + first * base, end, base)
+
+
 def _windows(array: np.ndarray, spec, fill) -> np.ndarray:
     """The "windows" op: the trailing axes padded (and base-dilated) into a
     new array only when needed, then read as overlapping windows through
@@ -114,12 +125,9 @@ def _windows(array: np.ndarray, spec, fill) -> np.ndarray:
     padded_shape, source, target = list(lead), [slice(None)] * len(lead), [slice(None)] * len(lead)
     reshaped = False
     for n, (window, stride, lo, hi, base, dilation, _) in zip(sizes, spec):
-        extent = max((n - 1) * base + 1 + lo + hi if n else lo + hi, 0)
-        first = -(-max(0, -lo) // base)                               # elements cropped by a negative low pad
-        stop = min(n, max(first, -(-(extent - lo) // base)))          # and by a negative high pad
-        source.append(slice(first, stop))
-        target.append(slice(lo + first * base, lo + (stop - 1) * base + 1 if stop > first else lo + first * base,
-                            base))
+        extent, kept, at = padded_axis(n, lo, hi, base)
+        source.append(kept)
+        target.append(at)
         padded_shape.append(extent)
         reshaped |= (lo, hi, base) != (0, 0, 1)
     if reshaped:

@@ -20,7 +20,7 @@ import math
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from jax_ipu.graph.views import View, window_outputs
+from jax_ipu.graph.views import View, padded_axis, window_outputs
 from jax_ipu.model.fast import xla_chains
 
 
@@ -118,15 +118,12 @@ class _Pad:
                 shape.append(size)
                 target.append(slice(None))
                 continue
-            window, _, lo, hi, base, _, _ = spec[i - first_windowed]
-            extent = max((size - 1) * base + 1 + lo + hi if size else lo + hi, 0)
-            first = -(-max(0, -lo) // base)                       # cropped by a negative low pad
-            stop = min(size, max(first, -(-(extent - lo) // base)))
-            start += first * stride
-            src_sizes.append(max(stop - first, 0))
+            _, _, lo, hi, base, _, _ = spec[i - first_windowed]
+            extent, kept, at = padded_axis(size, lo, hi, base)
+            start += kept.start * stride
+            src_sizes.append(max(kept.stop - kept.start, 0))
             shape.append(extent)
-            end = lo + (stop - 1) * base + 1 if stop > first else lo + first * base
-            target.append(slice(lo + first * base, end, base))
+            target.append(at)
         self.shape, self.target, self.fill = tuple(shape), tuple(target), fill
         self.src = (tuple(src_sizes), tuple(src_strides), start)
         # Where each sub-axis lies in the padded buffer.
