@@ -87,7 +87,7 @@ def _conv_patches(n, h, w, c, window, stride, pad, base=1, dilation=1, reverse=0
     view = View(_tensor((n, h, w, c), np.float16)).then("transpose", (0, 3, 1, 2))
     spec = ((window, stride, pad, pad, base, dilation, reverse),) * 2
     view = view.then("reshape", (1, n, c, h, w)).then("windows", spec, np.zeros((), np.float16))
-    rows = (2 + 1, 3 + 1, 1) if rows_outs_first else (1, 3, 4)
+    rows = (3, 4, 1) if rows_outs_first else (1, 3, 4)
     view = view.then("transpose", (0, *rows, 5, 6, 2))
     shape = view.shape
     return view.then("reshape", (1, int(np.prod(shape[1:4])), int(np.prod(shape[4:]))))

@@ -82,8 +82,8 @@ def convolution(b: Builder, op: ir.Op) -> None:
     name = name_of(op)
     canonical = (dn.output_batch_dimension, dn.output_feature_dimension, *dn.output_spatial_dimensions)
     order = tuple(int(a) for a in np.argsort(canonical))
-    outs_first = not _walks_in_order(order, spatial, outs, nb, og, groups, False) and \
-        _walks_in_order(order, spatial, outs, nb, og, groups, True)
+    batch_first = _walks_in_order(order, spatial, outs, nb, og, groups, False)
+    outs_first = not batch_first and _walks_in_order(order, spatial, outs, nb, og, groups, True)
     lhs_view = b.view(lhs, name).then("transpose", (dn.input_batch_dimension, dn.input_feature_dimension,
                                                     *dn.input_spatial_dimensions))
     lhs_view = lhs_view.then("reshape", (groups_b, nb, groups_f, cg, *in_sizes)).then(
@@ -98,17 +98,17 @@ def convolution(b: Builder, op: ir.Op) -> None:
     patches = _values(b, copy_to_new(b, op, patches_view))
 
     # Kernel [groups, *window, cg, og] -> [groups, k, og].
-    kernel_view = b.view(rhs, name).then("transpose", (dn.kernel_output_feature_dimension,
-                                                       dn.kernel_input_feature_dimension,
-                                                       *dn.kernel_spatial_dimensions))
-    kernel_view = kernel_view.then("reshape", (groups, og, cg, *window)).then(
-        "transpose", (0, *range(3, 3 + spatial), 2, 1)).then("reshape", (groups, k, og))
-    in_order = (*dn.kernel_spatial_dimensions, dn.kernel_input_feature_dimension, dn.kernel_output_feature_dimension)
-    if groups == 1 and in_order == tuple(range(len(in_order))):
-        # The kernel lies as the product reads it (HWIO): read in place, as
-        # a dense layer's weights are, not copied first.
+    hwio = (*dn.kernel_spatial_dimensions, dn.kernel_input_feature_dimension, dn.kernel_output_feature_dimension)
+    if groups == 1 and hwio == tuple(range(len(hwio))):
+        # The kernel lies as the product reads it: read in place, as a
+        # dense layer's weights are, not copied first.
         kernel = _values(b, b.view(rhs, name).then("reshape", (1, k, og)))
     else:
+        kernel_view = b.view(rhs, name).then("transpose", (dn.kernel_output_feature_dimension,
+                                                           dn.kernel_input_feature_dimension,
+                                                           *dn.kernel_spatial_dimensions))
+        kernel_view = kernel_view.then("reshape", (groups, og, cg, *window)).then(
+            "transpose", (0, *range(3, 3 + spatial), 2, 1)).then("reshape", (groups, k, og))
         kernel = _values(b, copy_to_new(b, op, kernel_view))
 
     # The planned matmul [groups, m, k] x [groups, k, og] -> [groups, m, og].
@@ -123,7 +123,7 @@ def convolution(b: Builder, op: ir.Op) -> None:
 
     # Output (batch, feature, *positions) <- product[group, rows, feature in group]:
     # [groups, *rows, og] as [nb, groups x og, *outs] in the output's dimension order.
-    if _walks_in_order(order, spatial, outs, nb, og, groups, outs_first):
+    if batch_first or outs_first:
         b.values[op.results[0]] = lowered.then("reshape", out_t.shape)
         return
     sizes, walks = _product_axes(spatial, outs, nb, og, groups, outs_first)
