@@ -77,7 +77,7 @@ class Program:
             f += (f"\n_f = f\ndef f({', '.join(self.inputs)}):\n"
                   f"    def loss({', '.join(floats)}):\n"
                   f"        outs = _f({', '.join(self.inputs)})\n"
-                  f"        return sum(jnp.sum(o * o) for o in outs if o.dtype == jnp.float32)\n"
+                  f"        return sum((jnp.sum(o * o) for o in outs if o.dtype == jnp.float32), jnp.float32(0))\n"
                   f"    return jax.value_and_grad(loss, argnums=tuple(range({len(floats)})))"
                   f"({', '.join(floats)})\n")
         return head + f
@@ -485,7 +485,9 @@ def generate(seed: int, max_steps: int = 6) -> Program | None:
     made = [n for n in g.vars if n not in g.inputs]
     outputs = list(dict.fromkeys([made[-1]] + [made[i] for i in rng.choice(len(made), min(2, len(made)))]))
     out_specs = [g.spec(g.vars[o].shape) for o in outputs] if rng.random() < 0.6 else None
-    grad = bool(rng.random() < 0.25) and any(a.dtype.kind == "f" for a in g.inputs.values())
+    # (pmax has no derivative in JAX.)
+    grad = bool(rng.random() < 0.25) and any(a.dtype.kind == "f" for a in g.inputs.values()) and \
+        not any("pmax" in h for h in g.helpers)
     return Program(g.mesh_shape, g.inputs, g.in_specs, g.lines, outputs, out_specs, grad, g.helpers, g.sources, seed)
 
 

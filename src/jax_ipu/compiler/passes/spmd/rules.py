@@ -655,9 +655,25 @@ def sharding_constraint(p, op: ir.Op) -> None:
         p.env[op.results[0]] = value
         return
     want = p.spec(text, f"{op.name} at {op.loc}").resolve(p.sharding_of(value), p.manual)
-    if len(want.dims) != len(getattr(op.results[0].type, "shape", ())):
+    shape = getattr(op.results[0].type, "shape", ())
+    if len(want.dims) != len(shape):
         raise IpuUnimplementedError(f"{op.name} at {op.loc}: sharding {text} does not match the value's rank")
-    p.env[op.results[0]] = p.reshard(value, want)
+    p.env[op.results[0]] = p.reshard(value, _even(want, shape))
+
+
+def _even(s: Sharding, shape) -> Sharding:
+    """The sharding with each dimension split by the longest leading run of
+    its axes that splits it evenly: a constraint on a value inside the
+    program places it, it does not change it (XLA pads the uneven parts;
+    jax-ipu keeps them whole)."""
+    sizes, dims = s.sizes, []
+    for axes, n in zip(s.dims, shape):
+        k, parts = 0, 1
+        while k < len(axes) and n % (parts * sizes[axes[k]]) == 0:
+            parts *= sizes[axes[k]]
+            k += 1
+        dims.append(tuple(axes[:k]))
+    return s.with_dims(dims)
 
 
 def manual_computation(p, op: ir.Op) -> None:
@@ -675,7 +691,7 @@ def manual_computation(p, op: ir.Op) -> None:
             p.env[arg] = local
             continue
         spec = ins[i] if i < len(ins) else None
-        want = spec.resolve(p.sharding_of(local), p.manual) if spec else replicated(p.mesh, len(arg.type.shape))
+        want = spec.resolve(p.sharding_of(local), p.manual, manual) if spec else replicated(p.mesh, len(arg.type.shape))
         local = p.reshard(local, want)
         inner = _without(want, manual, where)
         if p.local_type(arg.type, inner, where) != local.type:

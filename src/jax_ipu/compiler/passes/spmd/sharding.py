@@ -79,13 +79,15 @@ class Spec:
     open: tuple[bool, ...]
     unreduced: frozenset[str]
 
-    def resolve(self, have: Sharding | None, manual: frozenset[str]) -> Sharding:
+    def resolve(self, have: Sharding | None, manual: frozenset[str], fixed: frozenset[str] = frozenset()) -> Sharding:
         """The sharding to make of a value sharded as `have` (None: not yet
         known), leaving out the axes `manual` here (inside a shard_map):
-        open dimensions keep what `have` adds after their closed axes."""
+        open dimensions keep what `have` adds after their closed axes,
+        unless it adds one of the axes `fixed` (a shard_map's manual axes,
+        which split a value exactly as its specs say)."""
         dims = [tuple(a for a in axes if a not in manual) for axes in self.dims]
         if have is not None and have.mesh == self.mesh:
-            named = {a for axes in dims for a in axes} | self.unreduced
+            named = {a for axes in dims for a in axes} | self.unreduced | fixed
             for d, axes in enumerate(dims):
                 kept = have.dims[d] if d < len(have.dims) else ()
                 if self.open[d] and kept[:len(axes)] == axes and not (set(kept[len(axes):]) & named):
