@@ -301,7 +301,7 @@ class ProcessLinks:
             ranks = self.ranks_of[p]
             theirs = np.frombuffer(payload, dtype).reshape((len(ranks),) + shape)
             for i, rank in enumerate(ranks):
-                slots[rank] = theirs[i]
+                slots[rank] = theirs[i, ...]   # a 0-d array, not a numpy scalar
 
     def finish(self) -> None:
         if self.ticket is not None:

@@ -180,7 +180,7 @@ class Executable:
         launch = None
         if self.rank_process is not None:     # replicas in other processes too
             from jax_ipu.pjrt.distributed import ProcessLinks
-            remote = ProcessLinks(self.client.processes, self.name, self.program_hash, self.rank_process)
+            remote = ProcessLinks(self.client.processes, self.program.name, self.program_hash, self.rank_process)
             launch = links.Launch(len(self.device_ids), self.client.config.collective_timeout, self.local_ranks,
                                   remote)
         elif len(ids) > 1:
