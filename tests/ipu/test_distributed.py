@@ -179,3 +179,31 @@ def test_different_ipu_counts_are_refused(runs):
     _, logs = runs["uneven"]
     for log in logs:
         assert "JAX_IPU_DEVICE_COUNT" in log and "models device_count" in log, log[-3000:]
+
+
+def test_data_parallel_example_two_terminals_equals_one_process(tmp_path):
+    """examples/data_parallel.py as two terminals would start it, and on one
+    process with as many IPUs: the same losses."""
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "data_parallel.py")
+    port = _free_port()
+
+    def start(argv, count):
+        env = dict(os.environ, JAX_PLATFORMS="ipu,cpu", JAX_IPU_DEVICE_COUNT=str(count))
+        return subprocess.Popen([sys.executable, example, "--steps", "3"] + argv, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    two = [start(["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(p)], 2)
+           for p in range(2)]
+    one = start([], 4)
+    outputs = []
+    for proc in two + [one]:
+        try:
+            out, _ = proc.communicate(timeout=TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        outputs.append(out)
+    losses = [[line for line in out.splitlines() if line.startswith("losses:")] for out in outputs]
+    assert losses[0] and losses[2], outputs
+    assert losses[0] == losses[2]
+    assert "2 process(es) x 2 IPUs" in outputs[0] and "1 process(es) x 4 IPUs" in outputs[2]
