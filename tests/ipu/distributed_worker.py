@@ -163,6 +163,19 @@ def case_killed_peer():
         results["killed_peer"] = {"error": str(exc), "seconds": time.monotonic() - began}
 
 
+def case_link_domains():
+    """Where a collective's time goes when its IPUs are in one IPU-Link
+    domain or in several (JAX_IPU_IPUS_PER_LINK_DOMAIN)."""
+    import jax_ipu
+    arr = global_x()
+    out = {}
+    for name, groups in (("all", None), ("pairs", [[0, 1], [2, 3]])):
+        f = shard_map(lambda v: lax.psum(v, "d", axis_index_groups=groups))
+        f(arr).block_until_ready()
+        out[name] = jax_ipu.last_profile(jax.local_devices(backend="ipu")[0])["time_breakdown"]
+    results["link_domains"] = out
+
+
 for case in cases:
     globals()[f"case_{case}"]()
 with open(os.path.join(out_dir, f"p{process_id}.json.tmp"), "w") as f:

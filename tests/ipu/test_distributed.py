@@ -31,6 +31,8 @@ GROUPS = {
     "killed": (2, 1, "killed_peer"),
     "mismatch": (2, 1, "mismatch"),
     "uneven": (2, None, "devices"),      # process 0 models 1 IPU, process 1 two
+    "pods_of_two": (1, 4, "link_domains", {"JAX_IPU_IPUS_PER_LINK_DOMAIN": "2"}),
+    "one_pod": (1, 4, "link_domains"),
 }
 
 
@@ -40,14 +42,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(name, processes, per_process, cases, root):
+def _start(name, root, processes, per_process, cases, extra_env=None):
     out = os.path.join(root, name)
     os.makedirs(out)
     port = _free_port()
     started = []
     for p in range(processes):
         env = dict(os.environ, JAX_PLATFORMS="ipu,cpu",
-                   JAX_IPU_DEVICE_COUNT=str(per_process if per_process else p + 1))
+                   JAX_IPU_DEVICE_COUNT=str(per_process if per_process else p + 1), **(extra_env or {}))
         log = open(os.path.join(out, f"log{p}"), "w")
         started.append((subprocess.Popen([sys.executable, WORKER, str(p), str(processes), str(port), out, cases],
                                          env=env, stdout=log, stderr=subprocess.STDOUT), log))
@@ -74,7 +76,7 @@ def _finish(out, started, deadline):
 def runs(tmp_path_factory):
     """{group: ([results per process, None where it wrote none], [logs])}"""
     root = str(tmp_path_factory.mktemp("distributed"))
-    started = {name: _start(name, *spec, root) for name, spec in GROUPS.items()}
+    started = {name: _start(name, root, *spec) for name, spec in GROUPS.items()}
     deadline = time.monotonic() + TIMEOUT_SECONDS
     return {name: _finish(out, procs, deadline) for name, (out, procs) in started.items()}
 
@@ -207,3 +209,15 @@ def test_data_parallel_example_two_terminals_equals_one_process(tmp_path):
     assert losses[0] and losses[2], outputs
     assert losses[0] == losses[2]
     assert "2 process(es) x 2 IPUs" in outputs[0] and "1 process(es) x 4 IPUs" in outputs[2]
+
+
+def test_collectives_between_link_domains_are_charged_as_gw_link_time(runs):
+    """4 IPUs in IPU-Link domains of 2: a psum over all crosses GW-Links, one
+    within each pair does not; in one domain (the default 64) neither."""
+    split = results_of(runs, "pods_of_two")[0]["link_domains"]
+    whole = results_of(runs, "one_pod")[0]["link_domains"]
+    assert split["all"]["gw_link"] > 0 and split["all"]["ipu_link"] == 0
+    assert split["pairs"]["gw_link"] == 0 and split["pairs"]["ipu_link"] > 0
+    assert whole["all"]["gw_link"] == 0 and whole["all"]["ipu_link"] > 0
+    # The gateway's 25 GB/s and its latency make the crossing ring slower.
+    assert split["all"]["gw_link"] > whole["all"]["ipu_link"]

@@ -87,7 +87,8 @@ class Client:
         key = None
         if self.cache is not None:
             # Before the compiler is imported: a hit never needs it.
-            settings = (sorted(overrides.items()), self.config.allow_out_of_memory, self.f64_as_f32)
+            settings = (sorted(overrides.items()), self.config.allow_out_of_memory, self.f64_as_f32,
+                        self.config.ipus_per_link_domain)
             key = self.cache.key(fmt.encode() + b"\0" + code, settings, assignment, self.target)
             executable = self.cache.load(self, key)
             if executable is not None:
@@ -98,7 +99,8 @@ class Client:
         compile_options = _compile_options(
             overrides, IpuCompileOptions(allow_out_of_memory=self.config.allow_out_of_memory,
                                          f64_policy="as_f32" if self.f64_as_f32 else "error",
-                                         dump_to=self.config.dump_to))
+                                         dump_to=self.config.dump_to,
+                                         link_domains=_link_domains(assignment, self.config.ipus_per_link_domain)))
         module = import_module(code)
         try:
             program = compile_module(module, self.target, compile_options)
@@ -219,6 +221,13 @@ def _assignment(parsed) -> tuple[list[list[int]], bytes]:
     n_r, n_p = max(parsed.num_replicas, 1), max(parsed.num_partitions, 1)
     ids = np.arange(n_r * n_p, dtype=np.int32).reshape(n_r, n_p)
     return ids.tolist(), DeviceAssignment.create(ids).serialize()
+
+
+def _link_domains(assignment: list[list[int]], ipus_per_domain: int) -> tuple:
+    """The IPU-Link domain of each rank's IPU (rank = replica x partitions
+    + partition); () when they are all in one."""
+    domains = tuple(device_id // ipus_per_domain for row in assignment for device_id in row)
+    return domains if len(set(domains)) > 1 else ()
 
 
 def _compile_options(overrides: dict, options):
