@@ -8,6 +8,7 @@ import numpy as np
 
 from jax_ipu import ir
 from jax_ipu.compiler.passes.fuse import reads_of
+from jax_ipu.compiler.passes.spmd.combine import combine_all_reduces
 from jax_ipu.compiler.passes.spmd.local import made_locally
 from jax_ipu.compiler.passes.spmd.rules import partition_op
 from jax_ipu.compiler.passes.spmd.sharding import Sharding, Spec, parse, replicated
@@ -227,9 +228,18 @@ class Partitioner:
         summed = tuple(a for a, _ in mesh.axes if a in have.unreduced - want.unreduced)
         if summed:
             value = self._reduce(value, mesh, dims, want.dims, summed)
-        extra = tuple(a for a, _ in mesh.axes if a in want.unreduced - have.unreduced)
-        if extra:
-            value = self._make_partial(value, mesh, extra)
+        extra = {a for a in want.unreduced - have.unreduced}
+        # A dimension split last by axes becoming partial sums: each IPU's
+        # block in its place among zeros (as JAX makes a split value
+        # unreduced), no data moved.
+        for d, h in enumerate(dims):
+            k = len(h)
+            while k and h[k - 1] in extra:
+                k -= 1
+            if k < len(h) and want.dims[d][:k] == h[:k]:
+                value = self._spread(value, mesh, d, h[k:])
+                extra -= set(h[k:])
+                dims[d] = h[:k]
         # Every dimension whose axes are not a prefix of the wanted ones is
         # gathered whole first, then each is sliced to what it lacks: an
         # axis moving between dimensions must leave one before it arrives.
@@ -237,10 +247,25 @@ class Partitioner:
             if h and w[:len(h)] != h:
                 value = self.all_gather(value, mesh, d, h)
                 dims[d] = ()
+        if extra:
+            value = self._make_partial(value, mesh, tuple(a for a, _ in mesh.axes if a in extra))
         for d, (h, w) in enumerate(zip(dims, want.dims)):
             if len(w) > len(h):
                 value = self.slice_dim(value, d, mesh, w[len(h):])
         return value
+
+    def _spread(self, value: ir.Value, mesh: ir.Mesh, dim: int, axes: tuple[str, ...]) -> ir.Value:
+        """This IPU's block along `dim` placed at its index along `axes` in
+        zeros as long as the blocks of all of them."""
+        t = value.type
+        n = int(np.prod([dict(mesh.axes)[a] for a in axes], dtype=np.int64))
+        shape = list(t.shape)
+        shape[dim] *= n
+        zeros = self.broadcast(self.constant(0, t.dtype), shape)
+        start = self.emit("multiply", [self.coordinate(mesh, axes), self.constant(t.shape[dim], np.int32)], I32)
+        zero = self.constant(0, np.int32)
+        return self.emit("dynamic_update_slice", [zeros, value, *[start if d == dim else zero for d in range(len(shape))]],
+                         ir.TensorType(tuple(shape), t.dtype))
 
     def _reduce(self, value, mesh, dims: list, want_dims, summed) -> ir.Value:
         """The partial sums over `summed` added up: a reduce_scatter where
@@ -354,7 +379,7 @@ class Partitioner:
                 want = have.reduced()
             results.append(self.reshard(local, want))
             result_shardings.append(want)
-        body = ir.Block(args, live(self.pop(), results), results)
+        body = ir.Block(args, combine_all_reduces(live(self.pop(), results)), results)
         self.functions[main.name] = dataclasses.replace(main, body=body, arg_shardings=[], result_shardings=[])
         layout = (tuple(_layout(s) for s in arg_shardings), tuple(_layout(s) for s in result_shardings))
         return dataclasses.replace(self.module, functions=self.functions), layout

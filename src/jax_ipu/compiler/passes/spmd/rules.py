@@ -549,10 +549,34 @@ def scatter(p, op: ir.Op, operands: list) -> None:
         u = dn.update_window_dims[k]
         if ushape[u] == xshape[d]:
             xd[d] = ud[u] = axes.take(s.dims[d])
+    summed = frozenset()
+    if n == 1 and single_op(op.regions[0]) == "add":
+        # Updates split along their scattered dimensions (data-parallel
+        # gradients of an embedding, segment sums): each IPU adds its own
+        # into its copy of the operand, leaving partial sums (the operand
+        # itself counted once: on the first IPU, unless it is zeros).
+        us = p.sharding_of(updates[0])
+        for k, d in enumerate(index_batch):
+            if d in dn.scatter_indices_batching_dims:
+                continue
+            u = update_scatter[k]
+            shared = axes.take(ins.dims[d] or us.dims[u])
+            idd[d] = ud[u] = shared
+            summed |= frozenset(shared)
     want_x, want_u = Sharding(mesh, tuple(xd)), Sharding(mesh, tuple(ud))
-    local = [p.reshard(v, want_x) for v in xs_] + [p.reshard(indices, Sharding(mesh, tuple(idd)))] + \
-        [p.reshard(v, want_u) for v in updates]
-    emit_like(p, op, local, [want_x] * n)
+    xs_ = [p.reshard(v, want_x) for v in xs_]
+    if summed and not _zeros(p, op.operands[0]):
+        xs_ = [p.reshard(v, Sharding(mesh, tuple(xd), summed)) for v in xs_]
+    local = xs_ + [p.reshard(indices, Sharding(mesh, tuple(idd)))] + [p.reshard(v, want_u) for v in updates]
+    emit_like(p, op, local, [Sharding(mesh, tuple(xd), summed)] * n)
+
+
+def _zeros(p, value: ir.Value) -> bool:
+    """Whether the (global) value is a broadcast zero."""
+    op = p.defining.get(value)
+    while op is not None and op.name == "broadcast_in_dim":
+        op = p.defining.get(op.operands[0])
+    return op is not None and op.name == "constant" and not np.asarray(op.attrs["value"]).any()
 
 
 # -- collectives a shard_map body names (over its manual axes) --
@@ -604,14 +628,32 @@ def custom_call(p, op: ir.Op, operands: list) -> None:
 
 # -- control flow: regions partitioned in place --
 def while_(p, op: ir.Op) -> None:
-    """Each carried value keeps the split it enters with; the body's
-    results are brought back to it, and the condition is whole."""
-    operands = [p.reduced(p.env[v]) for v in op.operands]
-    shardings = [p.sharding_of(v) for v in operands]
+    """Each carried value keeps one sharding through the loop: the one the
+    body gives it when that differs from the one it enters with (a
+    constraint inside the loop, gradients summed as partial sums), else the
+    one it enters with; the body's results are brought to it, and the
+    condition is whole."""
+    operands = [p.env[v] for v in op.operands]
     cond, body = op.regions
+    shardings = [p.sharding_of(v) for v in operands]
+    for _ in range(2):
+        _, made = p.region(body, shardings)
+        if made == shardings:
+            break
+        made = [m if _splits_evenly(m, v.type) else s for m, s, v in zip(made, shardings, op.operands)]
+        if made == shardings:
+            break
+        shardings = made
+    operands = [p.reshard(v, s) for v, s in zip(operands, shardings)]
     local_body, _ = p.region(body, shardings, shardings)
     local_cond, _ = p.region(cond, shardings, [replicated(p.mesh, 0)])
     emit_like(p, op, operands, shardings, regions=[local_cond, local_body])
+
+
+def _splits_evenly(s: Sharding, t) -> bool:
+    if not isinstance(t, ir.TensorType):
+        return True
+    return all(n % s.splits(d) == 0 for d, n in enumerate(t.shape))
 
 
 def case(p, op: ir.Op) -> None:

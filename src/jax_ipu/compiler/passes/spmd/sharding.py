@@ -85,6 +85,8 @@ class Spec:
         open dimensions keep what `have` adds after their closed axes,
         unless it adds one of the axes `fixed` (a shard_map's manual axes,
         which split a value exactly as its specs say)."""
+        if self.mesh.size == 1 and have is not None and len(have.dims) == len(self.dims):
+            return have         # a mesh of one device (Shardy's empty_mesh) constrains nothing
         dims = [tuple(a for a in axes if a not in manual) for axes in self.dims]
         if have is not None and have.mesh == self.mesh:
             named = {a for axes in dims for a in axes} | self.unreduced | fixed
