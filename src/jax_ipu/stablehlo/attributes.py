@@ -16,7 +16,7 @@ from collections.abc import Callable
 from jaxlib.mlir import ir as mlir
 from jaxlib.mlir.dialects import stablehlo
 
-from jax_ipu.ir import ConvDimensionNumbers, DotDimensionNumbers, GatherDimensionNumbers, ScatterDimensionNumbers
+from jax_ipu.ir import ConvDimensionNumbers, DotDimensionNumbers, GatherDimensionNumbers, Mesh, ScatterDimensionNumbers
 from jax_ipu.stablehlo import constants
 
 
@@ -79,3 +79,12 @@ def convert(attr) -> Any:
     text = str(attr)
     enum = _ENUM.fullmatch(text)
     return enum[1] if enum else text
+
+
+def mesh(text: str) -> Mesh:
+    """A Shardy mesh as printed: `<["x"=2, "y"=4]>`, `<["x"=2], device_ids=[1, 0]>`,
+    `<[], device_ids=[3]>` (one device), or `mesh<...>` inline in a sharding."""
+    axes, _, rest = text.partition("]")
+    ids = re.search(r"device_ids\s*=\s*\[([^\]]*)\]", rest)
+    return Mesh(tuple((axis, int(size)) for axis, size in re.findall(r'"([^"]+)"\s*=\s*(\d+)', axes)),
+                tuple(int(i) for i in re.findall(r"-?\d+", ids[1])) if ids else None)
