@@ -20,7 +20,7 @@ import pytest
 
 WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")
 TIMEOUT_SECONDS = 300
-ALL = "devices,collectives,training,pmap,multihost,second_initialize"
+ALL = "devices,collectives,training,pmap,multihost,second_initialize,between_processes"
 
 # name: (processes, IPUs per process, cases)
 GROUPS = {
@@ -221,3 +221,29 @@ def test_collectives_between_link_domains_are_charged_as_gw_link_time(runs):
     assert whole["all"]["gw_link"] == 0 and whole["all"]["ipu_link"] > 0
     # The gateway's 25 GB/s and its latency make the crossing ring slower.
     assert split["all"]["gw_link"] > whole["all"]["ipu_link"]
+
+
+def test_profiles_count_the_bytes_moved_between_processes(runs):
+    """A run whose psum spans processes carries its launch's exchange in its
+    profile (2 local IPUs' [4, 3] float32 blocks sent, the other process's
+    received); programs inside one process exchange nothing; profiling
+    sessions total the runs'; the process's total (after the earlier
+    cases' exchanges) grows by the same."""
+    for r in results_of(runs, "two"):
+        b = r["between_processes"]
+        for run in b["across"]:
+            assert run["exchanges"] == 1
+            assert run["bytes_sent"] == run["bytes_received"] == 2 * 4 * 3 * 4
+            assert run["seconds"] > 0
+        for run in b["inside"] + [b["alone"]]:
+            assert run == {"exchanges": 0, "bytes_sent": 0, "bytes_received": 0, "seconds": 0.0}
+        (line,) = b["text"]                           # the report's summary says so
+        assert "between processes: 1 exchange(s), 96 B sent, 96 B received" in line
+        assert b["before"]["exchanges"] > 0          # the earlier cases' collectives
+        for key in ("exchanges", "bytes_sent", "bytes_received"):
+            assert b["after_across"][key] - b["before"][key] == 2 * b["across"][0][key]
+            assert b["after"][key] == b["after_across"][key]
+        # A profiling session's report of the program (one per local IPU) totals its two runs.
+        assert len(b["sessions"]) == 2
+        for runs_total in b["sessions"]:
+            assert (runs_total["exchanges"], runs_total["bytes_sent"], runs_total["bytes_received"]) == (2, 192, 192)

@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from jax_ipu.errors import IpuError, IpuInvalidArgument, IpuRuntimeError
+from jax_ipu.profile.breakdown import no_exchanges
 
 # How long a process waits for the others to describe their IPUs.
 TOPOLOGY_TIMEOUT_SECONDS = 300.0
@@ -102,7 +103,7 @@ class Processes:
         self._serving = 0             # the ticket whose exchanges may run now
         self._ended: set[int] = set()
         self.lost: str | None = None  # why another process is gone, once it is
-        self.stats = {"exchanges": 0, "bytes_sent": 0, "bytes_received": 0, "seconds": 0.0}
+        self.stats = no_exchanges()
 
     def process_of(self, device_id: int) -> int:
         return device_id // self.devices_per_process
@@ -156,10 +157,12 @@ class Processes:
                 self._transport = GlooOverCpuBackend(self.index, self.count, self.timeout)
             return self._transport
 
-    def exchange(self, header: dict, payload: bytes, what: str) -> list[tuple[dict, bytes]]:
+    def exchange(self, header: dict, payload: bytes, what: str, counts: dict | None = None
+                 ) -> list[tuple[dict, bytes]]:
         """Every process's (header, payload), by process index. Headers
         that differ in anything but the payload's size are refused, naming
-        both processes' programs."""
+        both processes' programs. The bytes sent and received, and the
+        seconds, are added to `stats` and to `counts` (one launch's)."""
         if self.lost is not None:
             raise IpuRuntimeError(f"{what}: {self.lost}")
         began = time.perf_counter()
@@ -182,10 +185,12 @@ class Processes:
             why = self.lost or f"{type(exc).__name__}: {exc}"
             self.lose(f"the transport between processes failed ({why})")
             raise IpuRuntimeError(f"{what}: collective between processes failed: {why}") from None
-        self.stats["exchanges"] += 1
-        self.stats["bytes_sent"] += len(payload)
-        self.stats["bytes_received"] += sum(h["nbytes"] for h in headers) - len(payload)
-        self.stats["seconds"] += time.perf_counter() - began
+        received = sum(h["nbytes"] for h in headers) - len(payload)
+        for c in (self.stats, counts) if counts is not None else (self.stats,):
+            c["exchanges"] += 1
+            c["bytes_sent"] += len(payload)
+            c["bytes_received"] += received
+            c["seconds"] += time.perf_counter() - began
         return [(h, bytes(rows[p][:h["nbytes"]])) for p, h in enumerate(headers)]
 
 
@@ -273,6 +278,7 @@ class ProcessLinks:
         self.ticket: int | None = None     # set when launched
         self._turn_taken = False
         self._crosses: dict = {}
+        self.counts = no_exchanges()    # this launch's exchanges
 
     def crosses(self, groups) -> bool:
         found = self._crosses.get(groups)
@@ -294,7 +300,7 @@ class ProcessLinks:
         dtype, shape = values[0].dtype, values[0].shape
         header = {"program": self.name, "fingerprint": self.fingerprint, "step": step,
                   "dtype": dtype.name, "shape": list(shape)}
-        rows = self.processes.exchange(header, b"".join(v.tobytes() for v in values), what)
+        rows = self.processes.exchange(header, b"".join(v.tobytes() for v in values), what, self.counts)
         for p, (_, payload) in enumerate(rows):
             if p == self.processes.index or p not in self.ranks_of:
                 continue
