@@ -192,6 +192,47 @@ def case_between_processes():
                                     "after": jax_ipu.transfers_between_processes()}
 
 
+def _failing_program():
+    """A psum after a host callback that raises on the last process only."""
+    def check(v):
+        if jax.process_index() == num_processes - 1:
+            raise ValueError(f"bad batch on process {jax.process_index()}")
+        return v
+    return shard_map(lambda v: lax.psum(jax.pure_callback(check, jax.ShapeDtypeStruct(v.shape, v.dtype), v),
+                                        "d"))
+
+
+def _timed_failure(f, arr) -> dict | None:
+    began = time.monotonic()
+    try:
+        f(arr).block_until_ready()
+        return None
+    except Exception as exc:
+        return {"error": str(exc), "seconds": time.monotonic() - began}
+
+
+def case_own_failure():
+    """One process's run fails on its own (its callback raises) while the
+    others wait for it in the psum that follows: they must fail at once,
+    naming it, and so must later collectives, everywhere."""
+    arr = global_x()
+    total = shard_map(lambda v: lax.psum(v, "d"))
+    total(arr).block_until_ready()              # the transport is up
+    results["own_failure"] = {"failure": _timed_failure(_failing_program(), arr),
+                              "later": _timed_failure(total, arr)}
+
+
+def case_exits():
+    """The last process leaves (an uncaught exception ends its script)
+    while the others wait for it in a collective."""
+    arr = global_x()
+    f = shard_map(lambda v: lax.psum(v, "d"))
+    f(arr).block_until_ready()
+    if jax.process_index() == num_processes - 1:
+        raise SystemExit("process leaves before the collective")
+    results["exits"] = _timed_failure(f, arr)
+
+
 def case_link_domains():
     """Where a collective's time goes when its IPUs are in one IPU-Link
     domain or in several (JAX_IPU_IPUS_PER_LINK_DOMAIN)."""

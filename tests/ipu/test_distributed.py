@@ -30,6 +30,8 @@ GROUPS = {
     "one_of_three": (1, 3, "devices,collectives,training"),
     "killed": (2, 1, "killed_peer"),
     "mismatch": (2, 1, "mismatch"),
+    "own_failure": (2, 1, "own_failure"),
+    "exits": (2, 1, "exits"),
     "uneven": (2, None, "devices"),      # process 0 models 1 IPU, process 1 two
     "pods_of_two": (1, 4, "link_domains", {"JAX_IPU_IPUS_PER_LINK_DOMAIN": "2"}),
     "one_pod": (1, 4, "link_domains"),
@@ -247,3 +249,35 @@ def test_profiles_count_the_bytes_moved_between_processes(runs):
         assert len(b["sessions"]) == 2
         for runs_total in b["sessions"]:
             assert (runs_total["exchanges"], runs_total["bytes_sent"], runs_total["bytes_received"]) == (2, 192, 192)
+
+
+def test_a_process_whose_run_fails_stops_the_others_at_once(runs):
+    """The last process's host callback raises before a psum: the other
+    process, waiting for it there, fails naming it and the error, long
+    before the collective timeout; later collectives fail at once in both."""
+    waiting, failed = results_of(runs, "own_failure")
+    failure = waiting["own_failure"]["failure"]
+    assert failure is not None, "the psum completed without the failed process"
+    assert "process 1 stopped" in failure["error"] and "bad batch on process 1" in failure["error"]
+    assert failure["seconds"] < 60
+    assert "bad batch on process 1" in failed["own_failure"]["failure"]["error"]
+    assert "process 1 stopped" in waiting["own_failure"]["later"]["error"]
+    assert "this process stopped taking part" in failed["own_failure"]["later"]["error"]
+    for r in (waiting, failed):
+        assert r["own_failure"]["later"]["seconds"] < 10
+    for log in runs["own_failure"][1]:
+        assert "terminate called" not in log        # the call given up on ended before the interpreter did
+
+
+def test_a_process_that_exits_stops_the_others_at_once(runs):
+    """The last process's script ends with an exception while the other
+    waits for it in a collective (its sockets stay open while JAX waits at
+    shutdown): the other fails at once, saying why."""
+    (waiting, left), logs = runs["exits"]
+    assert left is None and "process leaves before the collective" in logs[1]
+    assert waiting is not None, logs[0][-3000:]
+    failure = waiting["exits"]
+    assert failure is not None and "process 1 stopped" in failure["error"]
+    assert "interpreter exited" in failure["error"]
+    assert failure["seconds"] < 60
+    assert "terminate called" not in logs[0]
