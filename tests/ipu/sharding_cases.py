@@ -219,6 +219,39 @@ def offload_of_a_split_value(devices):
     return [out], {0: P("m")}
 
 
+@case
+def reversed_split_dimension(devices):
+    """A split dimension reversed keeps its split: blocks swap places."""
+    mesh = mesh_of(devices, (2, 2, 2), ("x", "y", "z"))
+    a = put(np.arange(64.0, dtype=np.float32).reshape(8, 4, 2), mesh, P("x", "y", "z"))
+    return [a[::-1], jax.jit(lambda v: jnp.flip(v, axis=(0, 1)) * 2)(a)], {0: P("x", "y", "z"), 1: P("x", "y", "z")}
+
+
+@case
+def values_split_alike(devices):
+    """shard_alike: both values come out split as the more split one."""
+    from jax.experimental.shard_alike import shard_alike
+    mesh = mesh_of(devices, (2, 2), ("x", "y"))
+    f = jax.jit(lambda a: shard_alike(a * 2, jnp.ones_like(a) + jnp.arange(8.0)[None, :]))
+    return list(f(put(normal(14, 4, 8), mesh, P("x", "y")))), {0: P("x", "y"), 1: P("x", "y")}
+
+
+@case
+def sharding_inspected_inside_jit(devices):
+    """jax.debug.inspect_array_sharding in a jitted program is told the
+    sharding the partitioner chose."""
+    mesh = mesh_of(devices, (4,), ("x",))
+    seen = []
+
+    def f(a):
+        b = jnp.sin(a)
+        jax.debug.inspect_array_sharding(b, callback=lambda s: seen.append(s.spec))
+        return b * 2
+    out = jax.jit(f)(put(normal(15, 8, 4), mesh, P("x")))
+    assert seen == [P("x")], seen
+    return [out], {0: P("x")}
+
+
 def run(name: str, platform: str):
     results, expect = CASES[name](jax.devices(platform)[:8])
     return [np.asarray(r) for r in results], expect, [getattr(r.sharding, "spec", None) for r in results]

@@ -10,6 +10,9 @@ holding partial sums). Tile assignment entries are partition indices,
 which JAX maps through the executable's device assignment."""
 from __future__ import annotations
 
+import ctypes
+import struct
+
 import numpy as np
 
 
@@ -68,3 +71,39 @@ def executable_shardings(layout, num_params: int, num_outputs: int):
     # as shardings that do not match its empty result tuple.)
     outputs = [op_sharding(e) for e in results] if len(results) == num_outputs and num_outputs else None
     return params, outputs
+
+
+class _InspectArgs(ctypes.Structure):
+    """JAX_InspectSharding_Callback_Args (xla/python/inspect_sharding.h)."""
+    _fields_ = [("sharding_spec", ctypes.c_char_p), ("sharding_spec_size", ctypes.c_size_t),
+                ("error_txt", ctypes.c_char_p), ("error_scratch", ctypes.c_void_p),
+                ("free_error", ctypes.c_void_p)]
+
+
+_INSPECT_CALL = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(_InspectArgs))
+_FREE_ERROR = ctypes.CFUNCTYPE(None, ctypes.POINTER(_InspectArgs))
+_TRAMPOLINE: list = []
+
+
+def inspect_sharding(config: bytes, entry) -> None:
+    """Tells jax.debug.inspect_array_sharding's callback the sharding of
+    its operand, as XLA's partitioner does: the custom call's
+    backend_config holds JAX's {call, data} pair (16 bytes). Only a pair
+    whose function is jaxlib's own trampoline is called (read from a pair
+    jaxlib encodes here), so a program from elsewhere cannot make the
+    plugin call an arbitrary address."""
+    from jax._src.lib import xla_client as xc
+
+    if not _TRAMPOLINE:
+        _TRAMPOLINE.append(xc.encode_inspect_sharding_callback(lambda s: None)[:8])
+    if len(config) != 16 or config[:8] != _TRAMPOLINE[0]:
+        return
+    function, data = struct.unpack("<QQ", config)
+    spec = op_sharding(entry)
+    args = _InspectArgs(spec, len(spec), None, None, None)
+    _INSPECT_CALL(function)(data, ctypes.byref(args))
+    if args.error_txt:
+        message = args.error_txt.decode(errors="replace")
+        if args.free_error:
+            _FREE_ERROR(args.free_error)(ctypes.byref(args))
+        raise RuntimeError(f"jax.debug.inspect_array_sharding's callback failed: {message}")

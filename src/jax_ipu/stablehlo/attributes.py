@@ -44,6 +44,15 @@ def _structured(ours: type, binding: type, renames: dict[str, str], attr) -> Any
     return ours(**values)
 
 
+def _string(attr) -> str | bytes:
+    """A string attribute's text, or its bytes when they are no UTF-8 (a
+    custom call's backend_config may hold a pointer: JAX's InspectSharding)."""
+    try:
+        return attr.value
+    except (RuntimeError, UnicodeDecodeError):
+        return attr.value_bytes
+
+
 def _dict(attr: mlir.DictAttr) -> dict[str, Any]:
     # Indexing, not NamedAttribute.attr: the latter aborts the process on a
     # complex constant instead of raising.
@@ -54,7 +63,7 @@ _BUILTIN: dict[type, Callable[[Any], Any]] = {
     mlir.BoolAttr: lambda a: a.value,
     mlir.IntegerAttr: lambda a: a.value,
     mlir.FloatAttr: lambda a: a.value,
-    mlir.StringAttr: lambda a: a.value,
+    mlir.StringAttr: lambda a: _string(a),
     mlir.FlatSymbolRefAttr: lambda a: a.value,
     mlir.UnitAttr: lambda a: True,
     mlir.ArrayAttr: lambda a: tuple(convert(x) for x in a),

@@ -22,14 +22,15 @@ from jax_ipu.errors import IpuUnimplementedError
 __all__ = ["partition"]
 
 
-def partition(module: ir.Module) -> tuple[ir.Module, tuple | None]:
+def partition(module: ir.Module, inspect_sharding=None) -> tuple[ir.Module, tuple | None]:
     """The program one IPU runs, for a module over several partitions, and
     its layout: (per argument, per result: (mesh axes, mesh device ids,
     per dimension the mesh axes splitting it, unreduced axes)); None for
-    one partition."""
+    one partition. inspect_sharding(backend_config, layout entry) is
+    called for each jax.debug.inspect_array_sharding in the program."""
     if module.num_partitions == 1:
         return module, None
     if module.num_replicas != 1:
         raise IpuUnimplementedError(f"program {module.name}: {module.num_replicas} replicas x "
                                     f"{module.num_partitions} partitions is not supported; use one of them")
-    return Partitioner(module).run()
+    return Partitioner(module, inspect_sharding).run()

@@ -11,7 +11,7 @@ from jax_ipu.compiler.passes.fuse import reads_of
 from jax_ipu.compiler.passes.spmd.combine import combine_all_reduces
 from jax_ipu.compiler.passes.spmd.local import made_locally
 from jax_ipu.compiler.passes.spmd.rules import partition_op
-from jax_ipu.compiler.passes.spmd.sharding import Sharding, Spec, parse, replicated
+from jax_ipu.compiler.passes.spmd.sharding import Sharding, Spec, layout_of, parse, replicated
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.ops import ELEMENTWISE_OPS
 
@@ -29,8 +29,9 @@ class Scope:
 
 
 class Partitioner:
-    def __init__(self, module: ir.Module):
+    def __init__(self, module: ir.Module, inspect_sharding=None):
         self.module = module
+        self.inspect_sharding = inspect_sharding
         self.functions = dict(module.functions)
         self.meshes = dict(module.meshes)
         self.mesh = self._default_mesh()
@@ -40,6 +41,7 @@ class Partitioner:
         self.defining: dict[ir.Value, ir.Op] = {}        # global values: the op making them
         self.scopes: list[Scope] = [Scope([])]
         self.manual: frozenset[str] = frozenset()        # axes manual here (inside shard_map)
+        self.sharding_groups: dict[int, list] = {}       # shard_alike's groups: their (global) values
         self.loc = "unknown location"
 
     def _default_mesh(self) -> ir.Mesh:
@@ -381,14 +383,8 @@ class Partitioner:
             result_shardings.append(want)
         body = ir.Block(args, combine_all_reduces(live(self.pop(), results)), results)
         self.functions[main.name] = dataclasses.replace(main, body=body, arg_shardings=[], result_shardings=[])
-        layout = (tuple(_layout(s) for s in arg_shardings), tuple(_layout(s) for s in result_shardings))
+        layout = (tuple(layout_of(s) for s in arg_shardings), tuple(layout_of(s) for s in result_shardings))
         return dataclasses.replace(self.module, functions=self.functions), layout
-
-
-def _layout(s: Sharding) -> tuple:
-    """A sharding as plain values (for the executable and its serialized form):
-    (mesh axes, mesh device ids or None, per dimension its axes, unreduced axes)."""
-    return (s.mesh.axes, s.mesh.device_ids, s.dims, tuple(a for a, _ in s.mesh.axes if a in s.unreduced))
 
 
 # Ops dropped when nothing reads their results: every IPU runs the same

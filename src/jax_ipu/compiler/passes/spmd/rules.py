@@ -15,7 +15,7 @@ import numpy as np
 from jax_ipu import ir
 from jax_ipu.compiler.lowering.reduce import single_op
 from jax_ipu.compiler.passes.fuse import reads_of
-from jax_ipu.compiler.passes.spmd.sharding import Sharding, replicated
+from jax_ipu.compiler.passes.spmd.sharding import Sharding, layout_of, replicated
 from jax_ipu.compiler.passes.spmd.table import gather_from_split_table
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.ops import ELEMENTWISE_OPS
@@ -31,7 +31,8 @@ def partition_op(p, op: ir.Op) -> None:
     if special is not None:
         return special(p, op)
     operands = [p.env[v] for v in op.operands]
-    if all(p.sharding_of(v).replicated for v in operands) and op.name not in REGION_RULES:
+    if all(p.sharding_of(v).replicated for v in operands) and op.name not in REGION_RULES and not (
+            op.name == "custom_call" and op.attrs.get("call_target_name") == "InspectSharding"):
         return _as_is(p, op, operands)
     rule = RULES.get(op.name, gathered)
     rule(p, op, operands)
@@ -318,8 +319,20 @@ def pad(p, op: ir.Op, operands: list) -> None:
 
 
 def reverse(p, op: ir.Op, operands: list) -> None:
-    flipped = set(op.attrs["dimensions"])
-    _keep_dims(p, op, operands, lambda d: d not in flipped)
+    """A reversed split dimension keeps its split: each IPU reverses its
+    block and takes the one of the IPU mirrored along the dimension's axes
+    (a collective permute), as XLA's partitioner does."""
+    x = p.reduced(operands[0])
+    s = p.sharding_of(x)
+    out = p.emit("reverse", [x], x.type, dimensions=tuple(op.attrs["dimensions"]))
+    for d in op.attrs["dimensions"]:
+        axes = s.dims[d]
+        if not axes:
+            continue
+        pairs = [(int(g[c]), int(g[len(g) - 1 - c])) for g in p.groups(s.mesh, axes) for c in range(len(g))]
+        out = p.emit("collective_permute", [out], x.type,
+                     source_target_pairs=np.asarray(pairs, np.int64))
+    p.env[op.results[0]] = p.set(out, s)
 
 
 def sort(p, op: ir.Op, operands: list) -> None:
@@ -621,8 +634,18 @@ _SHARDING_PRESERVING_CALLS = {"annotate_device_placement"}
 
 
 def custom_call(p, op: ir.Op, operands: list) -> None:
-    if str(op.attrs.get("call_target_name")) in _SHARDING_PRESERVING_CALLS and len(operands) == 1:
+    target = str(op.attrs.get("call_target_name"))
+    if target in _SHARDING_PRESERVING_CALLS and len(operands) == 1:
         return emit_like(p, op, operands, [p.sharding_of(operands[0])])
+    if target == "InspectSharding" and len(operands) == 1:
+        # jax.debug.inspect_array_sharding: JAX's callback is told the
+        # operand's sharding; the value goes on unchanged.
+        config = op.attrs.get("backend_config")
+        if p.inspect_sharding is not None and isinstance(config, bytes):
+            p.inspect_sharding(config, layout_of(p.sharding_of(operands[0])))
+        for r in op.results:
+            p.env[r] = operands[0]
+        return None
     return gathered(p, op, operands)
 
 
@@ -767,6 +790,18 @@ def manual_computation(p, op: ir.Op) -> None:
         p.env[old] = local if want is None else _alias(p, local, want)
 
 
+def sharding_group(p, op: ir.Op) -> None:
+    """shard_alike: the values of one group end up split alike, as the most
+    split of them is (those read already keep what they were read as)."""
+    group = p.sharding_groups.setdefault(int(op.attrs["group_id"]), [])
+    group.append(op.operands[0])
+    target = max((p.sharding_of(p.env[v]) for v in group), key=lambda s: (sum(s.splits(d) for d in range(len(
+        s.dims))), -len(s.unreduced)))
+    target = target.reduced()
+    for v in group:
+        p.env[v] = p.reshard(p.env[v], target)
+
+
 def _names(text: str) -> list[str]:
     return re.findall(r'"([^"]+)"', text)
 
@@ -827,4 +862,4 @@ RULES.update(broadcast_in_dim=broadcast_in_dim, transpose=transpose, reshape=res
 REGION_RULES = {"while", "case"}
 SPECIAL = {"while": while_, "case": case, "call": call, "sdy.sharding_constraint": sharding_constraint,
            "sdy.reshard": sharding_constraint, "sharding_constraint": sharding_constraint,
-           "sdy.manual_computation": manual_computation}
+           "sdy.manual_computation": manual_computation, "sdy.sharding_group": sharding_group}

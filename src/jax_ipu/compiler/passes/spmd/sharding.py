@@ -70,6 +70,13 @@ def replicated(mesh: ir.Mesh, rank: int) -> Sharding:
     return Sharding(mesh, ((),) * rank)
 
 
+def layout_of(s: Sharding) -> tuple:
+    """A sharding as plain values (for the executable and its serialized form):
+    (mesh axes, mesh device ids or None, per dimension its axes, unreduced axes)."""
+    return (s.mesh.axes, s.mesh.device_ids, s.dims, tuple(a for a, _ in s.mesh.axes if a in s.unreduced))
+
+
+
 @dataclasses.dataclass(frozen=True)
 class Spec:
     """A sharding as annotated: a dimension marked open (`{"x", ?}`, `{?}`)
