@@ -9,6 +9,7 @@ from jax_ipu.errors import (IpuError, IpuInternalCompilerError, IpuInvalidArgume
 from jax_ipu.targets import get_target
 from jax_ipu.version import __version__
 from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer, check_ipu_dtype, to_device
+from jax_ipu.pjrt import compile_options
 from jax_ipu.pjrt.cache import ExecutableCache
 from jax_ipu.pjrt.device import Device
 from jax_ipu.pjrt.executable import Executable, device_assignment_ids, fingerprint
@@ -45,6 +46,8 @@ class Client:
             raise IpuInvalidArgument(f"jax-ipu compiles StableHLO ('mlir') programs, not {fmt!r}")
         parsed = CompileOptions.ParseFromString(options)
         overrides = dict(parsed.env_option_overrides)
+        # Checked before the cache: a bad option is refused, and an ignored one warned of, on every compile.
+        requested = compile_options.parse(overrides)
         assignment, serialized = _assignment(parsed)
         for row in assignment:
             for device_id in row:
@@ -58,15 +61,13 @@ class Client:
             if executable is not None:
                 return executable
         from jax_ipu.compiler import CompileOptions as IpuCompileOptions, compile_module
-        from jax_ipu.stablehlo import import_module
+        from jax_ipu.stablehlo import import_module, module_text
 
-        compile_options = _compile_options(
-            overrides, IpuCompileOptions(allow_out_of_memory=self.config.allow_out_of_memory,
-                                         f64_policy="as_f32" if self.f64_as_f32 else "error",
-                                         dump_to=self.config.dump_to))
+        defaults = dict(allow_out_of_memory=self.config.allow_out_of_memory,
+                        f64_policy="as_f32" if self.f64_as_f32 else "error", dump_to=self.config.dump_to)
         module = import_module(code)
         try:
-            program = compile_module(module, self.target, compile_options)
+            program = compile_module(module, self.target, IpuCompileOptions(**{**defaults, **requested.changes}))
         except IpuOutOfMemoryError as exc:
             profile.out_of_memory(exc, self.target)   # with profiling on, a report of what does not fit
             raise
@@ -84,7 +85,8 @@ class Client:
         name = module.main.name if module.entry == "main" else module.entry
         policy = b"f64_as_f32" if self.f64_as_f32 else b""
         executable = Executable(self, program, name, fingerprint(code + policy, options, self.target),
-                                assignment, serialized)
+                                assignment, serialized,
+                                stablehlo=module_text(code) if requested.embed_ir else None)
         if key is not None:
             self.cache.store(key, executable)
         return executable
@@ -174,37 +176,3 @@ def _assignment(parsed) -> tuple[list[list[int]], bytes]:
     n_r, n_p = max(parsed.num_replicas, 1), max(parsed.num_partitions, 1)
     ids = np.arange(n_r * n_p, dtype=np.int32).reshape(n_r, n_p)
     return ids.tolist(), DeviceAssignment.create(ids).serialize()
-
-
-def _compile_options(overrides: dict, options):
-    """jax's compiler_options (`jit(f).lower(x).compile(compiler_options=
-    {...})`) over the defaults: the planner's available_memory_proportion
-    (0 < p <= 1, PopLibs' availableMemoryProportion) and
-    allow_out_of_memory. Others are refused, naming the known ones (XLA:CPU
-    refuses unknown options too)."""
-    import dataclasses
-
-    known = {"available_memory_proportion": (float, "a number"), "allow_out_of_memory": (_as_bool, "true or false")}
-    changes = {}
-    for name, value in overrides.items():
-        if name not in known:
-            raise IpuInvalidArgument(f"unknown compiler option {name!r} for jax-ipu; it takes: {', '.join(known)}")
-        try:
-            changes[name] = known[name][0](value)
-        except ValueError:
-            raise IpuInvalidArgument(f"compiler option {name}={value!r}: expected {known[name][1]}") from None
-    proportion = changes.get("available_memory_proportion", options.available_memory_proportion)
-    if not 0 < proportion <= 1:
-        raise IpuInvalidArgument(f"compiler option available_memory_proportion={proportion}: expected 0 < p <= 1")
-    return dataclasses.replace(options, **changes)
-
-
-def _as_bool(value) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes"):
-        return True
-    if text in ("0", "false", "no"):
-        return False
-    raise ValueError(value)

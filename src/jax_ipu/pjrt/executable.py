@@ -51,13 +51,15 @@ PROCESS = uuid.uuid4().hex
 
 class Executable:
     def __init__(self, client, program, name: str, fingerprint: bytes,
-                 assignment: list[list[int]], serialized_assignment: bytes):
+                 assignment: list[list[int]], serialized_assignment: bytes, stablehlo: str | None = None):
         self.client = client
         self.program = program
         self.name = name
         self.fingerprint = fingerprint
         self.assignment = assignment
         self._text = None
+        # The StableHLO compiled, kept when xla_embed_ir_in_executable asks.
+        self.stablehlo = stablehlo
         self.num_replicas = len(assignment)
         self.num_partitions = len(assignment[0])
         self.logical_ids = [(r, p) for r in range(self.num_replicas) for p in range(self.num_partitions)]
@@ -101,6 +103,8 @@ class Executable:
                 "assignment": [[int(d) for d in row] for row in self.assignment],
                 "device_assignment": self.serialized_device_assignment,
                 "callbacks": PROCESS if _calls_host(self.program.body) else None}
+        if self.stablehlo is not None:
+            meta["stablehlo"] = self.stablehlo
         return serialize.dumps(self.program, meta)
 
     def optimized_program(self) -> tuple[bytes, bytes]:
@@ -109,9 +113,10 @@ class Executable:
         HLO for compiled.as_text(). So it is small: the program's signature
         (results as zeros) and, as the module's frontend attribute
         `ipu_program`, what the IPU runs: compute sets, copies, cycles,
-        memory (the StableHLO itself is lowered.as_text())."""
+        memory (the StableHLO itself is lowered.as_text(), and the
+        attribute `stablehlo` when xla_embed_ir_in_executable asked)."""
         if self._text is None:
-            self._text = program_text(self.program.name, self.program).encode()
+            self._text = program_text(self.program.name, self.program, self.stablehlo).encode()
         return b"mlir", self._text
 
     # -- execution --
@@ -262,9 +267,10 @@ def _mlir_string(text: str) -> str:
     return '"' + text + '"'
 
 
-def program_text(name: str, program) -> str:
+def program_text(name: str, program, stablehlo: str | None = None) -> str:
     """MLIR text of the program's signature, returning zeros, with its
-    summary as the module's frontend attribute `ipu_program`."""
+    summary as the module's frontend attribute `ipu_program` (and the
+    StableHLO it was compiled from as `stablehlo`, when given)."""
     from jax_ipu import ir
 
     def type_of(t) -> str:
@@ -278,8 +284,10 @@ def program_text(name: str, program) -> str:
     args = ", ".join(f"%arg{i}: {type_of(t)}" for i, t in enumerate(program.input_types))
     results = [type_of(t) for t in program.output_types]
     symbol = name if re.fullmatch(r"[A-Za-z_][\w$.]*", name) else _mlir_string(name)
-    lines = [f"module @{symbol} attributes {{mhlo.frontend_attributes = "
-             f"{{ipu_program = {_mlir_string(program.summary())}}}}} {{",
+    attributes = f"ipu_program = {_mlir_string(program.summary())}"
+    if stablehlo is not None:
+        attributes += f", stablehlo = {_mlir_string(stablehlo)}"
+    lines = [f"module @{symbol} attributes {{mhlo.frontend_attributes = {{{attributes}}}}} {{",
              f"  func.func public @main({args}) -> ({', '.join(results)}) {{"]
     lines += [f"    %{i} = {zero(t)}" for i, t in enumerate(program.output_types)]
     lines += [f"    return {', '.join(f'%{i}' for i in range(len(results)))}"
@@ -299,8 +307,9 @@ def from_bytes(client, data: bytes, options: bytes | None) -> Executable:
         raise IpuInvalidArgument(f"cannot load this IPU executable: {exc}") from None
     fields = {"kind": str, "name": str, "fingerprint": bytes, "assignment": list, "device_assignment": bytes,
               "callbacks": (str, type(None))}
-    if set(meta) != set(fields) or meta["kind"] != EXECUTABLE_KIND or not all(
-            isinstance(meta[k], t) for k, t in fields.items()):
+    optional = {"stablehlo": str}
+    if not set(fields) <= set(meta) <= set(fields) | set(optional) or meta["kind"] != EXECUTABLE_KIND or not all(
+            isinstance(meta[k], t) for k, t in {**fields, **optional}.items() if k in meta):
         raise IpuInvalidArgument("cannot load this IPU executable: it holds a program, not an executable")
     assignment = meta["assignment"]
     if not assignment or not all(type(row) is list and len(row) == len(assignment[0]) and row
@@ -331,7 +340,8 @@ def from_bytes(client, data: bytes, options: bytes | None) -> Executable:
     for row in assignment:
         for device_id in row:
             client.device(device_id)
-    return Executable(client, program, meta["name"], meta["fingerprint"], assignment, serialized)
+    return Executable(client, program, meta["name"], meta["fingerprint"], assignment, serialized,
+                      meta.get("stablehlo"))
 
 
 # Programs up to this many elements in all their tensors (and no loops) run
