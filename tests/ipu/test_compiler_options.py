@@ -7,6 +7,7 @@ refuses them, listing jax-ipu's own options.
 XLA:CPU is the reference for names and values: its checks are protobuf
 reflection over DebugOptions, the same on every host."""
 import math
+import mmap
 import os
 import warnings
 
@@ -88,8 +89,9 @@ def test_names_xla_does_not_know_are_refused_in_xlas_words_listing_jax_ipus_own(
     text = _program_text()
     fields = compile_options.xla_debug_options()
     # Made-up names, and names XLA reserves for options it removed.
-    with open(compile_options._jaxlib_libraries()[0], "rb") as f:
-        xla = compile_options._file_descriptor(f.read(), "xla/xla.proto")
+    with open(compile_options._jaxlib_libraries()[0], "rb") as f, \
+            mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as library:
+        xla = compile_options._file_descriptor(library, "xla/xla.proto")
     removed = [n for m in xla.message_type if m.name == "DebugOptions" for n in m.reserved_name]
     assert removed
     for name in ["invalid_key", "xla_gpu_autotune_levels", "XLA_DUMP_TO", "xla_", *removed[:20]]:
