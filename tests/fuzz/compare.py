@@ -183,7 +183,10 @@ def _f64_values(program, cpu) -> dict | None:
     q.outputs = [name for name, *_ in program.lines]
     # float32 literals as float64 ones, so that ops asking for equal types
     # (lax.div, lax.reduce's init) take them
-    q.lines = [(name, expr.replace("np.float32(", "np.float64("), family) for name, expr, family in program.lines]
+    # and each float32 value underflowing to zero where float32 would (the
+    # float64 value of -1e-38 * 1e-40 is no zero, its float32 value is)
+    q.lines = [(name, (f"_underflow32({expr})" if program.vars[name].dtype == np.float32 else expr)
+                .replace("np.float32(", "np.float64("), family) for name, expr, family in program.lines]
     try:
         with jax.enable_x64(True):
             args = [a.astype(np.float64) if a.dtype == np.float32 else a for a in program.inputs.values()]

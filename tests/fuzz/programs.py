@@ -25,6 +25,7 @@ what the comparison may expect of it (compare.py):
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +42,13 @@ from jax_ipu.pjrt.executable import QUICK_ELEMENTS
 def _ftz(x):
     """x with float32 subnormals made zeros of their sign (compare.py)."""
     return jnp.where(jnp.abs(x) < np.finfo(np.float32).tiny, x * np.float32(0), x)
+
+
+def _underflow32(x):
+    """x (a float32 value computed in float64) with what float32 cannot hold
+    even as a subnormal made a zero of its sign (compare.py's float64 model
+    of IEEE float32 arithmetic)."""
+    return jnp.where(jnp.abs(x) < np.float64(np.finfo(np.float32).smallest_subnormal) / 2, x * 0, x)
 
 
 def _nan_kept(x, result, nan_found):
@@ -75,6 +83,7 @@ def _nan_reduce_window(x, init, op, *args, **kwargs):
 
 
 NAMESPACE = {"jax": jax, "jnp": jnp, "lax": lax, "np": np, "inf": np.inf, "nan": np.nan, "_ftz": _ftz,
+             "_underflow32": _underflow32,
              "_nan_max": _nan_max, "_nan_min": _nan_min, "_nan_reduce": _nan_reduce,
              "_nan_reduce_window": _nan_reduce_window}
 
@@ -86,6 +95,10 @@ class Var:
     exact: bool = True
     pristine: bool = True
     zero_sign: bool = True
+    # A sum's (dot's, reduction's...) value: its error is relative to the
+    # terms' scale, not to itself (a sum that cancels), so a nonlinear op of
+    # it (sigmoid, exp) can differ by anything: such ops take no such value.
+    scaled: bool = False
 
     @property
     def kind(self) -> str:
@@ -129,6 +142,10 @@ class Program:
                 + ARR_SOURCE + "\n\n"
                 + self.source() + f"\nargs = [{args}]\n"
                 + f"print('ipu', {run_ipu})\nprint('cpu', {run_cpu})\n")
+
+
+# Families whose float results are sums of many terms (Var.scaled).
+_SUMMING_FAMILIES = {"reduce", "dot", "conv", "window", "collective", "control"}
 
 
 class Rejected(Exception):
@@ -228,7 +245,10 @@ class Builder:
         name = self._name()
         if dtype.kind != "f":
             exact, pristine, zero_sign = True, True, True
-        self.vars[name] = Var(shape, dtype, exact, pristine and exact, zero_sign and exact)
+        scaled = dtype.kind == "f" and not exact and (
+            family in _SUMMING_FAMILIES or any(self.vars[n].scaled for n in re.findall(r"\bv\d+\b", expr)
+                                               if n in self.vars))
+        self.vars[name] = Var(shape, dtype, exact, pristine and exact, zero_sign and exact, scaled)
         self.lines.append((name, expr, family))
         return name
 
@@ -255,7 +275,9 @@ def random_shape(rng, min_rank=0, max_rank=3) -> tuple:
 # (operands must be exact; the result is); "discz" as disc, and the sign of
 # the operands' zeros must be known (signbit, nextafter); "amp" amplifying
 # an error near a point (operands exact with known zero signs; the result
-# is inexact: pow, atan2, rsqrt, tan).
+# is inexact: pow, atan2, rsqrt, tan); "periodic" sin and cos, whose
+# argument's last-ulp error grows with its size (cos(exp(14)) moves by 0.3
+# for an ulp of exp): operands exact, the result inexact.
 UNARY = {
     "neg": ("-{a}", "fiu", "nature"), "abs": ("jnp.abs({a})", "fi", "nature"), "not": ("~{a}", "iub", "nature"),
     "floor": ("jnp.floor({a})", "f", "disc"), "ceil": ("jnp.ceil({a})", "f", "disc"),
@@ -267,8 +289,8 @@ UNARY = {
     "cbrt": ("jnp.cbrt({a})", "f", "approx"), "exp": ("jnp.exp({a})", "f", "approx"),
     "exp2": ("jnp.exp2({a})", "f", "approx"), "expm1": ("jnp.expm1({a})", "f", "approx"),
     "log": ("jnp.log({a})", "f", "approx"), "log1p": ("jnp.log1p({a})", "f", "approx"),
-    "tanh": ("jnp.tanh({a})", "f", "approx"), "sin": ("jnp.sin({a})", "f", "approx"),
-    "cos": ("jnp.cos({a})", "f", "approx"), "tan": ("jnp.tan({a})", "f", "amp"),
+    "tanh": ("jnp.tanh({a})", "f", "approx"), "sin": ("jnp.sin({a})", "f", "periodic"),
+    "cos": ("jnp.cos({a})", "f", "periodic"), "tan": ("jnp.tan({a})", "f", "amp"),
     "logistic": ("jax.nn.sigmoid({a})", "f", "approx"), "erf": ("lax.erf({a})", "f", "approx"),
     "square": ("{a} * {a}", "fiu", "round"),
     "popcnt": ("lax.population_count({a})", "iu", "nature"), "clz": ("lax.clz({a})", "iu", "nature"),
@@ -307,7 +329,9 @@ def _result_flags(cls: str, operands: list[Var]) -> dict:
 def _allowed(cls: str, v: Var) -> bool:
     if v.kind != "f":
         return True
-    if cls == "disc":
+    if cls in ("approx", "periodic") and v.scaled:
+        return False
+    if cls in ("disc", "periodic"):
         return v.exact
     if cls in ("amp", "discz"):
         return v.exact and v.zero_sign
