@@ -279,8 +279,10 @@ class _Loaded:
         self.name, self.output_views = program.name, program.outputs
         # A straight-line program's first runs time its steps (step_us, the
         # fastest run's), then it runs with the helper's schedule made of them.
-        self.timed_runs = 0 if self.has_control or not any(getattr(f, "shares", False) for f in self.steps) \
-            else TIMED_RUNS
+        # Whether a step may hand work to the helper thread (else a run
+        # never engages it, and need not end a session with it).
+        self.may_share = any(getattr(f, "shares", False) for f in self.steps)
+        self.timed_runs = 0 if self.has_control or not self.may_share else TIMED_RUNS
         self.step_us = [float("inf")] * len(self.steps)
         self.straight = None if self.has_control else self._straight_line(timed=self.timed_runs > 0)
         # Whether the last run handed work to the spinning helper (which then
@@ -693,7 +695,8 @@ class Engine:
             try:
                 results = loaded.straight(inputs, alias)
             finally:
-                loaded.shares = helper.end_session()
+                if loaded.may_share:
+                    loaded.shares = helper.end_session()
                 if token is not None:
                     _restore_numpy(token)
             if loaded.timed_runs:

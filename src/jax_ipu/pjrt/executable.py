@@ -6,6 +6,7 @@ import uuid
 import re
 import threading
 import time
+from threading import get_ident
 
 import numpy as np
 
@@ -76,6 +77,7 @@ class Executable:
         # index 1), and their JAX memory kinds.
         self.input_memories = [1 if i in program.streaming_inputs else 0 for i in range(self.num_params)]
         self.output_memories = [1 if i in program.streaming_outputs else 0 for i in range(len(self.output_specs))]
+        self.streaming_outputs = any(self.output_memories)
         self.parameter_memory_kinds = [Device.memories[m][0] for m in self.input_memories]
         self.output_memory_kinds = [Device.memories[m][0] for m in self.output_memories]
         self.cost_analysis = {k: float(v) for k, v in program.cost_analysis().items()}
@@ -91,6 +93,7 @@ class Executable:
         # so a failed run's error goes to its outputs only, as on XLA:CPU,
         # not to an event that would re-raise it ever after.
         self.own_completion = bool(self.output_specs) and _calls_host(program.body)
+        self.last_output_completes = bool(self.output_specs) and not self.own_completion
 
     # -- saved and loaded (PJRT_Executable_Serialize, DeserializeAndLoad) --
     def serialize(self) -> bytes:
@@ -127,7 +130,7 @@ class Executable:
         arguments, and the runs to hand to launch() once the caller is done
         with the outputs (so the device does not contend with it), or None
         when the run is quick and already queued (deferred, see DeviceWorker)."""
-        ids = [device_id] if device_id is not None else self.device_ids
+        ids = self.device_ids if device_id is None else (device_id,)
         if len(args) != len(ids):
             raise IpuInvalidArgument(f"{self.name} runs on {len(ids)} IPUs but got argument "
                                      f"lists for {len(args)}")
@@ -145,12 +148,11 @@ class Executable:
             if worker._jobs:
                 worker.help()        # quick runs still waiting: their results may be our arguments
             row = args[0]
-            self._check_arguments(row, device)
             outs = self._outputs(device)
             # Complete when the last output is: runs fulfil outputs in order.
-            done = outs[-1].ready if outs and not self.own_completion else Event()
+            done = outs[-1].ready if self.last_output_completes else Event()
             run = _Run(self, device, row, donated_set, outs, done)
-            if worker.on_worker_thread():
+            if worker.thread_ident == get_ident():
                 # A host callback of a program running on this IPU runs
                 # this one: now, in place (queued, it would wait behind
                 # the run that waits for it), as XLA:CPU allows.
@@ -175,9 +177,8 @@ class Executable:
                     f"{self.name} runs on {len(ids)} IPUs and is called from a host callback of a program "
                     f"running on {device.to_string}: it would wait for that program forever. Run it on other "
                     "devices, or after that program")
-            self._check_arguments(row, device)
             outs = self._outputs(device)
-            done = outs[-1].ready if outs and not self.own_completion else Event()
+            done = outs[-1].ready if self.last_output_completes else Event()
             replica = links.Replica(launch, rank, *divmod(rank, self.num_partitions)) if launch else None
             runs.append(_Run(self, device, row, donated_set, outs, done, replica))
             outputs.append(outs)
@@ -201,19 +202,12 @@ class Executable:
                 run.device.worker.submit(run)
 
     def _outputs(self, device) -> list[DeviceBuffer]:
-        if not self.program.streaming_outputs:
-            return [DeviceBuffer(device, spec) for spec in self.output_specs]
-        return [DeviceBuffer(device, spec, memory=m) for spec, m in zip(self.output_specs, self.output_memories)]
-
-    def _check_arguments(self, row: list[DeviceBuffer], device) -> None:
-        specs = self.input_specs
-        if len(row) == len(specs):
-            for buf, expected, memory in zip(row, specs, self.input_memories):   # specs are interned
-                if buf.spec is not expected or buf.device is not device or buf.memory != memory:
-                    break
-            else:
-                return
-        self._argument_error(row, device)
+        specs = self.output_specs
+        if self.streaming_outputs:
+            return [DeviceBuffer(device, spec, memory=m) for spec, m in zip(specs, self.output_memories)]
+        if len(specs) == 1:      # (the common case, paid on every call)
+            return [DeviceBuffer(device, specs[0])]
+        return [DeviceBuffer(device, spec) for spec in specs]
 
     def _argument_error(self, row: list[DeviceBuffer], device) -> None:
         specs = self.input_specs
@@ -384,6 +378,8 @@ class _Run:
                  "donated", "outputs", "done", "replica")
 
     def __init__(self, executable, device, args, donated, outputs, done, replica=None):
+        """Checks the arguments against the program's (one pass over them
+        with the next: it is paid on every call)."""
         self.executable, self.program = executable, executable.program
         self.device, self.args = device, args
         # The contents of the arguments ready now: the caller may delete its
@@ -391,7 +387,11 @@ class _Run:
         self.held = held = []
         all_held = True
         self.waits_elsewhere = False    # for an argument another IPU has still to produce
-        for buf in args:
+        if len(args) != executable.num_params:
+            executable._argument_error(args, device)
+        for buf, expected, memory in zip(args, executable.input_specs, executable.input_memories):
+            if buf.spec is not expected or buf.device is not device or buf.memory != memory:  # (specs are interned)
+                executable._argument_error(args, device)
             array = buf._array
             if array is None:
                 all_held = False
