@@ -8,6 +8,7 @@ from __future__ import annotations
 import bisect
 import collections
 import dataclasses
+import functools
 import threading
 import time
 import weakref
@@ -631,15 +632,12 @@ _QUIET_THREADS: set[int] = set()
 
 try:   # numpy 2: the floating-point error state is a context variable
     from numpy._core._ufunc_config import _extobj_contextvar, _make_extobj
-    _QUIET = _make_extobj(all="ignore")
 
-    def _quiet_numpy():
-        """Ignores floating-point errors on this thread until _restore_numpy
-        (np.errstate, without its per-use setup: it is paid on every run)."""
-        return _extobj_contextvar.set(_QUIET)
-
-    def _restore_numpy(token) -> None:
-        _extobj_contextvar.reset(token)
+    # _quiet_numpy() ignores floating-point errors on this thread until
+    # _restore_numpy(its token): np.errstate without its per-use setup, and
+    # no Python call of its own (it is paid on every run).
+    _quiet_numpy = functools.partial(_extobj_contextvar.set, _make_extobj(all="ignore"))
+    _restore_numpy = _extobj_contextvar.reset
 except ImportError:   # pragma: no cover - older numpy
     def _quiet_numpy():
         state = np.errstate(all="ignore")

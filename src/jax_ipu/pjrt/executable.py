@@ -61,6 +61,8 @@ class Executable:
         self._text = None
         # The StableHLO compiled, kept when xla_embed_ir_in_executable asks.
         self.stablehlo = stablehlo
+        # The device of a one-device program (looked up on every call otherwise).
+        self.single_device = client.device(assignment[0][0]) if len(assignment) * len(assignment[0]) == 1 else None
         self.num_replicas = len(assignment)
         self.num_partitions = len(assignment[0])
         self.logical_ids = [(r, p) for r in range(self.num_replicas) for p in range(self.num_partitions)]
@@ -143,7 +145,7 @@ class Executable:
             for row in args:
                 _check_donations(row, donated_set)
         if len(ids) == 1:    # the common case, kept lean: it is paid on every call
-            device = self.client.device(ids[0])
+            device = self.single_device if device_id is None else self.client.device(device_id)
             worker = device.worker
             if worker._jobs:
                 worker.help()        # quick runs still waiting: their results may be our arguments
