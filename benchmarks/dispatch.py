@@ -1,9 +1,12 @@
 """Per-call dispatch overhead: jit(lambda x: x*2+1) on float32[4], input
 already on the device, IPU Model against XLA:CPU in the same run.
 
-    python benchmarks/dispatch.py [--calls 20000]
+    python benchmarks/dispatch.py [--calls 20000] [--check]
 
-Goal (issue 2): the IPU's time per call at most 3x the CPU backend's.
+Goal: the IPU's time per call under 2x the CPU backend's. --check exits
+non-zero when a process CPU time ratio (back to back or synced) passes
+CHECK_RATIO, printing one line: a loud report for a regression, which
+.ci/run prints without failing the run (a shared machine's timings move).
 
 Two clocks: wall time, and the CPU time of the whole process (all its
 threads, so the device worker's share counts). On a shared machine the CPU
@@ -12,12 +15,15 @@ Each figure is the best of five repeats.
 """
 import argparse
 import json
+import sys
 import time
 
 import jax
 import numpy as np
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+GOAL_RATIO = 2.0
+CHECK_RATIO = 2.5
 
 
 def per_call(device, calls: int, repeats: int = 5) -> dict[str, float]:
@@ -48,6 +54,8 @@ def per_call(device, calls: int, repeats: int = 5) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--check", action="store_true",
+                        help=f"exit 1 when a process CPU time ratio passes {CHECK_RATIO}x")
     args = parser.parse_args()
     cpu = per_call(jax.devices("cpu")[0], args.calls)
     ipu = per_call(jax.devices("ipu")[0], args.calls)
@@ -58,9 +66,17 @@ def main() -> None:
         result[f"cpu_us_{key}"] = cpu[key] * 1e6
         result[f"ipu_us_{key}"] = ipu[key] * 1e6
         result[f"ratio_{key}"] = ratio
-        goal = "  (goal <= 3x)" if key.startswith("back_to_back") else ""
-        print(f"  {key:<20}: cpu {cpu[key] * 1e6:7.1f} us  ipu {ipu[key] * 1e6:7.1f} us  ratio {ratio:.2f}x{goal}")
+        print(f"  {key:<20}: cpu {cpu[key] * 1e6:7.1f} us  ipu {ipu[key] * 1e6:7.1f} us  ratio {ratio:.2f}x"
+              f"  (goal < {GOAL_RATIO}x)")
     print(json.dumps(result))
+    if args.check:
+        worst = max(("back_to_back_cpu", "synced_cpu"), key=lambda k: result[f"ratio_{k}"])
+        ratio = result[f"ratio_{worst}"]
+        verdict = "ok" if ratio <= CHECK_RATIO else "FAILED"
+        print(f"dispatch check: {verdict}: ipu {result[f'ipu_us_{worst}']:.1f} us per call against cpu "
+              f"{result[f'cpu_us_{worst}']:.1f} us ({worst}), {ratio:.2f}x (limit {CHECK_RATIO}x)")
+        if ratio > CHECK_RATIO:
+            sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -25,20 +25,67 @@ what the comparison may expect of it (compare.py):
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from values import ARR_SOURCE, DTYPES, FLOATS, array_source, float_specials, int_specials, random_values, scalar_source
+from values import (ARR_SOURCE, DTYPES, FLOATS, PERIOD, array_source, float_specials, int_specials, random_values,
+                    scalar_source)
+
+from jax_ipu.model.executors import elementwise as model_elementwise, reduce as model_reduce
+from jax_ipu.model.fast import blas, lanes, xla_chains
+from jax_ipu.pjrt.executable import QUICK_ELEMENTS
 
 def _ftz(x):
     """x with float32 subnormals made zeros of their sign (compare.py)."""
     return jnp.where(jnp.abs(x) < np.finfo(np.float32).tiny, x * np.float32(0), x)
 
 
-NAMESPACE = {"jax": jax, "jnp": jnp, "lax": lax, "np": np, "inf": np.inf, "nan": np.nan, "_ftz": _ftz}
+def _underflow32(x):
+    """x (a float32 value computed in float64) with what float32 cannot hold
+    even as a subnormal made a zero of its sign (compare.py's float64 model
+    of IEEE float32 arithmetic)."""
+    return jnp.where(jnp.abs(x) < np.float64(np.finfo(np.float32).smallest_subnormal) / 2, x * 0, x)
+
+
+def _nan_kept(x, result, nan_found):
+    """result, NaN where nan_found: what a max or min reduction gives by
+    XLA's semantics (compare.py: XLA:CPU's kernels may drop a NaN)."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return result
+    return jnp.where(nan_found, jnp.array(jnp.nan, result.dtype), result)
+
+
+def _nan_max(x, axis=None):
+    return _nan_kept(x, jnp.max(x, axis=axis), jnp.any(jnp.isnan(x), axis=axis))
+
+
+def _nan_min(x, axis=None):
+    return _nan_kept(x, jnp.min(x, axis=axis), jnp.any(jnp.isnan(x), axis=axis))
+
+
+def _nan_reduce(x, init, op, dims):
+    result = lax.reduce(x, init, op, dims)
+    if op not in (lax.max, lax.min):
+        return result
+    return _nan_kept(x, result, jnp.any(jnp.isnan(x), axis=dims))
+
+
+def _nan_reduce_window(x, init, op, *args, **kwargs):
+    result = lax.reduce_window(x, init, op, *args, **kwargs)
+    if op not in (lax.max, lax.min) or not jnp.issubdtype(x.dtype, jnp.floating):
+        return result
+    found = lax.reduce_window(jnp.isnan(x).astype(np.float32), np.float32(0), lax.add, *args, **kwargs) > 0
+    return _nan_kept(x, result, found)
+
+
+NAMESPACE = {"jax": jax, "jnp": jnp, "lax": lax, "np": np, "inf": np.inf, "nan": np.nan, "_ftz": _ftz,
+             "_underflow32": _underflow32,
+             "_nan_max": _nan_max, "_nan_min": _nan_min, "_nan_reduce": _nan_reduce,
+             "_nan_reduce_window": _nan_reduce_window}
 
 
 @dataclasses.dataclass
@@ -48,6 +95,10 @@ class Var:
     exact: bool = True
     pristine: bool = True
     zero_sign: bool = True
+    # A sum's (dot's, reduction's...) value: its error is relative to the
+    # terms' scale, not to itself (a sum that cancels), so a nonlinear op of
+    # it (sigmoid, exp) can differ by anything: such ops take no such value.
+    scaled: bool = False
 
     @property
     def kind(self) -> str:
@@ -93,6 +144,10 @@ class Program:
                 + f"print('ipu', {run_ipu})\nprint('cpu', {run_cpu})\n")
 
 
+# Families whose float results are sums of many terms (Var.scaled).
+_SUMMING_FAMILIES = {"reduce", "dot", "conv", "window", "collective", "control"}
+
+
 class Rejected(Exception):
     pass
 
@@ -103,6 +158,13 @@ class Builder:
         self.inputs: dict = {}
         self.vars: dict = {}
         self.lines: list = []
+        # Largest result; threshold-sized programs (generate_sized) go higher.
+        self.max_elements = 20000
+        # Inputs of more elements repeat a random block of PERIOD values
+        # (reproducers stay short; no power-of-two chunk repeats another).
+        self.periodic_from = None
+        # generate_sized's reductions run over this axis (from the end).
+        self.reduce_last_axis = False
 
     # ---- values ----
     def _name(self) -> str:
@@ -113,7 +175,11 @@ class Builder:
         dtype = np.dtype(dtype)
         lead = (2,) if self.kind == "pmap" else ()
         if values is None:
-            values = random_values(self.rng, lead + tuple(shape), dtype, special=self.special)
+            size = int(np.prod(lead + tuple(shape), dtype=np.int64))
+            if self.periodic_from is not None and size > self.periodic_from:
+                values = np.resize(random_values(self.rng, (PERIOD,), dtype, special=self.special), size)
+            else:
+                values = random_values(self.rng, lead + tuple(shape), dtype, special=self.special)
         self.inputs[name] = np.asarray(values, dtype).reshape(lead + tuple(shape))
         self.vars[name] = Var(tuple(shape), dtype)
         return name
@@ -171,7 +237,7 @@ class Builder:
         if not isinstance(out, jax.ShapeDtypeStruct):
             raise Rejected(f"{expr}: not one array")
         shape = tuple(out.shape[1:] if self.kind == "pmap" else out.shape)
-        if int(np.prod(shape, dtype=np.int64)) > 20000:
+        if int(np.prod(shape, dtype=np.int64)) > self.max_elements:
             raise Rejected(f"{expr}: too large")
         dtype = np.dtype(out.dtype)
         if dtype not in DTYPES:
@@ -179,7 +245,10 @@ class Builder:
         name = self._name()
         if dtype.kind != "f":
             exact, pristine, zero_sign = True, True, True
-        self.vars[name] = Var(shape, dtype, exact, pristine and exact, zero_sign and exact)
+        scaled = dtype.kind == "f" and not exact and (
+            family in _SUMMING_FAMILIES or any(self.vars[n].scaled for n in re.findall(r"\bv\d+\b", expr)
+                                               if n in self.vars))
+        self.vars[name] = Var(shape, dtype, exact, pristine and exact, zero_sign and exact, scaled)
         self.lines.append((name, expr, family))
         return name
 
@@ -206,7 +275,9 @@ def random_shape(rng, min_rank=0, max_rank=3) -> tuple:
 # (operands must be exact; the result is); "discz" as disc, and the sign of
 # the operands' zeros must be known (signbit, nextafter); "amp" amplifying
 # an error near a point (operands exact with known zero signs; the result
-# is inexact: pow, atan2, rsqrt, tan).
+# is inexact: pow, atan2, rsqrt, tan); "periodic" sin and cos, whose
+# argument's last-ulp error grows with its size (cos(exp(14)) moves by 0.3
+# for an ulp of exp): operands exact, the result inexact.
 UNARY = {
     "neg": ("-{a}", "fiu", "nature"), "abs": ("jnp.abs({a})", "fi", "nature"), "not": ("~{a}", "iub", "nature"),
     "floor": ("jnp.floor({a})", "f", "disc"), "ceil": ("jnp.ceil({a})", "f", "disc"),
@@ -218,8 +289,8 @@ UNARY = {
     "cbrt": ("jnp.cbrt({a})", "f", "approx"), "exp": ("jnp.exp({a})", "f", "approx"),
     "exp2": ("jnp.exp2({a})", "f", "approx"), "expm1": ("jnp.expm1({a})", "f", "approx"),
     "log": ("jnp.log({a})", "f", "approx"), "log1p": ("jnp.log1p({a})", "f", "approx"),
-    "tanh": ("jnp.tanh({a})", "f", "approx"), "sin": ("jnp.sin({a})", "f", "approx"),
-    "cos": ("jnp.cos({a})", "f", "approx"), "tan": ("jnp.tan({a})", "f", "amp"),
+    "tanh": ("jnp.tanh({a})", "f", "approx"), "sin": ("jnp.sin({a})", "f", "periodic"),
+    "cos": ("jnp.cos({a})", "f", "periodic"), "tan": ("jnp.tan({a})", "f", "amp"),
     "logistic": ("jax.nn.sigmoid({a})", "f", "approx"), "erf": ("lax.erf({a})", "f", "approx"),
     "square": ("{a} * {a}", "fiu", "round"),
     "popcnt": ("lax.population_count({a})", "iu", "nature"), "clz": ("lax.clz({a})", "iu", "nature"),
@@ -258,7 +329,9 @@ def _result_flags(cls: str, operands: list[Var]) -> dict:
 def _allowed(cls: str, v: Var) -> bool:
     if v.kind != "f":
         return True
-    if cls == "disc":
+    if cls in ("approx", "periodic") and v.scaled:
+        return False
+    if cls in ("disc", "periodic"):
         return v.exact
     if cls in ("amp", "discz"):
         return v.exact and v.zero_sign
@@ -300,6 +373,11 @@ def gen_binary(b: Builder):
     flags = _result_flags(cls, [v, ov])
     if op in ("max", "min"):
         flags["zero_sign"] = False
+    if op == "nextafter" and v.dtype == np.float32:
+        # Of two f32 operands that are zeros or subnormals, XLA:CPU (which
+        # reads subnormals as zeros) returns the second: a zero's sign, or a
+        # subnormal's, is the flush's.
+        flags["zero_sign"] = False
     if op in ("lt", "le", "gt", "ge", "eq", "ne"):
         flags["exact"] = True
     return b.add(template.format(a=a_name, b=b_name), "elementwise", **flags)
@@ -318,8 +396,9 @@ def gen_select(b: Builder):
     ov = b.vars[other]
     if b.rng.random() < 0.25 and v.kind in "fiu":
         lo, hi = sorted([b.rng.integers(-3, 4), b.rng.integers(-3, 4)]) if v.kind != "u" else (1, 5)
+        # A max then a min: of zeros of both signs, either may come out (as for max and min).
         return b.add(f"lax.clamp({scalar_source(lo, v.dtype)}, {name}, {scalar_source(hi, v.dtype)})",
-                     "elementwise", **_result_flags("nature", [v]))
+                     "elementwise", **dict(_result_flags("nature", [v]), zero_sign=False))
     return b.add(f"jnp.where({pred}, {name}, {other})", "elementwise", **_result_flags("nature", [v, ov]))
 
 
@@ -420,6 +499,8 @@ def gen_reduce(b: Builder):
     name = b.pick()
     v = b.vars[name]
     axes = _axes(b.rng, len(v.shape))
+    if b.reduce_last_axis and v.shape and b.rng.random() < 0.8:
+        axes = (len(v.shape) - 1,)
     op = ["sum", "prod", "max", "min", "argmax", "argmin", "any", "all", "lax_add", "lax_max", "lax_xor",
           "lax_mul"][b.rng.integers(12)]
     inexact = dict(exact=False, pristine=False, zero_sign=False)
@@ -802,3 +883,116 @@ def generate(seed: int, max_steps: int = 5, pmap_share: float = 0.08) -> Program
     made = [name for name, *_ in b.lines]
     outputs = [made[-1]] + [n for n in made[:-1] if rng.random() < 0.3]
     return Program(b.inputs, b.lines, outputs, b.vars, kind, seed)
+
+
+# ---------------------------------------------------------------- sizes where the Model changes path
+
+# The IPU Model runs an op one way or another by its size (model/ and
+# model/fast/): element-wise chains in chunks, shared with a helper thread,
+# handed to XLA:CPU; float16/float32 conversions by XLA:CPU; misaligned
+# inputs staged; reductions over short axes element by element; products
+# through cblas, in batches, in halves; independent compute sets as lanes;
+# small programs on the quick dispatch path. Threshold-sized programs hold
+# arrays just below, at and above each of these sizes (read from the code,
+# so they follow it), so that every path is compared with XLA:CPU.
+def elementwise_thresholds(dtype) -> list[int]:
+    """Element counts where an element-wise chain (or a convert) of dtype
+    changes path."""
+    item = np.dtype(dtype).itemsize
+    return sorted({model_elementwise.CHAIN_CHUNK, model_elementwise.SHARED_CHAIN,
+                   model_elementwise.FAST_CHAIN_CHUNK, model_elementwise.FAST_SHARED_CHAIN,
+                   xla_chains.MIN_ELEMENTS, xla_chains.CONVERT_MIN_ELEMENTS, QUICK_ELEMENTS,
+                   xla_chains.STAGING_KEPT // item, lanes.MIN_GROUP_WORK // 2})
+
+
+# Multiply-adds where a product changes path (cblas calls, their batch
+# call, row halves, halves shared under load); and result sizes around
+# STACKED_BYTES (partials stacked or summed one by one).
+DOT_MACS = sorted({blas.SGEMM_MACS, blas.BATCH_MIN_MACS, blas.SHARED_MACS, blas.BUSY_SHARED_MACS})
+SIZED_FAMILIES = {
+    "elementwise": (gen_unary, 3.0), "binary": (gen_binary, 3.0), "select": (gen_select, 1.0),
+    "cast": (gen_cast, 1.5), "structural": (gen_structural, 0.7), "reduce": (gen_reduce, 1.0),
+}
+
+
+def _near(rng, threshold: int) -> int:
+    return max(1, threshold + int(rng.choice([-1, 0, 1, 5, 8])))
+
+
+def _shape_of(rng, n: int) -> tuple:
+    """A shape of n elements: (n,), or two axes when n divides."""
+    cols = [c for c in (2, 3, 8, 16, 128) if n % c == 0]
+    if not cols or rng.random() < 0.4:
+        return (n,)
+    c = int(rng.choice(cols))
+    return (n // c, c) if rng.random() < 0.7 else (c, n // c)
+
+
+def _sized_dtype(rng) -> np.dtype:
+    # float32 and float16 chains are the ones XLA:CPU takes over.
+    return [np.dtype(np.float32), np.dtype(np.float16), DTYPES[rng.integers(len(DTYPES))]][rng.choice(3, p=[.4, .4, .2])]
+
+
+def gen_sized_dot(b: Builder):
+    rng = b.rng
+    dtype = np.dtype(np.float32) if rng.random() < 0.8 else np.dtype(np.float16)
+    batch = int(rng.choice([1, 1, 2, 3]))
+    m = int(rng.choice([31, 32, 33, 64, 100, 257]))
+    if rng.random() < 0.3:
+        # batch * m * n floats of the result around STACKED_BYTES, over 1-4 chunks of K.
+        n = max(1, blas.STACKED_BYTES // 4 // int(rng.choice([1, 2, 4])) // (batch * m)) + int(rng.integers(-2, 3))
+        k = int(rng.choice([16, 64, 200, 513]))
+    else:
+        n = int(rng.choice([1, 8, 17, 64, 128]))
+        k = max(1, _near(rng, int(rng.choice(DOT_MACS))) // (batch * m * n))
+    lhs = b.new_input((batch, m, k) if batch > 1 else (m, k), dtype)
+    rhs = b.new_input((batch, k, n) if batch > 1 else (k, n), dtype)
+    inexact = dict(exact=False, pristine=False, zero_sign=False)
+    if batch > 1:
+        return b.add(f"lax.dot_general({lhs}, {rhs}, (((2,), (1,)), ((0,), (0,))))", "dot", **inexact)
+    return b.add(f"jnp.matmul({lhs}, {rhs})", "dot", **inexact)
+
+
+def generate_sized(seed: int, max_steps: int = 4) -> Program | None:
+    """A program whose arrays sit at one of the sizes where the Model
+    changes path (element-wise chains and conversions, reductions over a
+    short axis, products), with 1-max_steps ops."""
+    rng = np.random.default_rng([seed, 1])
+    b = Builder(rng)
+    b.special = float(rng.choice([0.0, 0.1, 0.3]))
+    b.max_elements = 1 << 21
+    b.periodic_from = 4 * PERIOD
+    kind = rng.choice(["elementwise", "reduce", "dot"], p=[0.6, 0.2, 0.2])
+    if kind == "elementwise":
+        dtype = _sized_dtype(rng)
+        shape = _shape_of(rng, _near(rng, int(rng.choice(elementwise_thresholds(dtype)))))
+        for _ in range(int(rng.integers(1, 3))):
+            b.new_input(shape, dtype)
+    elif kind == "reduce":
+        b.reduce_last_axis = True
+        rows = _near(rng, model_reduce.SHORT_AXIS_ROWS) * int(rng.choice([1, 1, 3]))
+        axis = int(rng.choice([2, 3, model_reduce.SHORT_AXIS, model_reduce.SHORT_AXIS + 1]))
+        lead = (int(rng.choice([2, 5])),) if rng.random() < 0.3 else ()
+        b.new_input(lead + (rows, axis), _sized_dtype(rng))
+    names, weights = list(SIZED_FAMILIES), np.array([w for _, w in SIZED_FAMILIES.values()])
+    steps, attempts = int(rng.integers(1, max_steps + 1)), 0
+    while len(b.lines) < steps and attempts < 40:
+        attempts += 1
+        if kind == "dot" and not b.lines:
+            gen = gen_sized_dot
+        elif kind == "reduce" and not b.lines:
+            gen = gen_reduce
+        else:
+            gen = SIZED_FAMILIES[names[rng.choice(len(names), p=weights / weights.sum())]][0]
+        mark = (dict(b.inputs), dict(b.vars), list(b.lines))
+        try:
+            out = gen(b)
+        except Exception:   # noqa: BLE001 (Rejected, or a proposal the generator could not fit to its operands)
+            out = None
+        if out is None:
+            b.inputs, b.vars, b.lines = mark
+    if not b.lines:
+        return None
+    made = [name for name, *_ in b.lines]
+    outputs = [made[-1]] + [n for n in made[:-1] if rng.random() < 0.4]
+    return Program(b.inputs, b.lines, outputs, b.vars, "jit", seed)

@@ -22,7 +22,18 @@ import jax  # noqa: E402
 
 from compare import check  # noqa: E402
 from minimise import minimise  # noqa: E402
-from programs import generate  # noqa: E402
+from programs import generate, generate_sized  # noqa: E402
+
+# The share of programs built at the sizes where the Model changes path
+# (programs.generate_sized): whether seed s is one is a function of s.
+SIZED_SHARE = 0.1
+
+
+def program(seed: int, max_steps: int = 5, pmap_share: float = 0.08, sized_share: float = SIZED_SHARE):
+    import numpy as np
+    if np.random.default_rng([seed, 2]).random() < sized_share:
+        return generate_sized(seed, max_steps=min(max_steps, 4))
+    return generate(seed, max_steps=max_steps, pmap_share=pmap_share)
 
 
 class Stats:
@@ -44,12 +55,13 @@ class Stats:
         return "\n".join(lines)
 
 
-def fuzz(programs: int, seed: int = 0, log=None, minimise_failures: bool = True, max_steps: int = 5) -> Stats:
+def fuzz(programs: int, seed: int = 0, log=None, minimise_failures: bool = True, max_steps: int = 5,
+         sized_share: float = SIZED_SHARE) -> Stats:
     ipus, cpu = jax.devices("ipu")[:2], jax.devices("cpu")[0]
     stats = Stats()
     start = time.perf_counter()
     for s in range(seed, seed + programs):
-        p = generate(s, max_steps=max_steps, pmap_share=0.08 if len(ipus) >= 2 else 0.0)
+        p = program(s, max_steps, 0.08 if len(ipus) >= 2 else 0.0, sized_share)
         if p is None:
             stats.status["not generated"] += 1
             continue
@@ -84,10 +96,12 @@ def main(argv=None):
     parser.add_argument("--programs", type=int, default=int(os.environ.get("JAX_IPU_FUZZ_PROGRAMS", 1000)))
     parser.add_argument("--seed", type=int, default=int(os.environ.get("JAX_IPU_FUZZ_SEED", 0)))
     parser.add_argument("--max-steps", type=int, default=5)
+    parser.add_argument("--sized-share", type=float, default=SIZED_SHARE,
+                        help="share of programs at the sizes where the Model changes path (1: only those)")
     parser.add_argument("--log", help="also write failures and progress to this file")
     args = parser.parse_args(argv)
     log = open(args.log, "a") if args.log else sys.stdout
-    stats = fuzz(args.programs, args.seed, log=log, max_steps=args.max_steps)
+    stats = fuzz(args.programs, args.seed, log=log, max_steps=args.max_steps, sized_share=args.sized_share)
     print(stats.summary(), file=log, flush=True)
     if log is not sys.stdout:
         print(stats.summary())

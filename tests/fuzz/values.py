@@ -89,12 +89,23 @@ ARR_SOURCE = """def arr(shape, dtype, fill, changes=None):
 """
 
 
+# Large inputs repeat a block of this many values (a prime: no power-of-two
+# chunk of a large array repeats another).
+PERIOD = 4099
+
+
 def array_source(a: np.ndarray) -> str:
     """A Python expression giving array `a` (its dtype, shape and values;
     NaN payloads are not kept). Arrays of more than 8 elements print as
-    arr(shape, dtype, the most common value, {flat index: other value})."""
+    arr(shape, dtype, the most common value, {flat index: other value});
+    large ones that repeat a block of PERIOD values, as that block resized."""
     a = np.asarray(a)
     flat = a.ravel()
+    if a.size > 2 * PERIOD:
+        block = flat[:PERIOD]
+        same = np.resize(block, a.size)
+        if np.array_equal(same.view(np.uint8), flat.view(np.uint8)):
+            return f"np.resize({array_source(block)}, {tuple(a.shape)})"
     items = [_item_source(x, a.dtype) for x in flat]
     if a.size <= 8:
         return f"np.array([{', '.join(items)}], np.{a.dtype.name}).reshape({tuple(a.shape)})"

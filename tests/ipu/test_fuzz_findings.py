@@ -14,6 +14,19 @@ from jax import lax
 from conftest import on_cpu, run_on, run_python
 
 
+def _one_of(got: np.ndarray, *models: np.ndarray) -> bool:
+    """Whether each element of `got` (XLA:CPU's) equals that of one of the
+    models, NaN equal to NaN: what a test may say of XLA:CPU's bits, which
+    depend on the host's instruction set (float16 arithmetic, fused
+    multiply-adds, vector widths)."""
+    got = np.asarray(got)
+    match = np.zeros(got.shape, bool)
+    for model in models:
+        model = np.asarray(model, got.dtype)
+        match |= (got == model) | (np.isnan(got) & np.isnan(model)) if got.dtype.kind == "f" else got == model
+    return bool(match.all())
+
+
 def _f16_in_order(x: np.ndarray, op) -> np.ndarray:
     """The prefix op of x, each step rounded to float16 (numpy's f16 ufunc
     calls round every result)."""
@@ -36,8 +49,7 @@ def _f16_in_order(x: np.ndarray, op) -> np.ndarray:
 def test_f16_cumulative_ops_round_every_step_so_an_overflow_stays_infinite(ipu, fn, values, want):
     x = np.array(values, np.float16)
     got = run_on(ipu, fn, x)
-    np.testing.assert_array_equal(got, np.array(want, np.float16))
-    np.testing.assert_array_equal(got, on_cpu(fn, x))
+    np.testing.assert_array_equal(got, np.array(want, np.float16))      # each step rounded to f16, in order
 
 
 @pytest.mark.parametrize("n", [40, 300])     # the window form, and the log-depth scan of long axes
@@ -45,20 +57,21 @@ def test_f16_cumsum_matches_per_step_float16_rounding(ipu, n):
     rng = np.random.default_rng(n)
     x = (rng.standard_normal(n) * 3000).astype(np.float16)
     x[n // 2] = 65000
-    got, cpu = run_on(ipu, jnp.cumsum, x), on_cpu(jnp.cumsum, x)
-    # XLA:CPU adds a long window in a tree order, so where a partial sum
-    # overflows differs (accumulation order, docs/fuzzing.md); elsewhere
-    # the sums agree within f16 rounding.
-    finite = np.isfinite(cpu) & np.isfinite(got)
-    np.testing.assert_allclose(got[finite].astype(np.float32), cpu[finite].astype(np.float32), rtol=2e-2, atol=64)
+    got, in_order = run_on(ipu, jnp.cumsum, x), _f16_in_order(x, np.add)
     if n == 40:     # the window form adds in order, each step rounded to f16
-        np.testing.assert_array_equal(got, _f16_in_order(x, np.add))
+        np.testing.assert_array_equal(got, in_order)
+    # The scan of a long axis adds in a tree order: where a partial sum
+    # overflows may differ (accumulation order, docs/fuzzing.md); elsewhere
+    # the sums agree with the in-order ones within f16 rounding.
+    finite = np.isfinite(in_order) & np.isfinite(got)
+    assert finite[:n // 2].all()
+    np.testing.assert_allclose(got[finite].astype(np.float32), in_order[finite].astype(np.float32), rtol=2e-2,
+                               atol=64)
 
 
 def test_f16_sum_pooling_windows_round_in_f16_and_reductions_still_accumulate_in_f32(ipu):
     x = np.array([[6e4, 6e4, -6e4, 1.0]], np.float16)
     window = lambda v: lax.reduce_window(v, np.float16(0), lax.add, (1, 3), (1, 1), "VALID")
-    np.testing.assert_array_equal(run_on(ipu, window, x), on_cpu(window, x))
     np.testing.assert_array_equal(run_on(ipu, window, x), np.array([[np.inf, 1.0]], np.float16))
     # a reduce of f16 (not a window) keeps PopLibs' fp32 accumulator
     total = lambda v: lax.reduce(v, np.float16(0), lax.add, (1,))
@@ -70,7 +83,7 @@ def test_f16_sum_pooling_windows_round_in_f16_and_reductions_still_accumulate_in
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_a_product_over_one_term_keeps_the_sign_of_zero(ipu, dtype):
     a, b = np.array([[-0.0], [0.0], [-2.0]], dtype), np.array([[1.0, -0.0, 3.0]], dtype)
-    got, want = run_on(ipu, jnp.matmul, a, b), on_cpu(jnp.matmul, a, b)
+    got, want = run_on(ipu, jnp.matmul, a, b), a * b        # over K = 1, each element is one product
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
     assert np.signbit(got[0, 0]) and np.signbit(got[1, 1]) and not np.signbit(got[2, 1])
@@ -87,12 +100,14 @@ def test_a_product_over_one_term_in_a_wider_type_and_batched(ipu):
     assert got.dtype == np.float32 and np.signbit(got[0, 0]) and got[1, 0] == 3.0
 
 
-def test_a_sum_of_negative_zero_products_is_positive_zero_on_both_backends(ipu):
-    """Accepted (docs/fuzzing.md): over K > 1 both backends start the sum
-    from +0.0, so products that are all -0.0 sum to +0.0 (IEEE: -0.0)."""
+def test_a_sum_of_negative_zero_products_is_positive_zero_on_the_ipu(ipu):
+    """Accepted (docs/fuzzing.md): over K > 1 the IPU starts the sum from
+    +0.0, so products that are all -0.0 sum to +0.0 (IEEE, summing the
+    products alone: -0.0). XLA:CPU gives one of the two."""
     a, b = -np.zeros((2, 3), np.float32), np.ones((3, 2), np.float32)
-    got, want = run_on(ipu, jnp.matmul, a, b), on_cpu(jnp.matmul, a, b)
-    assert not np.signbit(got).any() and not np.signbit(want).any()
+    got = run_on(ipu, jnp.matmul, a, b)
+    assert not np.signbit(got).any()
+    assert (on_cpu(jnp.matmul, a, b) == 0).all()      # a zero of either sign
 
 
 # ---------------------------------------------------------------- 3. memory checked at device_put
@@ -230,18 +245,38 @@ def test_a_memory_error_while_running_is_resource_exhausted(ipu, monkeypatch):
 
 # ---------------------------------------------------------------- 7. size-dependent element-wise chains
 
-# At most this many ulps between a float32 result of a chain under 2^17
-# elements (the Model's numpy kernels) and the same element of a larger
-# chain (XLA:CPU's kernel, equal to the CPU backend's bits), measured over
-# the inputs below (README, "What works"; docs/fuzzing.md).
-ULPS_BETWEEN_PATHS = {"exp": 2, "log": 3, "tanh": 4, "sin": 1, "cos": 1, "tan": 3, "expm1": 6, "log1p": 3,
-                      "cbrt": 2, "logistic": 4, "atan2": 3, "pow": 19, "divide": 0, "sqrt": 0}
+# At most this many ulps from the correctly rounded result: a float32
+# chain under 2^17 elements runs on the Model's numpy kernels, a larger one
+# on XLA:CPU's (the CPU backend's bits). Each bound holds on any x86-64
+# host: numpy's float32 kernels (its own SIMD loops, SVML or libm, chosen by
+# the host) stay within 4 ulp, XLA's are its own polynomials (measured on
+# one host: tanh 4, expm1 6, pow 19, the others 1-2, with room for a host
+# without FMA). So the two paths differ by at most the sum (README, "What
+# works"; docs/fuzzing.md).
+ULPS_FROM_ROUNDED = {  # op: (numpy kernels, XLA:CPU)
+    "exp": (4, 3), "log": (4, 3), "tanh": (4, 6), "sin": (4, 3), "cos": (4, 3), "tan": (4, 3),
+    "expm1": (4, 8), "log1p": (4, 4), "cbrt": (4, 3), "logistic": (4, 4), "atan2": (4, 3), "pow": (4, 32),
+    "divide": (0, 0), "sqrt": (0, 0)}
 _CHAINS = {"exp": lambda a, b: jnp.exp(a / 4), "log": lambda a, b: jnp.log(jnp.abs(a)), "tanh": lambda a, b: jnp.tanh(a),
            "sin": lambda a, b: jnp.sin(a), "cos": lambda a, b: jnp.cos(a), "tan": lambda a, b: jnp.tan(a),
            "expm1": lambda a, b: jnp.expm1(a / 4), "log1p": lambda a, b: jnp.log1p(jnp.abs(a)),
            "cbrt": lambda a, b: jnp.cbrt(a), "logistic": lambda a, b: jax.nn.sigmoid(a),
            "atan2": lambda a, b: jnp.arctan2(a, b), "pow": lambda a, b: jnp.power(jnp.abs(a) / 50, b),
            "divide": lambda a, b: a / b, "sqrt": lambda a, b: jnp.sqrt(jnp.abs(a))}
+# The same in float64 numpy, of the float32 values each op reads (a / 4 and
+# |a| / 50 are float32 steps, correctly rounded on both).
+def _f64(v):
+    return np.asarray(v, np.float64)
+
+
+_EXACT = {"exp": lambda a, b: np.exp(_f64(a / np.float32(4))), "log": lambda a, b: np.log(np.abs(_f64(a))),
+          "tanh": lambda a, b: np.tanh(_f64(a)), "sin": lambda a, b: np.sin(_f64(a)),
+          "cos": lambda a, b: np.cos(_f64(a)), "tan": lambda a, b: np.tan(_f64(a)),
+          "expm1": lambda a, b: np.expm1(_f64(a / np.float32(4))), "log1p": lambda a, b: np.log1p(np.abs(_f64(a))),
+          "cbrt": lambda a, b: np.cbrt(_f64(a)), "logistic": lambda a, b: 1 / (1 + np.exp(-_f64(a))),
+          "atan2": lambda a, b: np.arctan2(_f64(a), _f64(b)),
+          "pow": lambda a, b: np.power(_f64(np.abs(a) / np.float32(50)), _f64(b)),
+          "divide": lambda a, b: _f64(a) / _f64(b), "sqrt": lambda a, b: np.sqrt(np.abs(_f64(a)))}
 
 
 def _ordered(a: np.ndarray) -> np.ndarray:
@@ -258,20 +293,24 @@ def chain_inputs():
     return x, (rng.standard_normal(n) * 3).astype(np.float32)
 
 
-@pytest.mark.parametrize("op", sorted(ULPS_BETWEEN_PATHS))
-def test_large_and_small_chains_agree_within_the_stated_ulps(ipu, cpu, chain_inputs, op):
+@pytest.mark.parametrize("op", sorted(ULPS_FROM_ROUNDED))
+def test_large_and_small_chains_stay_within_the_stated_ulps(ipu, cpu, chain_inputs, op):
     x, y = chain_inputs
     f = jax.jit(_CHAINS[op])
     large = np.asarray(f(*jax.device_put((x, y), ipu)))
     small = np.concatenate([np.asarray(f(*jax.device_put((x[i:i + 8192], y[i:i + 8192]), ipu)))
                             for i in range(0, len(x), 8192)])
-    np.testing.assert_array_equal(np.isnan(large), np.isnan(small))
-    finite = np.isfinite(large) & np.isfinite(small)
-    np.testing.assert_array_equal(large[~finite & ~np.isnan(large)], small[~finite & ~np.isnan(large)])
+    with np.errstate(all="ignore"):
+        exact = _EXACT[op](x, y).astype(np.float32)
+    np.testing.assert_array_equal(np.isnan(large), np.isnan(exact))
+    np.testing.assert_array_equal(np.isnan(small), np.isnan(exact))
     tiny = np.finfo(np.float32).tiny
-    normal = finite & (np.abs(large) >= tiny) & (np.abs(small) >= tiny)
-    assert int(np.abs(_ordered(large) - _ordered(small))[normal].max(initial=0)) <= ULPS_BETWEEN_PATHS[op]
-    # the large path gives the CPU backend's bits
+    normal = np.isfinite(exact) & (np.abs(exact) >= tiny) & (np.abs(exact) < np.finfo(np.float32).max)
+    for path, result, bound in (("numpy", small, ULPS_FROM_ROUNDED[op][0]), ("XLA", large, ULPS_FROM_ROUNDED[op][1])):
+        ulps = np.abs(_ordered(result) - _ordered(exact))[normal & np.isfinite(result)]
+        assert int(ulps.max(initial=0)) <= bound, (path, int(ulps.max()))
+        assert np.isfinite(result[normal]).mean() > 0.999, path
+    # the large path gives the CPU backend's bits (both are this host's XLA:CPU)
     np.testing.assert_array_equal(large.view(np.int32), np.asarray(f(*jax.device_put((x, y), cpu))).view(np.int32))
 
 
@@ -294,22 +333,45 @@ def test_subnormals_are_kept_by_small_chains_and_flushed_by_large_ones(ipu):
 
 # ---------------------------------------------------------------- accepted differences (docs/fuzzing.md)
 
-def test_accepted_the_ipu_rounds_a_product_before_adding_where_xla_cpu_fuses_a_multiply_add(ipu, cpu):
+def _fused_multiply_add(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """a * b + c for float32 arrays with one rounding (a fused multiply-add):
+    the product is exact in float64, and the float64 sum's rounding error
+    (TwoSum) breaks the ties its second rounding to float32 would get wrong."""
+    p = a.astype(np.float64) * b
+    s = p + c
+    bp = s - c
+    err = (p - bp) + (c - (s - bp))
+    rounded = s.astype(np.float32)
+    # A float64 sum exactly halfway between two float32 values, with an error
+    # that says on which side the exact sum lies: round towards it.
+    up, down = np.nextafter(rounded, np.float32(np.inf)), np.nextafter(rounded, np.float32(-np.inf))
+    tie_up = (s == (rounded.astype(np.float64) + up) / 2) & (err > 0)
+    tie_down = (s == (rounded.astype(np.float64) + down) / 2) & (err < 0)
+    return np.where(tie_up, up, np.where(tie_down, down, rounded))
+
+
+def test_accepted_the_ipu_rounds_a_product_before_adding_where_xla_cpu_may_fuse_a_multiply_add(ipu, cpu):
     rng = np.random.default_rng(3)
     a, b, c = (rng.standard_normal(4096).astype(np.float32) for _ in range(3))
     f = jax.jit(lambda a, b, c: a * b + c)
-    np.testing.assert_array_equal(np.asarray(f(*jax.device_put((a, b, c), ipu))), a * b + c)
-    fused = (a.astype(np.float64) * b + c).astype(np.float32)
-    np.testing.assert_array_equal(np.asarray(f(*jax.device_put((a, b, c), cpu))), fused)   # why they differ
+    rounded_twice, fused = a * b + c, _fused_multiply_add(a, b, c)
+    assert (rounded_twice != fused).sum() > 100            # the two models differ, often
+    np.testing.assert_array_equal(np.asarray(f(*jax.device_put((a, b, c), ipu))), rounded_twice)
+    # XLA:CPU contracts it where the host has FMA instructions (its bits are the host's).
+    assert _one_of(np.asarray(f(*jax.device_put((a, b, c), cpu))), rounded_twice, fused)
 
 
-def test_accepted_the_ipu_rounds_every_f16_op_where_xla_cpu_keeps_a_fusion_in_f32(ipu, cpu):
+def test_accepted_the_ipu_rounds_every_f16_op_where_xla_cpu_may_keep_a_fusion_in_f32(ipu, cpu):
     rng = np.random.default_rng(4)
     a, b, c = (rng.standard_normal(4096).astype(np.float16) for _ in range(3))
     f = jax.jit(lambda a, b, c: a * b + c)
-    np.testing.assert_array_equal(np.asarray(f(*jax.device_put((a, b, c), ipu))), a * b + c)
-    wide = (a.astype(np.float32) * b + c).astype(np.float16)
-    np.testing.assert_array_equal(np.asarray(f(*jax.device_put((a, b, c), cpu))), wide)
+    every_op = a * b + c                                                   # numpy rounds each f16 op
+    in_f32 = (a.astype(np.float32) * b + c).astype(np.float16)             # a fusion's f32 intermediates
+    once = (a.astype(np.float64) * b + c).astype(np.float16)               # one rounding (exact in f64)
+    assert (every_op != in_f32).sum() > 100
+    np.testing.assert_array_equal(np.asarray(f(*jax.device_put((a, b, c), ipu))), every_op)
+    # XLA:CPU's choice depends on the host's float16 instructions.
+    assert _one_of(np.asarray(f(*jax.device_put((a, b, c), cpu))), every_op, in_f32, once)
 
 
 def test_accepted_f32_subnormal_inputs_are_read_as_themselves_on_the_ipu_and_as_zero_on_xla_cpu(ipu):
@@ -320,9 +382,10 @@ def test_accepted_f32_subnormal_inputs_are_read_as_themselves_on_the_ipu_and_as_
     np.testing.assert_allclose(log_ipu, np.log(np.abs(x).astype(np.float64)), rtol=1e-6)
     np.testing.assert_array_equal(pos_ipu, [True, False, True])
     np.testing.assert_allclose(sqrt_ipu, np.sqrt(np.abs(x).astype(np.float64)), rtol=1e-6)
-    # XLA:CPU's kernels read them as zeros (DAZ): no element is positive,
-    # and log's values are not the subnormals' (-inf, or its fast log's own)
-    assert not pos_cpu.any() and np.all(sqrt_cpu == 0) and not np.isclose(log_cpu, log_ipu).any()
+    # XLA:CPU's kernels may read them as zeros (DAZ): each element is the
+    # subnormal's or zero's
+    assert _one_of(pos_cpu, pos_ipu, np.zeros(3, bool))
+    assert _one_of(sqrt_cpu, sqrt_ipu, np.zeros(3, np.float32))
 
 
 def test_accepted_f32_division_on_the_ipu_is_correctly_rounded(ipu):
@@ -352,8 +415,8 @@ def test_accepted_f32_subnormal_results_are_kept_on_the_ipu_and_flushed_on_xla_c
     (prefix_ipu, product_ipu), (prefix_cpu, product_cpu) = run_on(ipu, f, x), on_cpu(f, x)
     np.testing.assert_allclose(prefix_ipu, [1e-20, 1e-40, 1e-20], rtol=1e-3)   # the subnormal kept, and used
     np.testing.assert_allclose(product_ipu, 1e-40, rtol=1e-3)
-    np.testing.assert_array_equal(prefix_cpu, np.array([1e-20, 0, 0], np.float32))
-    assert product_cpu == 0
+    flushed = np.array([1e-20, 0, 0], np.float32)                             # (FTZ)
+    assert _one_of(prefix_cpu, prefix_ipu, flushed) and _one_of(product_cpu, product_ipu, 0)
 
 
 def test_accepted_division_by_a_constant_with_a_subnormal_reciprocal_is_ieee_on_the_ipu(ipu):
@@ -364,7 +427,8 @@ def test_accepted_division_by_a_constant_with_a_subnormal_reciprocal_is_ieee_on_
     f = lambda v: v / np.float32(-3.4028234663852886e38)
     want = (x.astype(np.float64) / -3.4028234663852886e38).astype(np.float32)
     np.testing.assert_array_equal(run_on(ipu, f, x), want)
-    assert np.isnan(on_cpu(f, x)[0]) and on_cpu(f, x)[2] == 0
+    by_flushed_reciprocal = x * np.float32(-0.0)       # 1 / -3.4e38 is subnormal, -0.0 flushed; -inf * -0.0 NaN
+    assert _one_of(on_cpu(f, x), want, by_flushed_reciprocal)
 
 
 def test_accepted_an_f16_intermediate_that_overflows_is_inf_on_the_ipu(ipu):
@@ -372,7 +436,10 @@ def test_accepted_an_f16_intermediate_that_overflows_is_inf_on_the_ipu(ipu):
     XLA:CPU keeps the fusion's intermediate in f32 (seed 104290)."""
     x = np.array([-15840.0, 3.0], np.float16)
     f = lambda v: jnp.sqrt(lax.integer_pow(v, 2))
-    np.testing.assert_array_equal(run_on(ipu, f, x), np.array([np.inf, 3.0], np.float16))
-    np.testing.assert_array_equal(on_cpu(f, x), np.array([15840.0, 3.0], np.float16))
+    every_op = np.sqrt(x * x)                                                    # [inf, 3]
+    in_f32 = np.sqrt(x.astype(np.float32) ** 2).astype(np.float16)              # [15840, 3]
+    np.testing.assert_array_equal(every_op, np.array([np.inf, 3.0], np.float16))
+    np.testing.assert_array_equal(run_on(ipu, f, x), every_op)
+    assert _one_of(on_cpu(f, x), every_op, in_f32)
     barrier = lambda v: jnp.sqrt(lax.optimization_barrier(lax.integer_pow(v, 2)))   # rounded to f16 between
-    np.testing.assert_array_equal(on_cpu(barrier, x), run_on(ipu, f, x))
+    np.testing.assert_array_equal(on_cpu(barrier, x), every_op)

@@ -109,7 +109,7 @@ for p in (0.1, 0.6):
     np.testing.assert_allclose(np.asarray(out), x @ x, rtol=1e-4, atol=1e-3)
     peaks[p] = client.CURRENT.device(0).last_program.memory.max_bytes
 assert peaks[0.1] < 0.6 * peaks[0.6], peaks
-for options, message in [({"bogus": 1}, "unknown compiler option 'bogus'"),
+for options, message in [({"bogus": 1}, "No such compile option: 'bogus'"),
                          ({"available_memory_proportion": 2}, "expected 0 < p <= 1"),
                          ({"allow_out_of_memory": "maybe"}, "expected true or false")]:
     try:

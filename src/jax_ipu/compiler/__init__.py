@@ -223,12 +223,13 @@ def _dump(c: Compilation, index: int, name: str) -> None:
 def compile_module(module: ir.Module, target: Target, options: CompileOptions = CompileOptions()) -> Program:
     if options.f64_policy not in ("error", "as_f32"):
         raise IpuCompileError(f"f64_policy={options.f64_policy!r} is not supported; use 'error' or 'as_f32'")
+    dumping = bool(options.dump_to) and (options.dump_module_re is None
+                                         or re.search(options.dump_module_re, module.name or "module") is not None)
     with gc_pause.paused():    # many objects, no cycles (see gc_pause)
         c = Compilation(module, target, options)
-        if options.dump_to:
-            _dump(c, 0, "input")
-        for index, (name, run) in enumerate(PASSES, 1):
-            run(c)
-            if options.dump_to:
+        for index, (name, run) in enumerate([("input", None)] + PASSES):
+            if run is not None:
+                run(c)
+            if dumping and (options.dump_pass_re is None or re.search(options.dump_pass_re, name)):
                 _dump(c, index, name)
     return c.program

@@ -18,8 +18,12 @@ class CompileOptions:
     # JAX_IPU_F64_AS_F32, see compiler.demote).
     f64_policy: str = "error"
     # A directory to write the IR after every pass to (JAX_IPU_DUMP_TO), as
-    # XLA's --xla_dump_to; None writes nothing.
+    # XLA's --xla_dump_to; None writes nothing. The regular expressions, when
+    # set, choose the programs and the passes dumped (XLA's
+    # xla_dump_hlo_module_re and xla_dump_hlo_pass_re).
     dump_to: str | None = None
+    dump_module_re: str | None = None
+    dump_pass_re: str | None = None
     # The IPU-Link domain (IPU-POD) of each rank's IPU: collectives over
     # ranks of several domains cross GW-Links. Empty: all in one domain.
     link_domains: tuple = ()

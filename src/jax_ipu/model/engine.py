@@ -8,6 +8,7 @@ from __future__ import annotations
 import bisect
 import collections
 import dataclasses
+import functools
 import threading
 import time
 import weakref
@@ -279,8 +280,10 @@ class _Loaded:
         self.name, self.output_views = program.name, program.outputs
         # A straight-line program's first runs time its steps (step_us, the
         # fastest run's), then it runs with the helper's schedule made of them.
-        self.timed_runs = 0 if self.has_control or not any(getattr(f, "shares", False) for f in self.steps) \
-            else TIMED_RUNS
+        # Whether a step may hand work to the helper thread (else a run
+        # never engages it, and need not end a session with it).
+        self.may_share = any(getattr(f, "shares", False) for f in self.steps)
+        self.timed_runs = 0 if self.has_control or not self.may_share else TIMED_RUNS
         self.step_us = [float("inf")] * len(self.steps)
         self.straight = None if self.has_control else self._straight_line(timed=self.timed_runs > 0)
         # Whether the last run handed work to the spinning helper (which then
@@ -629,15 +632,12 @@ _QUIET_THREADS: set[int] = set()
 
 try:   # numpy 2: the floating-point error state is a context variable
     from numpy._core._ufunc_config import _extobj_contextvar, _make_extobj
-    _QUIET = _make_extobj(all="ignore")
 
-    def _quiet_numpy():
-        """Ignores floating-point errors on this thread until _restore_numpy
-        (np.errstate, without its per-use setup: it is paid on every run)."""
-        return _extobj_contextvar.set(_QUIET)
-
-    def _restore_numpy(token) -> None:
-        _extobj_contextvar.reset(token)
+    # _quiet_numpy() ignores floating-point errors on this thread until
+    # _restore_numpy(its token): np.errstate without its per-use setup, and
+    # no Python call of its own (it is paid on every run).
+    _quiet_numpy = functools.partial(_extobj_contextvar.set, _make_extobj(all="ignore"))
+    _restore_numpy = _extobj_contextvar.reset
 except ImportError:   # pragma: no cover - older numpy
     def _quiet_numpy():
         state = np.errstate(all="ignore")
@@ -693,7 +693,8 @@ class Engine:
             try:
                 results = loaded.straight(inputs, alias)
             finally:
-                loaded.shares = helper.end_session()
+                if loaded.may_share:
+                    loaded.shares = helper.end_session()
                 if token is not None:
                     _restore_numpy(token)
             if loaded.timed_runs:

@@ -9,6 +9,7 @@ from jax_ipu.errors import (IpuError, IpuInternalCompilerError, IpuInvalidArgume
 from jax_ipu.targets import get_target
 from jax_ipu.version import __version__
 from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer, check_ipu_dtype, to_device
+from jax_ipu.pjrt import compile_options
 from jax_ipu.pjrt.cache import ExecutableCache
 from jax_ipu.pjrt.device import Device, RemoteDevice
 from jax_ipu.pjrt.executable import Executable, device_assignment_ids, fingerprint
@@ -62,6 +63,10 @@ class Client:
                 f"process ({self.process_index}), whose IPUs are {self.devices[0].id}-{self.devices[-1].id}")
         return device
 
+    def local_device(self, device_id: int) -> Device | None:
+        """This process's IPU of that id, or None."""
+        return self._local.get(device_id)
+
     def any_device(self, device_id: int):
         """An IPU of any process."""
         if not 0 <= device_id < len(self.all_devices):
@@ -81,6 +86,8 @@ class Client:
             raise IpuInvalidArgument(f"jax-ipu compiles StableHLO ('mlir') programs, not {fmt!r}")
         parsed = CompileOptions.ParseFromString(options)
         overrides = dict(parsed.env_option_overrides)
+        # Checked before the cache: a bad option is refused, and an ignored one warned of, on every compile.
+        requested = compile_options.parse(overrides)
         assignment, serialized = _assignment(parsed)
         for row in assignment:
             for device_id in row:
@@ -95,17 +102,15 @@ class Client:
             if executable is not None:
                 return executable
         from jax_ipu.compiler import CompileOptions as IpuCompileOptions, compile_module
-        from jax_ipu.stablehlo import import_module
+        from jax_ipu.stablehlo import import_module, module_text
 
-        compile_options = _compile_options(
-            overrides, IpuCompileOptions(allow_out_of_memory=self.config.allow_out_of_memory,
-                                         f64_policy="as_f32" if self.f64_as_f32 else "error",
-                                         dump_to=self.config.dump_to,
-                                         link_domains=_link_domains(assignment, self.config.ipus_per_link_domain),
-                                         inspect_sharding=inspect_sharding))
+        defaults = dict(allow_out_of_memory=self.config.allow_out_of_memory,
+                        f64_policy="as_f32" if self.f64_as_f32 else "error", dump_to=self.config.dump_to,
+                        link_domains=_link_domains(assignment, self.config.ipus_per_link_domain),
+                        inspect_sharding=inspect_sharding)
         module = import_module(code)
         try:
-            program = compile_module(module, self.target, compile_options)
+            program = compile_module(module, self.target, IpuCompileOptions(**{**defaults, **requested.changes}))
         except IpuOutOfMemoryError as exc:
             profile.out_of_memory(exc, self.target)   # with profiling on, a report of what does not fit
             raise
@@ -123,7 +128,8 @@ class Client:
         name = module.main.name if module.entry == "main" else module.entry
         policy = b"f64_as_f32" if self.f64_as_f32 else b""
         executable = Executable(self, program, name, fingerprint(code + policy, options, self.target),
-                                assignment, serialized)
+                                assignment, serialized,
+                                stablehlo=module_text(code) if requested.embed_ir else None)
         # What processes compare before they exchange: the program itself
         # (the compile options hold process-specific fields).
         executable.program_hash = fingerprint(code + policy, b"", self.target).decode()
@@ -230,37 +236,3 @@ def _link_domains(assignment: list[list[int]], ipus_per_domain: int) -> tuple:
     + partition); () when they are all in one."""
     domains = tuple(device_id // ipus_per_domain for row in assignment for device_id in row)
     return domains if len(set(domains)) > 1 else ()
-
-
-def _compile_options(overrides: dict, options):
-    """jax's compiler_options (`jit(f).lower(x).compile(compiler_options=
-    {...})`) over the defaults: the planner's available_memory_proportion
-    (0 < p <= 1, PopLibs' availableMemoryProportion) and
-    allow_out_of_memory. Others are refused, naming the known ones (XLA:CPU
-    refuses unknown options too)."""
-    import dataclasses
-
-    known = {"available_memory_proportion": (float, "a number"), "allow_out_of_memory": (_as_bool, "true or false")}
-    changes = {}
-    for name, value in overrides.items():
-        if name not in known:
-            raise IpuInvalidArgument(f"unknown compiler option {name!r} for jax-ipu; it takes: {', '.join(known)}")
-        try:
-            changes[name] = known[name][0](value)
-        except ValueError:
-            raise IpuInvalidArgument(f"compiler option {name}={value!r}: expected {known[name][1]}") from None
-    proportion = changes.get("available_memory_proportion", options.available_memory_proportion)
-    if not 0 < proportion <= 1:
-        raise IpuInvalidArgument(f"compiler option available_memory_proportion={proportion}: expected 0 < p <= 1")
-    return dataclasses.replace(options, **changes)
-
-
-def _as_bool(value) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes"):
-        return True
-    if text in ("0", "false", "no"):
-        return False
-    raise ValueError(value)

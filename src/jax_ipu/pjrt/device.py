@@ -38,9 +38,18 @@ class DeviceWorker:
     Execute on the device, a copy to the host, or anyone asking for a
     buffer's ready event (wanted()). Waking a thread and handing it the GIL
     costs more than such a program takes to run, so dispatch of small
-    programs would otherwise be paid in thread switches."""
+    programs would otherwise be paid in thread switches.
+
+    For the same reason the worker does not wake for every quick job while
+    others take them (a thread dispatching small programs back to back, or
+    waiting for each): having found its job taken, it sleeps up to
+    LINGER_SECONDS at a time, and a quick job submitted meanwhile does not
+    wake it. A job nobody asks about then runs at most LINGER_SECONDS after
+    its grace; once a whole linger passes without a job, the worker sleeps
+    until woken."""
 
     GRACE_SECONDS = 0.0005
+    LINGER_SECONDS = 0.008
 
     def __init__(self, name: str):
         self._jobs: collections.deque = collections.deque()   # (job, quick, due, seq)
@@ -52,13 +61,14 @@ class DeviceWorker:
         self.closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
+        self.thread_ident = self._thread.ident     # (compared on every dispatch)
 
     def submit(self, job, quick: bool = False) -> None:
         self._submitted += 1
         if quick:
             due = time.perf_counter() + self.GRACE_SECONDS
             self._jobs.append((job, True, due, self._submitted))
-            if due < self._wakes_at:         # the worker would sleep past it
+            if due + self.LINGER_SECONDS < self._wakes_at:     # the worker would sleep well past it
                 self._wakes_at = due
                 self._wake.put(True)
         else:   # due now, and so are the deferred jobs before it
@@ -92,7 +102,7 @@ class DeviceWorker:
             self._run_lock.release()
 
     def on_worker_thread(self) -> bool:
-        return threading.current_thread() is self._thread
+        return threading.get_ident() == self.thread_ident
 
     def close(self) -> None:
         self.closed = True
@@ -108,21 +118,28 @@ class DeviceWorker:
             self._serve()
         finally:
             forget_quiet_thread()
+            self.thread_ident = None      # (its ident may be reused by another thread)
 
     def _serve(self) -> None:
         jobs, wake, run_lock = self._jobs, self._wake, self._run_lock
+        waited = None          # the quick job the last sleep was for
+        counted = 0            # jobs submitted when the worker last looked at an empty queue
         while True:
             timeout = None
             # Set before looking: a job submitted after the look that is due
             # earlier wakes us.
             self._wakes_at = float("inf")
+            now = time.perf_counter()
             if jobs:
                 _, quick, due, seq = jobs[0]
                 if quick and seq > self._urged:
-                    timeout = due - time.perf_counter()
-                    self._wakes_at = due
+                    # Its grace; a linger if others took the job slept for.
+                    wake_at = max(due, now + self.LINGER_SECONDS) if waited not in (None, seq) else due
+                    timeout, waited = wake_at - now, seq
+                    self._wakes_at = wake_at
                 if timeout is None or timeout <= 0:
                     self._wakes_at = 0.0
+                    waited = None
                     with run_lock:
                         # The job looked at, unless another thread ran it
                         # meanwhile (then the next one has its own grace).
@@ -130,6 +147,11 @@ class DeviceWorker:
                             jobs.popleft()[0]()   # jobs report their own errors through events
                     drain_released()
                     continue
+            elif self._submitted != counted:
+                # Jobs came and others took them: linger while they dispatch.
+                counted, waited = self._submitted, None
+                timeout = self.LINGER_SECONDS
+                self._wakes_at = now + timeout
             try:
                 if not wake.get(timeout=timeout):
                     return                 # closed

@@ -6,6 +6,7 @@ import uuid
 import re
 import threading
 import time
+from threading import get_ident
 
 import numpy as np
 
@@ -51,13 +52,19 @@ PROCESS = uuid.uuid4().hex
 
 class Executable:
     def __init__(self, client, program, name: str, fingerprint: bytes,
-                 assignment: list[list[int]], serialized_assignment: bytes):
+                 assignment: list[list[int]], serialized_assignment: bytes, stablehlo: str | None = None):
         self.client = client
         self.program = program
         self.name = name
         self.fingerprint = fingerprint
         self.assignment = assignment
         self._text = None
+        # The StableHLO compiled, kept when xla_embed_ir_in_executable asks.
+        self.stablehlo = stablehlo
+        # The device of a one-device program (looked up on every call otherwise).
+        # The device of a one-device program of this process (a remote one's runs elsewhere).
+        self.single_device = client.local_device(assignment[0][0]) if len(assignment) * len(assignment[0]) == 1 \
+            else None
         self.num_replicas = len(assignment)
         self.num_partitions = len(assignment[0])
         self.logical_ids = [(r, p) for r in range(self.num_replicas) for p in range(self.num_partitions)]
@@ -87,6 +94,7 @@ class Executable:
         # index 1), and their JAX memory kinds.
         self.input_memories = [1 if i in program.streaming_inputs else 0 for i in range(self.num_params)]
         self.output_memories = [1 if i in program.streaming_outputs else 0 for i in range(len(self.output_specs))]
+        self.streaming_outputs = any(self.output_memories)
         self.parameter_memory_kinds = [Device.memories[m][0] for m in self.input_memories]
         self.output_memory_kinds = [Device.memories[m][0] for m in self.output_memories]
         self.cost_analysis = {k: float(v) for k, v in program.cost_analysis().items()}
@@ -103,6 +111,7 @@ class Executable:
         # so a failed run's error goes to its outputs only, as on XLA:CPU,
         # not to an event that would re-raise it ever after.
         self.own_completion = bool(self.output_specs) and _calls_host(program.body)
+        self.last_output_completes = bool(self.output_specs) and not self.own_completion
 
     # -- saved and loaded (PJRT_Executable_Serialize, DeserializeAndLoad) --
     def serialize(self) -> bytes:
@@ -115,6 +124,8 @@ class Executable:
                 "assignment": [[int(d) for d in row] for row in self.assignment],
                 "device_assignment": self.serialized_device_assignment,
                 "callbacks": PROCESS if _calls_host(self.program.body) else None}
+        if self.stablehlo is not None:
+            meta["stablehlo"] = self.stablehlo
         return serialize.dumps(self.program, meta)
 
     def optimized_program(self) -> tuple[bytes, bytes]:
@@ -123,9 +134,10 @@ class Executable:
         HLO for compiled.as_text(). So it is small: the program's signature
         (results as zeros) and, as the module's frontend attribute
         `ipu_program`, what the IPU runs: compute sets, copies, cycles,
-        memory (the StableHLO itself is lowered.as_text())."""
+        memory (the StableHLO itself is lowered.as_text(), and the
+        attribute `stablehlo` when xla_embed_ir_in_executable asked)."""
         if self._text is None:
-            self._text = program_text(self.program.name, self.program).encode()
+            self._text = program_text(self.program.name, self.program, self.stablehlo).encode()
         return b"mlir", self._text
 
     # -- execution --
@@ -136,7 +148,7 @@ class Executable:
         arguments, and the runs to hand to launch() once the caller is done
         with the outputs (so the device does not contend with it), or None
         when the run is quick and already queued (deferred, see DeviceWorker)."""
-        ids = [device_id] if device_id is not None else self.local_device_ids
+        ids = self.local_device_ids if device_id is None else (device_id,)
         if len(args) != len(ids):
             raise IpuInvalidArgument(f"{self.name} runs on {len(ids)} IPUs but got argument "
                                      f"lists for {len(args)}")
@@ -150,17 +162,16 @@ class Executable:
                 _check_donations(row, donated_set)
         if len(ids) == 1 and (device_id is not None or len(self.device_ids) == 1):
             # the common case, kept lean: it is paid on every call
-            device = self.client.device(ids[0])
+            device = self.single_device if device_id is None else self.client.device(device_id)
             worker = device.worker
             if worker._jobs:
                 worker.help()        # quick runs still waiting: their results may be our arguments
             row = args[0]
-            self._check_arguments(row, device)
             outs = self._outputs(device)
             # Complete when the last output is: runs fulfil outputs in order.
-            done = outs[-1].ready if outs and not self.own_completion else Event()
+            done = outs[-1].ready if self.last_output_completes else Event()
             run = _Run(self, device, row, donated_set, outs, done)
-            if worker.on_worker_thread():
+            if worker.thread_ident == get_ident():
                 # A host callback of a program running on this IPU runs
                 # this one: now, in place (queued, it would wait behind
                 # the run that waits for it), as XLA:CPU allows.
@@ -193,9 +204,8 @@ class Executable:
                     f"{self.name} runs on {len(ids)} IPUs and is called from a host callback of a program "
                     f"running on {device.to_string}: it would wait for that program forever. Run it on other "
                     "devices, or after that program")
-            self._check_arguments(row, device)
             outs = self._outputs(device)
-            done = outs[-1].ready if outs and not self.own_completion else Event()
+            done = outs[-1].ready if self.last_output_completes else Event()
             replica = links.Replica(launch, rank, *divmod(rank, self.num_partitions)) if launch else None
             runs.append(_Run(self, device, row, donated_set, outs, done, replica))
             outputs.append(outs)
@@ -226,19 +236,12 @@ class Executable:
                 run.device.worker.submit(run)
 
     def _outputs(self, device) -> list[DeviceBuffer]:
-        if not self.program.streaming_outputs:
-            return [DeviceBuffer(device, spec) for spec in self.output_specs]
-        return [DeviceBuffer(device, spec, memory=m) for spec, m in zip(self.output_specs, self.output_memories)]
-
-    def _check_arguments(self, row: list[DeviceBuffer], device) -> None:
-        specs = self.input_specs
-        if len(row) == len(specs):
-            for buf, expected, memory in zip(row, specs, self.input_memories):   # specs are interned
-                if buf.spec is not expected or buf.device is not device or buf.memory != memory:
-                    break
-            else:
-                return
-        self._argument_error(row, device)
+        specs = self.output_specs
+        if self.streaming_outputs:
+            return [DeviceBuffer(device, spec, memory=m) for spec, m in zip(specs, self.output_memories)]
+        if len(specs) == 1:      # (the common case, paid on every call)
+            return [DeviceBuffer(device, specs[0])]
+        return [DeviceBuffer(device, spec) for spec in specs]
 
     def _argument_error(self, row: list[DeviceBuffer], device) -> None:
         specs = self.input_specs
@@ -292,9 +295,10 @@ def _mlir_string(text: str) -> str:
     return '"' + text + '"'
 
 
-def program_text(name: str, program) -> str:
+def program_text(name: str, program, stablehlo: str | None = None) -> str:
     """MLIR text of the program's signature, returning zeros, with its
-    summary as the module's frontend attribute `ipu_program`."""
+    summary as the module's frontend attribute `ipu_program` (and the
+    StableHLO it was compiled from as `stablehlo`, when given)."""
     from jax_ipu import ir
 
     def type_of(t) -> str:
@@ -308,8 +312,10 @@ def program_text(name: str, program) -> str:
     args = ", ".join(f"%arg{i}: {type_of(t)}" for i, t in enumerate(program.input_types))
     results = [type_of(t) for t in program.output_types]
     symbol = name if re.fullmatch(r"[A-Za-z_][\w$.]*", name) else _mlir_string(name)
-    lines = [f"module @{symbol} attributes {{mhlo.frontend_attributes = "
-             f"{{ipu_program = {_mlir_string(program.summary())}}}}} {{",
+    attributes = f"ipu_program = {_mlir_string(program.summary())}"
+    if stablehlo is not None:
+        attributes += f", stablehlo = {_mlir_string(stablehlo)}"
+    lines = [f"module @{symbol} attributes {{mhlo.frontend_attributes = {{{attributes}}}}} {{",
              f"  func.func public @main({args}) -> ({', '.join(results)}) {{"]
     lines += [f"    %{i} = {zero(t)}" for i, t in enumerate(program.output_types)]
     lines += [f"    return {', '.join(f'%{i}' for i in range(len(results)))}"
@@ -329,8 +335,9 @@ def from_bytes(client, data: bytes, options: bytes | None) -> Executable:
         raise IpuInvalidArgument(f"cannot load this IPU executable: {exc}") from None
     fields = {"kind": str, "name": str, "fingerprint": bytes, "assignment": list, "device_assignment": bytes,
               "callbacks": (str, type(None))}
-    if set(meta) != set(fields) or meta["kind"] != EXECUTABLE_KIND or not all(
-            isinstance(meta[k], t) for k, t in fields.items()):
+    optional = {"stablehlo": str}
+    if not set(fields) <= set(meta) <= set(fields) | set(optional) or meta["kind"] != EXECUTABLE_KIND or not all(
+            isinstance(meta[k], t) for k, t in {**fields, **optional}.items() if k in meta):
         raise IpuInvalidArgument("cannot load this IPU executable: it holds a program, not an executable")
     assignment = meta["assignment"]
     if not assignment or not all(type(row) is list and len(row) == len(assignment[0]) and row
@@ -361,7 +368,8 @@ def from_bytes(client, data: bytes, options: bytes | None) -> Executable:
     for row in assignment:
         for device_id in row:
             client.any_device(device_id)
-    return Executable(client, program, meta["name"], meta["fingerprint"], assignment, serialized)
+    return Executable(client, program, meta["name"], meta["fingerprint"], assignment, serialized,
+                      meta.get("stablehlo"))
 
 
 # Programs up to this many elements in all their tensors (and no loops) run
@@ -404,6 +412,8 @@ class _Run:
                  "donated", "outputs", "done", "replica")
 
     def __init__(self, executable, device, args, donated, outputs, done, replica=None):
+        """Checks the arguments against the program's (one pass over them
+        with the next: it is paid on every call)."""
         self.executable, self.program = executable, executable.program
         self.device, self.args = device, args
         # The contents of the arguments ready now: the caller may delete its
@@ -411,7 +421,11 @@ class _Run:
         self.held = held = []
         all_held = True
         self.waits_elsewhere = False    # for an argument another IPU has still to produce
-        for buf in args:
+        if len(args) != executable.num_params:
+            executable._argument_error(args, device)
+        for buf, expected, memory in zip(args, executable.input_specs, executable.input_memories):
+            if buf.spec is not expected or buf.device is not device or buf.memory != memory:  # (specs are interned)
+                executable._argument_error(args, device)
             array = buf._array
             if array is None:
                 all_held = False

@@ -48,3 +48,8 @@ def parse(code: bytes | str) -> mlir.Module:
             f"cannot read the program JAX sent as StableHLO:\n  {details}\n"
             f"jax-ipu reads StableHLO up to version {stablehlo.get_current_version()}; "
             "check that jax and jaxlib are the versions jax-ipu supports.") from None
+
+
+def module_text(code: bytes | str) -> str:
+    """The program JAX sent, as StableHLO text (what lowered.as_text() shows)."""
+    return str(parse(code))

@@ -414,7 +414,9 @@ def _compile(k: codelets.ElementwiseChain, device, arg_regs: list[int], transpos
              for i, (view, shape, _) in enumerate(_fed(k, r) for r in arg_regs)]
     if half:
         specs.append(jax.ShapeDtypeStruct((), np.uint32, sharding=sharding))
-    return jax.jit(chain).lower(*specs).compile().runtime_executable()
+    # keep_unused: run_on_xla passes every argument, read or not (the zero
+    # of a float16 chain whose results are all bool is never read).
+    return jax.jit(chain, keep_unused=True).lower(*specs).compile().runtime_executable()
 
 
 # Conversions between float16 and float32 of at least this many elements go
