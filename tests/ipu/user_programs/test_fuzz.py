@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fuzz"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fuzz"))
 
 from run import fuzz  # noqa: E402
 

@@ -5,7 +5,7 @@ import runpy
 import numpy as np
 import pytest
 
-EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = pathlib.Path(__file__).resolve().parents[3] / "examples"
 
 
 def test_quickstart_runs_and_agrees_with_cpu(capsys):
