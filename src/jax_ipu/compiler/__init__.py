@@ -20,7 +20,8 @@ import re
 from typing import Any
 from collections.abc import Callable
 
-from jax_ipu import gc_pause, ir
+from jax_ipu import ir
+from jax_ipu.utils import gc_pause
 # Importing the rule modules registers their lowering rules.
 from jax_ipu.compiler.lowering import (collectives, control, conv, host, indexing, layout, linalg,  # noqa: F401
                                        matmul, reduce, sort, windows)

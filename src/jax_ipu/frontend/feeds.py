@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from jax.experimental import io_callback
 
-from jax_ipu import callbacks
+from jax_ipu.frontend import callbacks
 from jax_ipu.errors import IpuError
 
 DEFAULT_TIMEOUT = 60.0

@@ -45,7 +45,8 @@ import zlib
 import ml_dtypes
 import numpy as np
 
-from jax_ipu import gc_pause, ir
+from jax_ipu import ir
+from jax_ipu.utils import gc_pause
 from jax_ipu.graph import codelets, codelets_collectives, codelets_indexing, codelets_linalg
 from jax_ipu.graph import programs as p
 from jax_ipu.graph.compute import ComputeSet, DataDependentExchange, Region, Vertex, VertexArray

@@ -560,7 +560,7 @@ def _helper_schedule(fns: list, est: list) -> tuple[set, set]:
 
 # The host's side of HostCall steps: fn(callback id, operands, result specs,
 # caller) -> results. The front end that registers host callbacks
-# (jax_ipu.callbacks) installs it when the plugin starts.
+# (jax_ipu.frontend.callbacks) installs it when the plugin starts.
 host_caller: Callable | None = None
 
 

@@ -9,7 +9,8 @@ import time
 
 import numpy as np
 
-from jax_ipu import profile, protowire
+from jax_ipu import profile
+from jax_ipu.utils import protowire
 from jax_ipu.graph import programs as p
 from jax_ipu.errors import IpuInvalidArgument, IpuRuntimeError
 from jax_ipu.model import links

@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 
-from jax_ipu import protowire
+from jax_ipu.utils import protowire
 
 RUNNING: tuple = ()          # the running Tracers
 _lock = threading.Lock()

@@ -1,7 +1,7 @@
 """Dense linear algebra on the ipu device against JAX's CPU backend (f32):
 stablehlo.cholesky and triangular_solve from JAX's generic rules, QR's
 custom_calls (Qr, ProductOfElementaryHouseholderReflectors), and LU, eigh
-and svd through the ipu lowerings of jax_ipu.lowerings. Both sides call
+and svd through the ipu lowerings of jax_ipu.frontend.jax_rules. Both sides call
 LAPACK's algorithms in f32; tolerance 1e-4 relative to the result's scale
 (eigenvectors and singular vectors compared up to sign via their
 products)."""

@@ -18,13 +18,12 @@ ROOT = pathlib.Path(jax_ipu.__file__).resolve().parent
 # the importer and the graph.
 LAYERS = [
     {"jax_ipu.errors", "jax_ipu.version", "jax_ipu.targets", "jax_ipu.ir", "jax_ipu.ir_printer",
-     "jax_ipu.ops", "jax_ipu.config", "jax_ipu.protowire", "jax_ipu.gc_pause"},
+     "jax_ipu.ops", "jax_ipu.config", "jax_ipu.utils"},
     {"jax_ipu.graph", "jax_ipu.stablehlo"},
     {"jax_ipu.compiler", "jax_ipu.model"},
     {"jax_ipu.profile"},
     {"jax_ipu.pjrt"},
-    {"jax_ipu", "jax_ipu._plugin", "jax_ipu.cli", "jax_ipu.callbacks", "jax_ipu.feeds", "jax_ipu.lowerings",
-     "jax_ipu.pipeline"},
+    {"jax_ipu", "jax_ipu._plugin", "jax_ipu.cli", "jax_ipu.frontend", "jax_ipu.feeds", "jax_ipu.pipeline"},
 ]
 # Groups on one level that must not import each other.
 SIBLINGS = [("jax_ipu.compiler", "jax_ipu.model"), ("jax_ipu.graph", "jax_ipu.stablehlo")]

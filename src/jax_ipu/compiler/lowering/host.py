@@ -13,7 +13,7 @@ from jax_ipu.graph.views import View
 
 def parse_config(config: str) -> tuple[int, int | None]:
     """A host callback's backend_config: "<id>", or "<id>@<partition>" when
-    one partition calls it for all (see jax_ipu.callbacks)."""
+    one partition calls it for all (see jax_ipu.frontend.callbacks)."""
     callback_id, _, partition = config.partition("@")
     return int(callback_id), int(partition) if partition else None
 

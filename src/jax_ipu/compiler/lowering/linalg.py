@@ -1,6 +1,6 @@
 """Dense linear algebra: stablehlo.cholesky and triangular_solve, and the
 custom_calls JAX's generic lowerings emit (geqrf's "Qr",
-"ProductOfElementaryHouseholderReflectors") or jax_ipu.lowerings registers
+"ProductOfElementaryHouseholderReflectors") or jax_ipu.frontend.jax_rules registers
 for the ipu platform ("jax_ipu.lu", "jax_ipu.eigh", "jax_ipu.svd",
 "jax_ipu.tridiagonal"). Each
 becomes one compute set (a Factorize kernel): small matrices whole on a
