@@ -15,7 +15,8 @@ import sys
 import time
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# (Its siblings compare, minimise and programs are imported from its own
+# folder: the script's, or pytest's pythonpath.)
 os.environ.setdefault("JAX_IPU_DEVICE_COUNT", "2")
 
 import jax  # noqa: E402

@@ -59,7 +59,7 @@ from jax_ipu.graph.views import _SHAPE, Concat, View
 MAGIC = b"JAXIPUPG"
 FORMAT_VERSION = 2
 _MARK = struct.Struct("<8sI")
-_PREFIX = struct.Struct("<8sIQQQQ32s")
+PREFIX = struct.Struct("<8sIQQQQ32s")
 _ALIGN = 64
 
 
@@ -679,7 +679,7 @@ def dumps(program: Program, meta: dict | None = None) -> bytes:
     packed += _deflate(deferred)
     packed = b"".join(packed)
     body_size = len(text) + pad + enc.arrays.sizes[0]
-    return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(text) + pad, body_size, packed_size, enc.arrays.sizes[1],
+    return PREFIX.pack(MAGIC, FORMAT_VERSION, len(text) + pad, body_size, packed_size, enc.arrays.sizes[1],
                         hashlib.sha256(packed).digest()) + packed
 
 
@@ -1190,10 +1190,10 @@ def _loads(data: bytes) -> tuple[Program, dict]:
         _fail("it does not start with the jax-ipu program mark")
     if version != FORMAT_VERSION:
         _fail(f"program format {version}, this jax-ipu reads format {FORMAT_VERSION}")
-    if len(data) < _PREFIX.size:
+    if len(data) < PREFIX.size:
         _fail(f"{len(data)} bytes are too few")
-    _, _, header_size, body_size, packed_size, deferred_size, digest = _PREFIX.unpack_from(data)
-    packed = data[_PREFIX.size:]
+    _, _, header_size, body_size, packed_size, deferred_size, digest = PREFIX.unpack_from(data)
+    packed = data[PREFIX.size:]
     # Over both sections: a truncated or corrupted entry is refused here,
     # not when its deferred section is first read.
     if hashlib.sha256(packed).digest() != digest:

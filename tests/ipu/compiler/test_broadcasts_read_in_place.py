@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from jax import lax
 
-from conftest import SMALL, assert_matches_cpu, compile_fn
+from helpers import SMALL, assert_matches_cpu, compile_fn
 from jax_ipu.compiler.builder import broadcast_reads
 from jax_ipu.graph.compute import VertexArray
 from jax_ipu.graph.mapping import TileMapping

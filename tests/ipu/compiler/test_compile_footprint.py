@@ -14,7 +14,7 @@ from jax_ipu.graph import programs as p
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View, source_tiles
 
-from conftest import SMALL, assert_matches_cpu, compile_fn
+from helpers import SMALL, assert_matches_cpu, compile_fn
 
 RNG = np.random.default_rng(7)
 

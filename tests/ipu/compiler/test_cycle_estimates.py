@@ -15,7 +15,7 @@ from jax_ipu.graph.programs import (Copy, DeviceToHost, Execute, HostToDevice, I
                                     Switch, children, leaves)
 from jax_ipu.model.engine import Engine
 from jax_ipu.targets import get_target
-from conftest import SMALL, compile_fn
+from helpers import SMALL, compile_fn
 
 IPU2 = get_target("ipu2")
 
@@ -242,7 +242,7 @@ def test_repeated_layers_share_vertex_patterns_and_cost_as_if_alone():
     counting each pattern's exchange once gives every step the cycles it
     has costed alone. The numerics stay XLA:CPU's."""
     from jax_ipu.graph.compute import VertexArray
-    from conftest import run_ipu
+    from helpers import run_ipu
 
     def layers(x, ws):
         for i in range(ws.shape[0]):

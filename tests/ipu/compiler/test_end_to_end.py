@@ -1,7 +1,7 @@
 """jax_ipu.compiler end to end on the IPU Model: real JAX programs, lowered
 and imported, compiled, validated and run, against JAX's CPU backend.
 
-The helpers (compile_fn, run_ipu, assert_matches_cpu) are conftest's."""
+The helpers (compile_fn, run_ipu, assert_matches_cpu) are helpers.py's."""
 from __future__ import annotations
 
 import jax
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from conftest import SMALL, assert_matches_cpu, compile_fn, lower, run_ipu
+from helpers import SMALL, assert_matches_cpu, compile_fn, lower, run_ipu
 from jax_ipu.compiler import compile_module
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.model.engine import Engine

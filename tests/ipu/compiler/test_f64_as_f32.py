@@ -9,7 +9,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from conftest import run_python
+from helpers import run_python
 
 from jax_ipu import config
 

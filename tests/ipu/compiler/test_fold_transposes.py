@@ -11,7 +11,7 @@ import pytest
 from jax_ipu.compiler.passes.fold_transposes import fold_result_transposes
 from jax_ipu.compiler.passes.legalize import legalize
 from jax_ipu.graph.programs import Copy, leaves
-from conftest import SMALL, assert_matches_cpu, compile_fn, lower
+from helpers import SMALL, assert_matches_cpu, compile_fn, lower
 
 rng = np.random.default_rng(0)
 

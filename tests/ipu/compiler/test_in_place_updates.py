@@ -12,7 +12,7 @@ from jax import lax
 
 from jax_ipu.graph import codelets_indexing as ci
 from jax_ipu.graph.programs import Copy, Execute, Repeat, leaves
-from conftest import SMALL, assert_matches_cpu, compile_fn
+from helpers import SMALL, assert_matches_cpu, compile_fn
 
 rng = np.random.default_rng(0)
 

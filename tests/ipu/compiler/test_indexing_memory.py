@@ -17,7 +17,7 @@ from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.graph.validate import validate
 from jax_ipu.targets import get_target
-from conftest import lower
+from helpers import lower
 
 IPU2 = get_target("ipu2")
 VOCAB, WIDTH, BATCH = 50_000, 512, 256          # a 100 MB embedding table

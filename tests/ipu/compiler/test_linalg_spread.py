@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from conftest import assert_matches_cpu, matrix, spd
+from helpers import assert_matches_cpu, matrix, spd
 from jax_ipu.compiler import compile_module
 from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.graph.codelets_linalg import Factorize

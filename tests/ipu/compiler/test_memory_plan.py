@@ -10,7 +10,7 @@ from jax_ipu.compiler import CompileOptions, compile_module
 from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.model.engine import Engine
 from jax_ipu.targets import get_target
-from conftest import SMALL, compile_fn, lower
+from helpers import SMALL, compile_fn, lower
 
 TINY = get_target("ipu2", num_tiles=4)
 

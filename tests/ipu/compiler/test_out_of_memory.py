@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from conftest import run_python
+from helpers import run_python
 
 PROGRAM = """
 import jax, jax.numpy as jnp, numpy as np

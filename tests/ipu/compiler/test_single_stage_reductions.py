@@ -16,7 +16,7 @@ from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.model.engine import Engine
 from jax_ipu.targets import get_target
-from conftest import SMALL, compile_fn, run_cpu
+from helpers import SMALL, compile_fn, run_cpu
 
 IPU2 = get_target("ipu2")
 rng = np.random.default_rng(0)

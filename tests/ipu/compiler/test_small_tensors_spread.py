@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import compile_fn, run_cpu
+from helpers import compile_fn, run_cpu
 
 from jax_ipu.model.engine import Engine
 from jax_ipu.targets import get_target

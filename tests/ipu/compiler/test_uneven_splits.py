@@ -18,7 +18,7 @@ from jax_ipu.compiler.planners.matmul import plan_matmul
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.targets import get_target
-from conftest import SMALL, assert_matches_cpu, compile_fn, run_on
+from helpers import SMALL, assert_matches_cpu, compile_fn, run_on
 
 IPU2 = get_target("ipu2")
 

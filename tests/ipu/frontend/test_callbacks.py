@@ -7,7 +7,7 @@ import pytest
 from jax import lax
 from jax.experimental import io_callback
 
-from conftest import on_cpu, run_python
+from helpers import on_cpu, run_python
 
 
 def test_debug_print(ipu, capfd):

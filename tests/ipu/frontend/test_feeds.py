@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from conftest import run_python
+from helpers import run_python
 
 SPEC = (jax.ShapeDtypeStruct((8, 4), jnp.float32), jax.ShapeDtypeStruct((8,), jnp.int32))
 

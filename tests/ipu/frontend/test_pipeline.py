@@ -9,7 +9,7 @@ import pytest
 
 import jax_ipu
 import pipeline_cases as pc
-from conftest import run_python
+from helpers import run_python
 from jax_ipu import pipeline
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,8 +88,7 @@ def test_bubble_fraction():
 
 
 def test_four_stages_on_ipus_and_cpu_devices_match():
-    code = f"""
-import sys; sys.path.insert(0, {HERE!r})
+    code = """
 import jax, numpy as np
 import pipeline_cases as pc
 stacked, (x, y) = pc.params(4), pc.data()
@@ -107,5 +106,5 @@ for count in (4, 8):
     pc.close(on_ipus, want)
 print("OK")
 """
-    proc = run_python(code, JAX_IPU_DEVICE_COUNT="4", XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    proc = run_python(code, path=[HERE], JAX_IPU_DEVICE_COUNT="4", XLA_FLAGS="--xla_force_host_platform_device_count=4")
     assert "OK" in proc.stdout, proc.stdout + proc.stderr[-3000:]

@@ -26,7 +26,7 @@ from jaxlib.mlir.dialects import stablehlo
 
 from jax_ipu.compiler import compile_module
 from jax_ipu.stablehlo import import_module
-from conftest import SMALL, compile_fn, rewrite_saved_program, run_cpu
+from helpers import SMALL, compile_fn, rewrite_saved_program, run_cpu
 
 RNG = np.random.default_rng(0)
 
@@ -178,9 +178,9 @@ def test_truncated_or_corrupted_bytes_are_refused(saved):
     _load_fails(saved[:8] + struct.pack("<I", 99) + saved[12:], "format 99")
     # Cut where the deferred section starts, or within it: refused at load
     # (the checksum covers both sections), not when the section is read.
-    packed_size = serialize._PREFIX.unpack_from(saved)[4]
-    _load_fails(saved[:serialize._PREFIX.size + packed_size], "checksum")
-    _load_fails(saved[:serialize._PREFIX.size + packed_size + 4], "checksum")
+    packed_size = serialize.PREFIX.unpack_from(saved)[4]
+    _load_fails(saved[:serialize.PREFIX.size + packed_size], "checksum")
+    _load_fails(saved[:serialize.PREFIX.size + packed_size + 4], "checksum")
     # An entry of the format before the deferred section (format 1) is another format.
     _load_fails(saved[:8] + struct.pack("<I", 1) + saved[12:], "program format 1, this jax-ipu reads format 2")
 

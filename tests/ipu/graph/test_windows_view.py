@@ -12,7 +12,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 from jax import lax
 
-from conftest import SMALL, assert_matches_cpu
+from helpers import SMALL, assert_matches_cpu
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View, source_tiles, window_outputs

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from conftest import SMALL, compile_fn, on_cpu
+from helpers import SMALL, compile_fn, on_cpu
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.model import executors

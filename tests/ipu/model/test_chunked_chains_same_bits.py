@@ -14,7 +14,7 @@ from jax_ipu.model import executors
 from jax_ipu.model.executors import elementwise as chains_executor
 from jax_ipu.model.fast import xla_chains
 from jax_ipu.model.engine import Engine
-from conftest import SMALL, compile_fn
+from helpers import SMALL, compile_fn
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,7 @@ from jax_ipu.graph.programs import (Call, Copy, DeviceToHost, HostToDevice, If, 
 from jax_ipu.graph.views import View
 from jax_ipu.model.engine import Engine
 from jax_ipu.targets import IPU_DTYPES, get_target
-from conftest import SMALL, compile_fn
+from helpers import SMALL, compile_fn
 
 
 def test_targets():

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import SMALL, compile_fn, on_cpu
+from helpers import SMALL, compile_fn, on_cpu
 from jax_ipu.model.engine import Engine
 from jax_ipu.model.executors import matmul
 from jax_ipu.model.fast import strided, xla_chains

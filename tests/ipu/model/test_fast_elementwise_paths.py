@@ -9,7 +9,7 @@ import pytest
 from jax_ipu import ops
 from jax_ipu.model.executors import elementwise as chains_executor
 from jax_ipu.model.engine import Engine
-from conftest import SMALL, compile_fn
+from helpers import SMALL, compile_fn
 
 SHAPES = [((128, 512), (128, 512), ()), ((128, 512), (), (128, 512)), ((128, 512), (1, 512), (128, 1)),
           ((128, 512), (), ()), ((4000,), (4000,), (4000,)), ((7,), (7,), ()),

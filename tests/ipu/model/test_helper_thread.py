@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax.experimental import io_callback
 
-from conftest import compile_fn
+from helpers import compile_fn
 from jax_ipu.model.fast import helper
 
 pytestmark = pytest.mark.skipif(helper.spinner() is None, reason="needs libc spinlocks and 2 cores")

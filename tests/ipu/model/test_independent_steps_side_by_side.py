@@ -3,6 +3,8 @@ host's two cores (jax_ipu/model/lanes.py): never compute sets that share a
 tensor, and the same values whether or not the helper takes a lane."""
 from __future__ import annotations
 
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,29 +14,10 @@ from jax_ipu.model import engine
 from jax_ipu.model.fast import helper, lanes
 from jax_ipu.model.engine import Engine
 from jax_ipu.targets import get_target
-from conftest import compile_fn, run_cpu
+from helpers import compile_fn, run_cpu, run_python
+from mlp_cases import mlp_inputs, mlp_step
 
 IPU2 = get_target("ipu2")
-
-
-def _step(params, x):
-    """An MLP's SGD step: its backward pass has an input-gradient and a
-    weight-gradient product side by side, and the updates of every
-    parameter are independent."""
-    def loss(params):
-        h = x
-        for w in params[:-1]:
-            h = jax.nn.relu(h @ w)
-        return jnp.mean((h @ params[-1]) ** 2)
-    grads = jax.grad(loss)(params)
-    return [w - 0.01 * g for w, g in zip(params, grads)]
-
-
-def _inputs(seed=0):
-    rng = np.random.default_rng(seed)
-    params = [(rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32)
-              for a, b in [(512, 512), (512, 512), (512, 16)]]
-    return params, rng.standard_normal((128, 512)).astype(np.float32)
 
 
 def _plan(program):
@@ -56,8 +39,8 @@ def _count_lanes(monkeypatch) -> list:
 
 
 def test_a_training_step_runs_its_independent_products_and_updates_as_lanes():
-    params, x = _inputs()
-    program = compile_fn(_step, params, x, target=IPU2)
+    params, x = mlp_inputs()
+    program = compile_fn(mlp_step, params, x, target=IPU2)
     pairs = [item for item in _plan(program) if isinstance(item, tuple)]
     assert pairs
     for first, second in pairs:
@@ -70,8 +53,8 @@ def test_a_training_step_runs_its_independent_products_and_updates_as_lanes():
 
 
 def test_lanes_give_the_same_bits_with_and_without_the_helper(monkeypatch):
-    params, x = _inputs(1)
-    program = compile_fn(_step, params, x, target=IPU2)
+    params, x = mlp_inputs(1)
+    program = compile_fn(mlp_step, params, x, target=IPU2)
     monkeypatch.setattr(helper, "_spare_core", lambda: True)
     taken = _count_lanes(monkeypatch)
     with_helper = Engine(IPU2).run(program, params + [x])
@@ -82,7 +65,7 @@ def test_lanes_give_the_same_bits_with_and_without_the_helper(monkeypatch):
     alone = Engine(IPU2).run(program, params + [x])
     for a, b in zip(with_helper, alone):
         np.testing.assert_array_equal(a, b)
-    for got, want in zip(with_helper, run_cpu(_step, params, x)):
+    for got, want in zip(with_helper, run_cpu(mlp_step, params, x)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     monkeypatch.setattr(engine, "LANES", False)
     for got, want in zip(Engine(IPU2).run(program, params + [x]), with_helper):
@@ -111,7 +94,7 @@ def test_dependent_or_small_or_lopsided_groups_stay_in_order():
 def test_a_donated_buffer_written_in_place_counts_as_its_input():
     """An update written into a donated input's buffer conflicts with a
     compute set reading that input, though they name different tensors."""
-    params, x = _inputs(2)
+    params, x = mlp_inputs(2)
 
     def f(w, x):
         return w - 0.01 * jnp.tanh(x[:, :512].T @ x[:, :512]), jnp.sum(w * w, axis=0)
@@ -134,10 +117,10 @@ def test_a_loop_body_runs_lanes_and_its_record_keeps_program_order(monkeypatch):
     """In a program with control flow each step is recorded as it runs (for
     profiles): lanes record theirs in program order, with the Copies the
     engine skips, so the record is the one of a run without lanes."""
-    params, x = _inputs(3)
+    params, x = mlp_inputs(3)
 
     def train(params, x):
-        return jax.lax.fori_loop(0, 3, lambda i, p: _step(p, x), params)
+        return jax.lax.fori_loop(0, 3, lambda i, p: mlp_step(p, x), params)
     program = compile_fn(train, params, x, target=IPU2)
     ran = _count_lanes(monkeypatch)
     eng = Engine(IPU2)
@@ -157,10 +140,12 @@ _FIRST_RUN = """
 import numpy as np
 from jax_ipu.model.fast import helper
 from jax_ipu.model.engine import Engine
-from conftest import compile_fn
-from test_lanes import IPU2, _inputs, _step
-params, x = _inputs(1)
-program = compile_fn(_step, params, x, target=IPU2)
+from jax_ipu.targets import get_target
+from helpers import compile_fn
+from mlp_cases import mlp_inputs, mlp_step
+IPU2 = get_target("ipu2")
+params, x = mlp_inputs(1)
+program = compile_fn(mlp_step, params, x, target=IPU2)
 helper._spare_core = lambda: True
 first = Engine(IPU2).run(program, params + [x])
 helper.end_session()
@@ -174,13 +159,8 @@ def test_the_first_run_of_a_process_gives_the_same_bits():
     """A fresh process's first run with lanes on two threads: OpenBLAS's
     thread count is process-wide, and one lane's end once gave the other
     lane two OpenBLAS threads mid-product (1-ulp differences)."""
-    import os
-    import subprocess
-    import sys
-    here = os.path.dirname(__file__)
-    env = dict(os.environ, PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-c", _FIRST_RUN], capture_output=True, text=True, env=env,
-                          cwd=here, timeout=300)
+    here = pathlib.Path(__file__).resolve().parent
+    done = run_python(_FIRST_RUN, path=[here, here.parent])
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "True"
 

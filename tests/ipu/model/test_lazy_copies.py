@@ -22,7 +22,7 @@ from jax_ipu.graph.programs import Copy, leaves
 from jax_ipu.model import engine
 from jax_ipu.model.engine import Engine, lazy_copies
 from jax_ipu.stablehlo import import_module
-from conftest import SMALL, assert_matches_cpu, compile_fn
+from helpers import SMALL, assert_matches_cpu, compile_fn
 
 rng = np.random.default_rng(0)
 

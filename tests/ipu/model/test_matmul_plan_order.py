@@ -19,7 +19,7 @@ from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.model.fast import blas, helper
 from jax_ipu.model import executors
 from jax_ipu.model.engine import Engine
-from conftest import SMALL, compile_fn
+from helpers import SMALL, compile_fn
 
 
 def left_fold(parts: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import on_cpu, run_on
+from helpers import on_cpu, run_on
 from jax_ipu.model.fast import blas
 
 # x86-64 kernels fuse the multiply-add; elsewhere allow the ulp a second rounding makes.

@@ -7,7 +7,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from conftest import run_python
+from helpers import run_python
 
 CASES = os.path.join(os.path.dirname(__file__), "collective_cases.py")
 NAMES = [

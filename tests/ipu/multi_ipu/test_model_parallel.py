@@ -7,7 +7,7 @@ import os
 import pytest
 
 import model_parallel_cases
-from conftest import run_python
+from helpers import run_python
 
 CASES = model_parallel_cases.cases(2)
 
@@ -20,9 +20,8 @@ def test_split_model_on_two_ipus(ipus, name):
 
 def test_split_models_on_four_ipus():
     here = os.path.dirname(os.path.abspath(__file__))
-    proc = run_python(f"import runpy, sys; sys.path.insert(0, {here!r}); "
-                      f"runpy.run_path({os.path.join(here, 'model_parallel_cases.py')!r}, run_name='__main__')",
-                      JAX_IPU_DEVICE_COUNT="4")
+    proc = run_python(f"import runpy; runpy.run_path({os.path.join(here, 'model_parallel_cases.py')!r}, "
+                      "run_name='__main__')", path=[here], JAX_IPU_DEVICE_COUNT="4")
     lines = [line for line in proc.stdout.splitlines() if line.startswith(("OK", "FAIL"))]
     assert len(lines) == len(CASES) and all(line.startswith("OK") for line in lines), \
         proc.stdout + proc.stderr[-3000:]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jax_ipu
-from conftest import run_python
+from helpers import run_python
 from jax_ipu.compiler.lowering.collectives import collective_cycles
 from jax_ipu.errors import IpuRuntimeError
 from jax_ipu.model import links

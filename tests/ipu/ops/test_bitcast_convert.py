@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from conftest import assert_matches_cpu
+from helpers import assert_matches_cpu
 
 WIDE = [np.uint32, np.int32, np.float32, np.uint16, np.int16, np.float16]
 NARROW = [np.uint16, np.int16, np.float16, np.uint8, np.int8]

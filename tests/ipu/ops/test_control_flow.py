@@ -11,7 +11,7 @@ from jax_ipu.graph.programs import If, Repeat, RepeatWhileTrue, Switch, leaves
 from jax_ipu.targets import get_target
 from jax_ipu.stablehlo import import_module
 
-from conftest import assert_matches_cpu, random_array
+from helpers import assert_matches_cpu, random_array
 
 # Tolerances by dtype (integers exact).
 TOL = {np.float32: 1e-5, np.float16: 2e-3}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from conftest import assert_matches_cpu
+from helpers import assert_matches_cpu
 
 
 F16_TOL = 2e-2
@@ -132,7 +132,7 @@ def test_boolean_convolution_is_an_or_of_ands(shapes):
 
 def _copied_shapes(f, *args) -> list[tuple]:
     """The shapes of the tensors the compiled program's Copies write."""
-    from conftest import compile_fn
+    from helpers import compile_fn
     from jax_ipu.graph import programs as p
     program = compile_fn(f, *args)
     return [tuple(s.dst.shape) for s in p.leaves(program.body) if isinstance(s, p.Copy)]

@@ -9,7 +9,7 @@ from jax import lax
 from jax_ipu.compiler import compile_module
 from jax_ipu.ops import OPS, TRANSCENDENTAL
 from jax_ipu.model.engine import Engine
-from conftest import SMALL, assert_matches_cpu, compile_fn, lower, values
+from helpers import SMALL, assert_matches_cpu, compile_fn, lower, values
 
 FLOATS = [np.float32, np.float16]
 SIGNED = [np.int32, np.int16, np.int8]

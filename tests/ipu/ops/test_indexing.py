@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from conftest import assert_matches_cpu, random_array, run_ipu
+from helpers import assert_matches_cpu, random_array, run_ipu
 
 DTYPES = [np.float32, np.float16, np.int32, np.uint8, np.bool_]
 

@@ -13,7 +13,7 @@ import jax.scipy.linalg as jsl
 import numpy as np
 import pytest
 
-from conftest import assert_matches_cpu, matrix, on_cpu, run_on, spd
+from helpers import assert_matches_cpu, matrix, on_cpu, run_on, spd
 
 TOL = 1e-4
 # The comparison: relative, and absolute relative to each result's scale.

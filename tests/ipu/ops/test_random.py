@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import assert_matches_cpu, run_python
+from helpers import assert_matches_cpu, run_python
 
 SAMPLERS = {
     "bits": lambda k: jax.random.bits(k, (7, 5)),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from conftest import assert_matches_cpu
+from helpers import assert_matches_cpu
 
 
 def values(shape, dtype, seed=0):

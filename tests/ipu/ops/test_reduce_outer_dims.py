@@ -16,7 +16,7 @@ from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Copy, Execute, leaves
 from jax_ipu.model.engine import Engine
 from jax_ipu.targets import get_target
-from conftest import SMALL, assert_matches_cpu, compile_fn
+from helpers import SMALL, assert_matches_cpu, compile_fn
 
 rng = np.random.default_rng(0)
 IPU2 = get_target("ipu2")

@@ -14,7 +14,7 @@ import pytest
 from jax import lax
 from jax._src.lax.windowed_reductions import _select_and_scatter, _select_and_scatter_add
 
-from conftest import assert_matches_cpu
+from helpers import assert_matches_cpu
 
 
 def awkward(shape, dtype, seed=0) -> np.ndarray:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from conftest import assert_matches_cpu, compile_fn, random_array, with_specials
+from helpers import assert_matches_cpu, compile_fn, random_array, with_specials
 from jax_ipu.compiler.lowering.sort import _merge_pairs
 from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.graph.programs import Execute, leaves

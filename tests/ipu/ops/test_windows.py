@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from conftest import assert_matches_cpu
+from helpers import assert_matches_cpu
 
 
 def rand(shape, dtype, seed=0):

@@ -1,4 +1,4 @@
-"""conftest.assert_matches_cpu, the tests' one comparison with XLA:CPU:
+"""helpers.assert_matches_cpu, the tests' one comparison with XLA:CPU:
 it passes what matches and fails, naming the leaf and the worst element,
 what does not. Wrong results are handed in as got=, beside one real run."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import SMALL, TOLERANCE, assert_matches_cpu, on_cpu
+from helpers import SMALL, TOLERANCE, assert_matches_cpu, on_cpu
 
 
 def f(x, i):

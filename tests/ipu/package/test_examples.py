@@ -125,7 +125,7 @@ def test_gpt2_multi_ipu_matches_cpu_with_adamw_state_in_streaming_memory(ipus, c
 
 
 def test_gpt2_multi_ipu_on_four_ipus():
-    from conftest import run_python
+    from helpers import run_python
     code = f"""
 import runpy
 module = runpy.run_path({str(EXAMPLES / "gpt2_multi_ipu.py")!r})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import run_python
+from helpers import run_python
 
 PROGRAM = """
 import json, jax, jax.numpy as jnp, numpy as np, jax_ipu

@@ -4,7 +4,7 @@ import json
 import jax
 import pytest
 
-from conftest import run_python
+from helpers import run_python
 
 SHOW = ("import jax, json; d = jax.devices('ipu'); "
         "print(json.dumps({'n': len(d), 'kind': d[0].device_kind, 'repr': repr(d[0]), "
@@ -18,7 +18,7 @@ def show(**env) -> dict:
 
 
 def test_discovered_without_importing_jax_ipu(ipus):
-    # conftest imported only jax: the entry point registered the platform.
+    # Registered by the jax_plugins entry point when JAX looked for backends.
     assert ipus and all(d.platform == "ipu" for d in ipus)
     assert jax.default_backend() == "cpu", "CPU must stay the default backend"
 

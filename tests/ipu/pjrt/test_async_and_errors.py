@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import run_python
+from helpers import run_python
 
 
 def ipu_device_object(ipu):

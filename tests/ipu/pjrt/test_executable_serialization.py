@@ -13,7 +13,7 @@ from jax import lax
 from jax.experimental import serialize_executable as se
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from conftest import on_cpu, run_python
+from helpers import on_cpu, run_python
 
 
 def step(w, x):

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import IPU_DTYPES, assert_matches_cpu, random_array
+from helpers import IPU_DTYPES, assert_matches_cpu, random_array
 
 
 # float32 within 1e-6 (float16 within 2e-3, the default); integers exact.

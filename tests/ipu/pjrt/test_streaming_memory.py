@@ -7,25 +7,10 @@ streaming memory is refused at compile time."""
 import jax
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
+from jax.sharding import SingleDeviceSharding
 
 import jax_ipu
-
-HOST = jax.memory.Space.Host
-DEVICE = jax.memory.Space.Device
-
-
-def adam_moment(w, g, m):
-    """An optimizer update whose state lives in streaming memory."""
-    m = jax.device_put(m, DEVICE)
-    m = 0.9 * m + 0.1 * g
-    return w - 0.01 * m, jax.device_put(m, HOST)
-
-
-def _shardings(devices, kind):
-    mesh = Mesh(np.array(devices), ("i",))
-    return NamedSharding(mesh, P("i")), NamedSharding(mesh, P("i"), memory_kind=kind)
-
+from streaming_cases import adam_moment, shardings
 
 def test_each_ipu_lists_sram_and_streaming_memory(ipus):
     for ipu in ipus:
@@ -56,7 +41,7 @@ def test_moves_inside_jit_match_xla_cpu_and_are_charged(ipus):
     results = {}
     for platform in ("cpu", "ipu"):
         devices = ipus if platform == "ipu" else jax.devices("cpu")[:1]
-        sram, host = _shardings(devices, "pinned_host")
+        sram, host = shardings(devices, "pinned_host")
         args = jax.device_put(w, sram), jax.device_put(g, sram), jax.device_put(m, host)
         f = jax.jit(adam_moment, out_shardings=(sram, host))
         new_w, new_m = f(*args)
@@ -80,7 +65,7 @@ def test_moves_inside_jit_match_xla_cpu_and_are_charged(ipus):
 
 
 def test_out_shardings_with_a_memory_kind_store_the_result(ipus):
-    sram, host = _shardings(ipus, "pinned_host")
+    sram, host = shardings(ipus, "pinned_host")
     x = jax.device_put(np.arange(8, dtype=np.float32), sram)
     y = jax.jit(lambda a: a + 1, out_shardings=host)(x)
     assert y.sharding.memory_kind == "pinned_host"
@@ -89,7 +74,7 @@ def test_out_shardings_with_a_memory_kind_store_the_result(ipus):
 
 
 def test_computing_on_streaming_memory_is_refused(ipus):
-    _, host = _shardings(ipus, "pinned_host")
+    _, host = shardings(ipus, "pinned_host")
     x = jax.device_put(np.ones(8, np.float32), host)
     with pytest.raises(jax.errors.JaxRuntimeError, match=r"multiply at .* computes on a value in streaming "
                                                           r"memory .*jax.device_put\(x, jax.memory.Space.Device\)"):
@@ -105,19 +90,18 @@ def test_computing_on_streaming_memory_is_refused(ipus):
 def test_moves_on_four_ipus_match_xla_cpu():
     import os
 
-    from conftest import run_python
+    from helpers import run_python
     here = os.path.dirname(os.path.abspath(__file__))
-    code = f"""
-import sys; sys.path.insert(0, {here!r})
+    code = """
 import jax, numpy as np
-from test_streaming_memory import adam_moment, _shardings
+from streaming_cases import adam_moment, shardings
 ipus = jax.devices("ipu")
 assert len(ipus) == 4
 rng = np.random.default_rng(0)
 w, g, m = (rng.standard_normal(4096).astype(np.float32) for _ in range(3))
-out = {{}}
+out = {}
 for platform, devices in (("cpu", jax.devices("cpu")[:1]), ("ipu", ipus)):
-    sram, host = _shardings(devices, "pinned_host")
+    sram, host = shardings(devices, "pinned_host")
     r = jax.jit(adam_moment, out_shardings=(sram, host))(*jax.device_put((w, g), sram), jax.device_put(m, host))
     assert r[1].sharding.memory_kind == "pinned_host"
     out[platform] = [np.asarray(a) for a in r]
@@ -127,5 +111,5 @@ import jax_ipu
 assert all(jax_ipu.streaming_memory_in_use(d) == 1024 * 4 for d in ipus), [jax_ipu.streaming_memory_in_use(d) for d in ipus]
 print("OK")
 """
-    proc = run_python(code, JAX_IPU_DEVICE_COUNT="4")
+    proc = run_python(code, path=[here], JAX_IPU_DEVICE_COUNT="4")
     assert "OK" in proc.stdout, proc.stdout + proc.stderr[-3000:]

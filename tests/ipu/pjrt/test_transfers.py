@@ -4,7 +4,7 @@ import jax_ipu
 import numpy as np
 import pytest
 
-from conftest import IPU_DTYPES, random_array
+from helpers import IPU_DTYPES, random_array
 
 SHAPES = [(), (1,), (7,), (3, 5), (2, 3, 4), (0,), (4, 0, 2), (1001,)]
 

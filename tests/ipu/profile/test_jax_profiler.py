@@ -18,7 +18,7 @@ import pytest
 
 import jax_ipu
 from jax_ipu.profile import tracing, xspace
-from conftest import on_cpu, run_python
+from helpers import on_cpu, run_python
 
 
 def model(w, x):

@@ -14,7 +14,7 @@ import pytest
 
 import jax_ipu
 from jax_ipu import cli, config
-from conftest import run_python
+from helpers import run_python
 
 
 def mlp(w1, w2, x):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import jax_ipu
-from conftest import run_python
+from helpers import run_python
 
 pytestmark = pytest.mark.browser
 

@@ -14,7 +14,7 @@ import pytest
 import jax_ipu
 from jax_ipu import cli
 from jax_ipu.graph.programs import Copy, Execute, leaves
-from conftest import run_python
+from helpers import run_python
 
 
 def mlp(w1, w2, x):

@@ -10,14 +10,9 @@ runs --fuzz-programs (or JAX_IPU_FUZZ_PROGRAMS, default 5000) from
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fuzz"))
-
-from run import fuzz  # noqa: E402
+from run import fuzz     # tests/fuzz/run.py (tests/fuzz is on pytest's pythonpath)
 
 SHORT_RUN = 200
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from conftest import on_cpu, run_on, run_python
+from helpers import on_cpu, run_on, run_python
 
 
 def _f16_in_order(x: np.ndarray, op) -> np.ndarray:

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import assert_matches_cpu, on_cpu, run_on
+from helpers import assert_matches_cpu, on_cpu, run_on
 
 EXACT = dict(rtol=0, atol=0)
 

@@ -13,7 +13,7 @@ import numpy as np
 import optax
 from jax import lax
 
-from conftest import SMALL, assert_matches_cpu, compile_fn
+from helpers import SMALL, assert_matches_cpu, compile_fn
 
 BLOCKS, WIDTH, BATCH = 8, 32, 512
 
