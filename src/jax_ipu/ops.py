@@ -337,6 +337,13 @@ TRANSCENDENTAL = frozenset(name for name, op in OPS.items() if op.transcendental
 # Chains of these alone run at memory speed in numpy ("constant": a chain's
 # immediate, materialised once).
 FAST_IN_NUMPY = frozenset(name for name, op in OPS.items() if op.fast_in_numpy) | {"constant"}
+# The ops a reduction (or a collective's, or a scatter's combiner) applies
+# by itself, without a body program: each one's numpy ufunc, whose reduce
+# and accumulate the Model uses. A reduction whose body is one of these on
+# its two arguments is lowered to them (compiler/lowering/reduce.py).
+REDUCE_OPS: dict[str, np.ufunc] = {"add": np.add, "multiply": np.multiply, "maximum": np.maximum,
+                                   "minimum": np.minimum, "and": np.bitwise_and, "or": np.bitwise_or,
+                                   "xor": np.bitwise_xor}
 
 
 def ufunc_for(op: str, operand_dtype: np.dtype) -> np.ufunc | None:

@@ -47,12 +47,14 @@ import numpy as np
 
 from jax_ipu import ir
 from jax_ipu.utils import gc_pause
-from jax_ipu.graph import codelets, codelets_collectives, codelets_indexing, codelets_linalg
+# The kernel classes register their records (graph.records.RECORDS) when imported.
+from jax_ipu.graph import codelets, codelets_collectives, codelets_indexing, codelets_linalg  # noqa: F401
 from jax_ipu.graph import programs as p
 from jax_ipu.graph.compute import ComputeSet, DataDependentExchange, Region, Vertex, VertexArray
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.memory import MemoryReport
 from jax_ipu.graph.program import Program
+from jax_ipu.graph.records import RECORDS, is_immediate
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import _SHAPE, Concat, View
 
@@ -383,8 +385,10 @@ def _decoder(entry, spans, dtype, shape, size, where, buffer):
 # Concat), "seq" (a Sequence), "step" (a program step), "computeset",
 # "kernel" (a graph.codelets* kernel), "instruction", "dimensions" (gather
 # or scatter dimension numbers), "type" (ir.TensorType), "memory",
-# "exchange", "any" (plain data: numbers, strings, tuples, dicts, arrays,
-# dtypes, objects here); "?x": x or None; "*x": a tuple of x; "[x": a list.
+# "exchange", "operand" (a view or an immediate), "registered" (a
+# (register, tensor) pair), "any" (plain data: numbers, strings, tuples,
+# dicts, arrays, dtypes, objects here); "?x": x or None; "*x": a tuple of
+# x; "[x": a list. The kernels' entries come from their records.
 
 _SCHEMA: dict[type, dict[str, str]] = {
     p.Sequence: {"steps": "[step"},
@@ -410,37 +414,8 @@ _SCHEMA: dict[type, dict[str, str]] = {
                    "liveness_on_max_tile": "array", "live_at_peak": "*int", "streaming_bytes": "int"},
     ir.TensorType: {"shape": "*int", "dtype": "dtype"},
     codelets.Instruction: {"op": "str", "args": "*int", "dtype": "dtype", "attrs": "any"},
-    codelets.ElementwiseChain: {"inputs": "any", "instructions": "*instruction", "outputs": "any", "shape": "*int"},
-    codelets.Fill: {"out": "tensor", "value": "array"},
-    codelets.MatMulPartials: {"lhs": "view", "rhs": "view", "out": "tensor"},
-    codelets.ReducePartials: {"input": "view", "op": "str", "out": "tensor", "outer": "bool", "init": "any"},
-    codelets.ReduceCombine: {"partials": "view", "axis": "int", "op": "str", "init": "any", "out": "tensor"},
-    codelets.TreeReduce: {"inputs": "*view", "axis": "int", "body": "*instruction", "results": "*int", "init": "any",
-                          "outs": "*tensor"},
-    codelets.WindowSelect: {"values": "view", "padding": "?view", "select": "*instruction", "result": "int",
-                            "out": "tensor"},
-    codelets_collectives.AllReduce: {"input": "view", "op": "str", "groups": "any", "out": "tensor"},
-    codelets_collectives.ReduceScatter: {"input": "view", "op": "str", "dim": "int", "groups": "any",
-                                         "out": "tensor"},
-    codelets_collectives.AllGather: {"input": "view", "dim": "int", "groups": "any", "out": "tensor"},
-    codelets_collectives.AllToAll: {"input": "view", "split_dim": "int", "concat_dim": "int", "groups": "any",
-                                    "out": "tensor"},
-    codelets_collectives.CollectivePermute: {"input": "view", "pairs": "any", "out": "tensor"},
-    codelets_collectives.ReplicaIndex: {"which": "str", "out": "tensor"},
-    codelets_indexing.DynamicSlice: {"operand": "view", "starts": "any", "out": "tensor"},
-    codelets_indexing.DynamicUpdateSlice: {"operand": "view", "update": "view", "starts": "any", "out": "tensor"},
-    codelets_indexing.Gather: {"operand": "view", "indices": "view", "dimension_numbers": "dimensions",
-                               "slice_sizes": "*int", "out": "tensor"},
-    codelets_indexing.Scatter: {"operands": "*view", "indices": "view", "updates": "*view",
-                                "dimension_numbers": "dimensions", "combiner": "?str", "body": "*instruction",
-                                "results": "*int", "outs": "*tensor"},
-    codelets_indexing.Sort: {"inputs": "*view", "body": "*instruction", "result": "int", "key": "any", "outs": "*tensor"},
-    codelets_indexing.BlockSort: {"inputs": "*view", "body": "*instruction", "key": "any", "blocks": "int", "block": "int",
-                                  "outs": "*tensor", "index": "tensor"},
-    codelets_indexing.MergeSplit: {"sources": "*tensor", "targets": "*tensor", "body": "*instruction", "key": "any",
-                                   "n": "int", "block": "int", "lo": "*int", "hi": "*int"},
-    codelets_indexing.TopK: {"input": "view", "values": "tensor", "indices": "tensor"},
-    codelets_linalg.Factorize: {"op": "str", "inputs": "*view", "outs": "*tensor", "attrs": "any"},
+    # Every kernel as its record declares it (graph/records.py).
+    **{kind: record.schema() for kind, record in RECORDS.items()},
 }
 # Records of the IR whose objects kernels hold (dimension numbers of gathers
 # and scatters), by name.
@@ -448,13 +423,12 @@ _LATE = {cls.__name__: cls for cls in (ir.GatherDimensionNumbers, ir.ScatterDime
 _BY_NAME = {cls.__name__: cls for cls in _SCHEMA}
 _STEPS = (p.Sequence, p.Execute, p.Copy, p.Repeat, p.RepeatWhileTrue, p.If, p.Switch, p.Call, p.HostToDevice,
           p.DeviceToHost, p.HostCall)
-_KERNELS = tuple(cls for cls in _SCHEMA if cls.__module__ in (
-    codelets.__name__, codelets_collectives.__name__, codelets_indexing.__name__, codelets_linalg.__name__)
-    and cls is not codelets.Instruction)
+_KERNELS = tuple(RECORDS)
 # The fields written by the vertex table, not the tree.
 _COMPUTE_SET_FIELDS = {"name": "str", "kernel": "kernel", "exchange": "?exchange"}
-# Values of string fields that select behaviour: anything else is refused.
-_CHOICES = {(codelets_collectives.ReplicaIndex, "which"): ("replica", "partition")}
+# Values of string fields that select behaviour, as the kernels' records
+# declare them: anything else is refused.
+_CHOICES = {(kind, f.name): f.choices for kind, record in RECORDS.items() for f in record.fields if f.choices}
 
 
 def _late_class(name: str):
@@ -750,6 +724,8 @@ _CHECKS = {"int": lambda y: type(y) is int, "float": lambda y: type(y) in (int, 
            "computeset": lambda y: type(y) is LoadedComputeSet,
            "dimensions": lambda y: type(y).__name__ in _LATE, "type": lambda y: type(y) is ir.TensorType,
            "memory": lambda y: type(y) is MemoryReport, "exchange": lambda y: type(y) is DataDependentExchange,
+           "operand": lambda y: type(y) is View or is_immediate(y),
+           "registered": lambda y: type(y) is tuple and len(y) == 2 and type(y[0]) is int and type(y[1]) is Tensor,
            "any": lambda y: True}
 
 
@@ -899,7 +875,7 @@ class _Decoder:
             result = cls(**values)
         else:
             for f, allowed in choices.items():
-                if values[f] not in allowed:
+                if values[f] is not None and values[f] not in allowed:
                     _fail(f"{_at(where)}.{f}: {values[f]!r} is not one of {allowed}")
             if cls is View:
                 _check_view(values["tensor"], values["ops"], values["shape"], where)

@@ -217,7 +217,7 @@ def _first(header, kind):
     (lambda h: _first(h, "View").update(shape=[12345]), "the view says"),
     (lambda h: _first(h, "View").update(ops=[["transpose", [0, 0]]]), "transpose"),
     (lambda h: _first(h, "MatMulPartials").pop("rhs"), "fields"),
-    (lambda h: h["program"]["body"]["steps"]["L"].insert(0, dict(_first(h, "View"))), "expected step"),
+    (lambda h: h["program"]["body"]["steps"]["L"].append(dict(_first(h, "View"))), "expected step"),
     (lambda h: _first(h, "ElementwiseChain").update(instructions=[_first(h, "Fill") or {"T": 0}]), "expected instruction"),
     (lambda h: h["tensors"]["meta"][0].__setitem__(1, "object"), "unknown element type 'object'"),
     (lambda h: h["arrays"][0]["parts"][0].__setitem__(1, 10 ** 9), "out of the data's bounds"),

@@ -21,6 +21,7 @@ from jax_ipu.graph import codelets_collectives as cc
 from jax_ipu.graph.compute import Region, Vertex
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.graph.views import View
+from jax_ipu.ops import REDUCE_OPS
 from jax_ipu.targets import Target
 
 
@@ -60,8 +61,8 @@ def _group_size(groups) -> int:
 def _reduction(op: ir.Op) -> str:
     which = single_op(op.regions[0])
     if which is None:
-        raise IpuUnimplementedError.for_op(op, "a collective reduction other than add, multiply, maximum, "
-                                               "minimum, and, or, xor is not supported", "File an issue")
+        raise IpuUnimplementedError.for_op(op, f"a collective reduction other than {', '.join(REDUCE_OPS)} "
+                                               "is not supported", "File an issue")
     return which
 
 

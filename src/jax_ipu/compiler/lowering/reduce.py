@@ -25,13 +25,13 @@ from jax_ipu.graph.compute import VertexArray
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View
-from jax_ipu.ops import ELEMENTWISE_OPS
+from jax_ipu.ops import ELEMENTWISE_OPS, REDUCE_OPS
 
 # A reduction with one partial per output (and no wider accumulator) is
 # one compute set, not partials and a combine (see _single_stage).
 SINGLE_STAGE = True
 # Bodies of one op on one operand that reduce with a numpy ufunc.
-SINGLE_OP = {"add", "multiply", "maximum", "minimum", "and", "or", "xor"}
+SINGLE_OP = frozenset(REDUCE_OPS)
 
 
 def single_op(body: ir.Block) -> str | None:
