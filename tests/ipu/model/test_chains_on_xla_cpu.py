@@ -1,5 +1,5 @@
 """Large element-wise chains with ops numpy does slowly run as one XLA:CPU
-kernel (model/xla_chains.py). Their values are checked against XLA:CPU
+kernel (model/fast/xla_chains.py). Their values are checked against XLA:CPU
 running the same jitted function, and against the Model's numpy kernels;
 chains XLA must not take stay on numpy."""
 from __future__ import annotations
@@ -13,7 +13,8 @@ from jax import lax
 from helpers import SMALL, compile_fn, on_cpu
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Execute, leaves
-from jax_ipu.model import executors
+from jax_ipu.model import registry
+from jax_ipu.model.fast.views import reader
 from jax_ipu.model.fast import xla_chains
 from jax_ipu.model.engine import Engine
 
@@ -21,7 +22,7 @@ N = xla_chains.MIN_ELEMENTS + 3
 
 
 def chain_runners(program) -> list[str]:
-    return [executors.build(s.compute_set.kernel).__name__ for s in leaves(program.body)
+    return [registry.build(s.compute_set.kernel, reader).__name__ for s in leaves(program.body)
             if isinstance(s, Execute) and isinstance(s.compute_set.kernel, codelets.ElementwiseChain)]
 
 

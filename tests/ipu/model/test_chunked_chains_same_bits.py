@@ -1,4 +1,4 @@
-"""Large fused element-wise chains run on numpy (test_xla_chains.py has
+"""Large fused element-wise chains run on numpy (test_chains_on_xla_cpu.py has
 those XLA:CPU runs) in cache-sized chunks: the values are bit for bit those
 of the whole-array evaluation."""
 from __future__ import annotations
@@ -10,8 +10,9 @@ import pytest
 
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Execute, leaves
-from jax_ipu.model import executors
-from jax_ipu.model.executors import elementwise as chains_executor
+from jax_ipu.model import registry
+from jax_ipu.model.fast.views import reader
+from jax_ipu.model.fast import chains as chains_executor
 from jax_ipu.model.fast import xla_chains
 from jax_ipu.model.engine import Engine
 from helpers import SMALL, compile_fn
@@ -42,7 +43,7 @@ def test_chunked_chain_is_bitwise_identical(monkeypatch, dtype):
     program = compile_fn(f, x, y)
     chains = [s.compute_set.kernel for s in leaves(program.body) if isinstance(s, Execute)
               and isinstance(s.compute_set.kernel, codelets.ElementwiseChain)]
-    assert chains and all(executors.build(c).__name__ == "run_chunked" for c in chains)
+    assert chains and all(registry.build(c, reader).__name__ == "run_chunked" for c in chains)
     chunked, whole = _both(monkeypatch, program, [x, y])
     for c, w in zip(chunked, whole):
         assert c.dtype == w.dtype and c.shape == w.shape
@@ -92,7 +93,7 @@ def test_chain_of_fast_ops_writes_its_last_op_into_the_output(monkeypatch, shape
     text = jax.jit(lambda w, g: w * 0.99 - 0.01 * g, donate_argnums=0).lower(w, g).as_text()
     program = compile_module(import_module(text), target)
     [chain] = [s.compute_set.kernel for s in leaves(program.body) if isinstance(s, Execute)]
-    assert executors.build(chain).__name__ == "run_chunked"
+    assert registry.build(chain, reader).__name__ == "run_chunked"
     donated = w.copy()
     out = Engine(target).run(program, [donated, g], frozenset({0}))[0]
     assert out is donated

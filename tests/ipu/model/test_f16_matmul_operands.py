@@ -1,4 +1,4 @@
-"""float16 operands of float32 matmul partials (model/executors/matmul.py):
+"""float16 operands of float32 matmul partials (model/fast/matmul.py):
 a view is read as one strided array of its tensor (model/fast/strided.py),
 the tensor converted first when the view reads its elements at least once
 each (im2col windows, broadcasts). The values must be the bits of
@@ -13,8 +13,7 @@ import pytest
 
 from helpers import SMALL, compile_fn, on_cpu
 from jax_ipu.model.engine import Engine
-from jax_ipu.model.executors import matmul
-from jax_ipu.model.fast import strided, xla_chains
+from jax_ipu.model.fast import matmul, strided, xla_chains
 
 rng = np.random.default_rng(3)
 
@@ -63,9 +62,9 @@ def test_converted_operands_keep_the_bits(monkeypatch, name, dtype):
     halves = [out for dtype_in, out in taken if dtype_in == np.float16]
     assert bool(halves) == (dtype == np.float16) and all(t == np.float32 for t in halves)
 
-    def element_by_element(view, acc):
-        read = matmul.reader(view)
-        return read if view.dtype == acc else (lambda state: read(state).astype(acc))
+    def element_by_element(view, acc, read):
+        get = read(view)
+        return get if view.dtype == acc else (lambda state: get(state).astype(acc))
     monkeypatch.setattr(matmul, "_converted", element_by_element)
     want_model = Engine(SMALL).run(compile_fn(f, x, w), [x, w])
     for g, m in zip(got, want_model):

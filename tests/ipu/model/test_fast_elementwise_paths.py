@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jax_ipu import ops
-from jax_ipu.model.executors import elementwise as chains_executor
+from jax_ipu.model.fast import chains as chains_executor
 from jax_ipu.model.engine import Engine
 from helpers import SMALL, compile_fn
 

@@ -139,21 +139,22 @@ def _fn(shares=False):
 
 
 def test_the_helper_is_woken_ahead_of_shared_work_and_sleeps_through_long_solo_stretches():
-    from jax_ipu.model.engine import IDLE_US, PREWAKE_US, _helper_schedule
+    from jax_ipu.model.fast.straight_line import IDLE_US, PREWAKE_US, helper_schedule
     solo = PREWAKE_US / 3
     steps = ([(solo, False)] * 6 + [(1000, True)]        # woken about PREWAKE_US ahead of the first
              + [(solo, False)] * 2 + [(1000, True)]       # a short stretch: it keeps spinning
              + [(IDLE_US, False)] * 2 + [(1000, True)]    # a long one: it sleeps, woken again ahead
              + [(solo, False)] * 3)                       # and sleeps after the last
-    wake, rest = _helper_schedule([_fn(shares) for _, shares in steps], [us for us, _ in steps])
+    wake, rest = helper_schedule([_fn(shares) for _, shares in steps], [us for us, _ in steps])
     assert wake == {3, 11} and rest == {9, 12}
-    assert _helper_schedule([_fn()] * 4, [solo] * 4) == (set(), set())
+    assert helper_schedule([_fn()] * 4, [solo] * 4) == (set(), set())
 
 
 def test_a_straight_line_program_times_its_first_runs_then_follows_the_schedule(monkeypatch):
     """Its steps' times come from its own first runs (TIMED_RUNS), donated
     or not; then the generated program wakes and rests the helper."""
     from jax_ipu.model import engine
+    from jax_ipu.model.fast.straight_line import TIMED_RUNS
     monkeypatch.setattr(helper, "_spare_core", lambda: True)
     from jax_ipu.targets import get_target
     ipu2 = get_target("ipu2")
@@ -169,10 +170,10 @@ def test_a_straight_line_program_times_its_first_runs_then_follows_the_schedule(
     program = compile_fn(f, x, w, target=ipu2)
     eng = engine.Engine(ipu2)
     loaded = eng.load(program)
-    assert loaded.timed_runs == engine.TIMED_RUNS
+    assert loaded.timed_runs == TIMED_RUNS
     cpu = jax.devices("cpu")[0]
     want = [np.asarray(v) for v in jax.jit(f)(jax.device_put(x, cpu), jax.device_put(w, cpu))]
-    for _ in range(engine.TIMED_RUNS + 1):
+    for _ in range(TIMED_RUNS + 1):
         got = eng.run(program, [x.copy(), w.copy()], donated=frozenset({1}), checked=False)
         np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-3)
         np.testing.assert_array_equal(got[1], want[1])

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_ipu.graph import programs as p
-from jax_ipu.model import engine
+from jax_ipu.graph.records import tensor_ids
 from jax_ipu.model.fast import helper, lanes
 from jax_ipu.model.engine import Engine
 from jax_ipu.targets import get_target
@@ -23,7 +23,7 @@ IPU2 = get_target("ipu2")
 def _plan(program):
     loaded = Engine(IPU2).load(program)
     steps = [s for s in program.body.steps if not (isinstance(s, p.Copy) and s.dst.id in loaded.lazy)]
-    found = lanes.units(steps, [loaded._kernel(s) for s in steps], engine._tensor_ids, loaded.aliases)
+    found = lanes.units(steps, [loaded.kernel(s) for s in steps], tensor_ids, loaded.aliases)
     return lanes.plan(found)
 
 
@@ -67,7 +67,7 @@ def test_lanes_give_the_same_bits_with_and_without_the_helper(monkeypatch):
         np.testing.assert_array_equal(a, b)
     for got, want in zip(with_helper, run_cpu(mlp_step, params, x)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-    monkeypatch.setattr(engine, "LANES", False)
+    monkeypatch.setattr(lanes, "LANES", False)
     for got, want in zip(Engine(IPU2).run(program, params + [x]), with_helper):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
@@ -104,7 +104,7 @@ def test_a_donated_buffer_written_in_place_counts_as_its_input():
     loaded.aliases[out_id].add(in_id)
     loaded.aliases[in_id].add(out_id)
     steps = [s for s in program.body.steps if not (isinstance(s, p.Copy) and s.dst.id in loaded.lazy)]
-    found = [u for u in lanes.units(steps, [loaded._kernel(s) for s in steps], engine._tensor_ids,
+    found = [u for u in lanes.units(steps, [loaded.kernel(s) for s in steps], tensor_ids,
                                     loaded.aliases) if isinstance(u, lanes.Unit)]
     writers = [u for u in found if out_id in u.writes]
     readers = [u for u in found if in_id in u.reads and u not in writers]
@@ -127,7 +127,7 @@ def test_a_loop_body_runs_lanes_and_its_record_keeps_program_order(monkeypatch):
     got = eng.run(program, params + [x])
     with_lanes = list(eng.last_run.steps)
     assert len(ran) >= 3 * 2                      # both groups, in every iteration
-    monkeypatch.setattr(engine, "LANES", False)
+    monkeypatch.setattr(lanes, "LANES", False)
     eng = Engine(IPU2)
     plain = eng.run(program, params + [x])
     assert list(eng.last_run.steps) == with_lanes

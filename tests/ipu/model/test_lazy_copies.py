@@ -1,7 +1,7 @@
 """The engine skips the host side of layout Copies (transpose, broadcast,
 slice) whose destination only element-wise chains, matmul operands or
 other Copies read, later in the same sequence, while nothing writes the
-source (engine.lazy_copies): those readers take the source through the
+source (model/fast/lazy_copies.py): those readers take the source through the
 composed view. The program (its Copies, exchange, cycles, memory plan) is
 unchanged, and so is every value element-wise kernels and Copies make,
 bit for bit. BLAS may round a product of a transposed operand otherwise
@@ -19,8 +19,9 @@ from jax import lax
 
 from jax_ipu.compiler import compile_module
 from jax_ipu.graph.programs import Copy, leaves
-from jax_ipu.model import engine
-from jax_ipu.model.engine import Engine, lazy_copies
+from jax_ipu.model.engine import Engine
+from jax_ipu.model.fast import lazy_copies as lazy_module
+from jax_ipu.model.fast.lazy_copies import lazy_copies
 from jax_ipu.stablehlo import import_module
 from helpers import SMALL, assert_matches_cpu, compile_fn
 
@@ -30,11 +31,11 @@ rng = np.random.default_rng(0)
 def both(program, inputs, donated=frozenset()):
     """(results with lazy copies, results with every copy made)."""
     lazy = Engine(SMALL).run(program, [a.copy() for a in inputs], donated)
-    engine.LAZY_COPIES = False
+    lazy_module.LAZY_COPIES = False
     try:
         eager = Engine(SMALL).run(program, [a.copy() for a in inputs], donated)
     finally:
-        engine.LAZY_COPIES = True
+        lazy_module.LAZY_COPIES = True
     return lazy, eager
 
 
@@ -163,12 +164,12 @@ def test_the_profile_still_counts_the_copies():
     model = Engine(SMALL)
     model.run(program, [x, w])
     lazy_record = model.last_run
-    engine.LAZY_COPIES = False
+    lazy_module.LAZY_COPIES = False
     try:
         model = Engine(SMALL)
         model.run(program, [x, w])
     finally:
-        engine.LAZY_COPIES = True
+        lazy_module.LAZY_COPIES = True
     assert lazy_record.cycles == model.last_run.cycles
     assert lazy_record.compute_sets == model.last_run.compute_sets
 

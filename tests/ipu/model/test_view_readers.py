@@ -9,7 +9,7 @@ import pytest
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View
-from jax_ipu.model.executors.common import reader
+from jax_ipu.model.fast.views import reader
 
 
 def tensor(shape, dtype=np.float32) -> Tensor:

@@ -173,9 +173,9 @@ def test_pad_and_reverse_of_a_scalar_stay_scalars():
 @pytest.mark.parametrize("window", [(2, 2), (3, 3)])
 def test_pooling_many_windows_element_by_element(dtype, window):
     """Thousands of small windows: the IPU Model reduces each window's few
-    elements one after the other (model/executors/reduce.py SHORT_AXIS), in order as XLA:CPU
+    elements one after the other (model/fast/reduce.py SHORT_AXIS), in order as XLA:CPU
     does; max and min exact, sums within the stated tolerance."""
-    from jax_ipu.model.executors import reduce as reduce_executor
+    from jax_ipu.model.fast import reduce as reduce_executor
     assert window[0] * window[1] <= reduce_executor.SHORT_AXIS
     x = rand((8, 28, 28, 16), dtype, seed=5)
     dims, strides = (1, *window, 1), (1, *window, 1)

@@ -7,6 +7,7 @@ package that `from pkg import name` reaches through is not an edge)."""
 from __future__ import annotations
 
 import ast
+import importlib
 import pathlib
 
 import jax_ipu
@@ -133,3 +134,56 @@ def test_the_checks_catch_what_they_look_for(monkeypatch):
     monkeypatch.setitem(GRAPH, "jax_ipu.model.engine", GRAPH["jax_ipu.model.engine"] | {"jax_ipu.compiler"})
     with __import__("pytest").raises(AssertionError, match="compiler and the Model"):
         test_siblings_do_not_import_each_other()
+
+
+# ------------------------------------------------------- the kernel registry --
+# (docs/architecture.md, "Adding a kernel"): every kernel is one record
+# (graph/records.py) with a reference executor (model/executors/) and
+# maybe a fast one (model/fast/), found through model/registry.py alone.
+
+def _kernel_modules() -> list:
+    return [importlib.import_module(m) for m in MODULES if m.startswith("jax_ipu.graph.codelets")]
+
+
+def test_every_kernel_class_is_a_record_with_a_reference_executor():
+    from jax_ipu.graph import codelets, records
+    from jax_ipu.model import engine, registry  # noqa: F401  (loads every executor)
+    attribute_types = {codelets.Instruction}           # held by kernels' fields, not kernels
+    classes = {obj for module in _kernel_modules() for obj in vars(module).values()
+               if isinstance(obj, type) and obj.__module__ == module.__name__} - attribute_types
+    assert classes == set(records.RECORDS), "a class in graph/codelets* that is no @codelet record"
+    missing = [k.__name__ for k in records.RECORDS if k not in registry.REFERENCE]
+    assert not missing, f"kernels without a reference executor (model/executors/): {missing}"
+    assert set(registry.FAST) <= set(records.RECORDS)
+    for found in registry.FUSIONS.values():
+        declared = {f.name: f for f in records.record_of(found.producer).fields}
+        assert declared[found.field].stand_in, f"{found.producer.__name__}.{found.field} holds no stand-in"
+
+
+def test_reference_executors_never_import_the_fast_ones():
+    wrong = [f"{m} imports {i}" for m, imported in GRAPH.items() if m.startswith("jax_ipu.model.executors")
+             for i in sorted(imported) if i.startswith("jax_ipu.model.fast")]
+    assert not wrong, "model/executors/ states what kernels compute; model/fast/ registers beside it:\n" \
+                      + "\n".join(wrong)
+
+
+def test_fast_executors_are_reached_only_through_the_registry():
+    """The modules registering fast executors are imported by model/fast
+    itself (its package, which loads them, and each other), never by the
+    engine or anything else, which build kernels with registry.build."""
+    from jax_ipu.model import registry
+    registering = {build.__module__ for build in registry.FAST.values()} \
+        | {f.build_producer.__module__ for f in registry.FUSIONS.values()}
+    wrong = [f"{m} imports {i}" for m, imported in GRAPH.items() for i in sorted(imported & registering)
+             if not m.startswith("jax_ipu.model.fast")]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_kernel_field_without_a_declaration_is_refused():
+    import dataclasses
+
+    from jax_ipu.graph import records
+    with __import__("pytest").raises(TypeError, match="says what it holds"):
+        @records.codelet
+        class Undeclared:
+            out: object = dataclasses.field(default=None)

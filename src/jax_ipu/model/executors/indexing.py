@@ -13,18 +13,19 @@ import numpy as np
 from jax_ipu.graph import codelets_indexing as ci
 from jax_ipu.graph.views import View
 from jax_ipu.ops import total_order_key
-from jax_ipu.model.executors.common import REDUCE_UFUNCS, reader, register
+from jax_ipu.model.registry import reference
+from jax_ipu.ops import REDUCE_OPS
 from jax_ipu.model.executors.elementwise import instruction
 
 
-def _window(starts, shape, sizes) -> Callable:
+def _window(starts, shape, sizes, read) -> Callable:
     """fn(state) -> the slices of a dynamic slice's window, each start
     clamped so that the window fits (as XLA). Constant starts are clamped
     once, here; a start read from a tensor (a loop counter) on each run."""
     parts = []
     for source, dim, size in zip(starts, shape, sizes):
         if isinstance(source, View):
-            parts.append((reader(source), dim - size, size))
+            parts.append((read(source), dim - size, size))
         else:
             start = min(max(int(np.asarray(source).reshape(())), 0), dim - size)
             parts.append(slice(start, start + size))
@@ -46,20 +47,20 @@ def _window(starts, shape, sizes) -> Callable:
     return window
 
 
-@register(ci.DynamicSlice)
-def _build_dynamic_slice(k: ci.DynamicSlice):
-    get, tid = reader(k.operand), k.out.id
-    window = _window(k.starts, k.operand.shape, k.out.shape)
+@reference(ci.DynamicSlice)
+def _build_dynamic_slice(k: ci.DynamicSlice, read):
+    get, tid = read(k.operand), k.out.id
+    window = _window(k.starts, k.operand.shape, k.out.shape, read)
 
     def run(state):
         state[tid] = np.array(get(state)[window(state)])
     return run
 
 
-@register(ci.DynamicUpdateSlice)
-def _build_dynamic_update_slice(k: ci.DynamicUpdateSlice):
-    get, update, tid = reader(k.operand), reader(k.update), k.out.id
-    window = _window(k.starts, k.operand.shape, k.update.shape)
+@reference(ci.DynamicUpdateSlice)
+def _build_dynamic_update_slice(k: ci.DynamicUpdateSlice, read):
+    get, update, tid = read(k.operand), read(k.update), k.out.id
+    window = _window(k.starts, k.operand.shape, k.update.shape, read)
 
     # The compiler writes the result into the operand's tensor when nothing
     # reads the operand afterwards.
@@ -121,9 +122,9 @@ def gather(operand: np.ndarray, indices: np.ndarray, dn, slice_sizes) -> np.ndar
     return g.transpose(perm)
 
 
-@register(ci.Gather)
-def _build_gather(k: ci.Gather):
-    operand, indices, tid = reader(k.operand), reader(k.indices), k.out.id
+@reference(ci.Gather)
+def _build_gather(k: ci.Gather, read):
+    operand, indices, tid = read(k.operand), read(k.indices), k.out.id
 
     def run(state):
         # (not ascontiguousarray, which makes a 0-d result 1-d)
@@ -164,9 +165,9 @@ def scatter_targets(shape, indices: np.ndarray, update_shape, dn) -> tuple[tuple
     return index, valid, scatter_axes + list(dn.update_window_dims), full
 
 
-@register(ci.Scatter)
-def _build_scatter(k: ci.Scatter):
-    operands, indices, updates = [reader(v) for v in k.operands], reader(k.indices), [reader(v) for v in k.updates]
+@reference(ci.Scatter)
+def _build_scatter(k: ci.Scatter, read):
+    operands, indices, updates = [read(v) for v in k.operands], read(k.indices), [read(v) for v in k.updates]
     outs = [t.id for t in k.outs]
     dtypes = [t.dtype for t in k.outs] * 2 + [i.dtype for i in k.body]
     steps = [(instruction(ins, dtypes)[0], ins.args) for ins in k.body]
@@ -198,7 +199,7 @@ def _build_scatter(k: ci.Scatter):
             for x, v in zip(xs, values):
                 x[flat_index] = v
         elif k.combiner is not None:
-            REDUCE_UFUNCS[k.combiner].at(xs[0], flat_index, values[0])
+            REDUCE_OPS[k.combiner].at(xs[0], flat_index, values[0])
         else:
             for e in range(len(values[0])):
                 at = tuple(i[e] for i in flat_index)
@@ -281,9 +282,9 @@ def _sort_key(key: np.ndarray, descending: bool) -> np.ndarray:
     return -key if descending else key
 
 
-@register(ci.Sort)
-def _build_sort(k: ci.Sort):
-    inputs, outs = [reader(v) for v in k.inputs], [t.id for t in k.outs]
+@reference(ci.Sort)
+def _build_sort(k: ci.Sort, read):
+    inputs, outs = [read(v) for v in k.inputs], [t.id for t in k.outs]
     registers = _comparator(k)
 
     def run(state):
@@ -313,9 +314,9 @@ def _block_order(xs: list, registers, key: tuple[int, bool], position: np.ndarra
     return (k << bits) | position
 
 
-@register(ci.BlockSort)
-def _build_block_sort(k: ci.BlockSort):
-    inputs, outs, index = [reader(v) for v in k.inputs], [t.id for t in k.outs], k.index.id
+@reference(ci.BlockSort)
+def _build_block_sort(k: ci.BlockSort, read):
+    inputs, outs, index = [read(v) for v in k.inputs], [t.id for t in k.outs], k.index.id
     registers = _registers([v.dtype for v in k.inputs], k.body)
     rows, n = k.inputs[0].shape
     width = k.blocks * k.block
@@ -336,8 +337,8 @@ def _build_block_sort(k: ci.BlockSort):
     return run
 
 
-@register(ci.MergeSplit)
-def _build_merge_split(k: ci.MergeSplit):
+@reference(ci.MergeSplit)
+def _build_merge_split(k: ci.MergeSplit, read):
     sources, targets, s = [t.id for t in k.sources], [t.id for t in k.targets], k.block
     registers = _registers([t.dtype for t in k.sources[:-1]], k.body)
     lo, hi = np.array(k.lo), np.array(k.hi)
@@ -356,9 +357,9 @@ def _build_merge_split(k: ci.MergeSplit):
     return run
 
 
-@register(ci.TopK)
-def _build_top_k(k: ci.TopK):
-    get, values, indices, count = reader(k.input), k.values.id, k.indices.id, k.values.shape[1]
+@reference(ci.TopK)
+def _build_top_k(k: ci.TopK, read):
+    get, values, indices, count = read(k.input), k.values.id, k.indices.id, k.values.shape[1]
 
     def run(state):
         x = get(state)

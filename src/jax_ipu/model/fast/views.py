@@ -1,5 +1,7 @@
-"""What every executor shares: readers of views, the reduction ufuncs, and
-the table of executors by kernel type (`register`)."""
+"""The engine's view readers: a view of reshapes, transposes, slices and
+broadcasts read as one strided view of its tensor's memory, its layout
+found by its first read (the values are view.apply's, as the reference
+executors read them: model/executors/common.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -7,14 +9,14 @@ from collections.abc import Callable
 import numpy as np
 
 from jax_ipu.graph.views import View
-
-REDUCE_UFUNCS = {"add": np.add, "multiply": np.multiply, "maximum": np.maximum,
-                 "minimum": np.minimum, "and": np.bitwise_and, "or": np.bitwise_or,
-                 "xor": np.bitwise_xor}
+from jax_ipu.model.executors import common
 
 
-def reader(view: View) -> Callable:
-    """fn(state) -> the view's array, with the cheapest path for plain reads."""
+def reader(view: View | object) -> Callable:
+    """fn(state) -> the view's array, with the cheapest path for plain
+    reads; an immediate as the reference reads it."""
+    if not isinstance(view, View):
+        return common.reader(view)
     tid, shape = view.tensor.id, view.shape
     if not view.ops or view.is_whole_tensor:
         if shape == view.tensor.shape:
@@ -23,14 +25,6 @@ def reader(view: View) -> Callable:
     if all(op[0] in _STRIDED_OPS for op in view.ops):
         return _strided_reader(view)
     return lambda state: view.apply(lambda t: state[t.id])
-
-
-def value_reader(source: View | np.ndarray) -> Callable:
-    """fn(state) -> a view's array, or the immediate `source` itself (an
-    init value, a scale: held in vertex state)."""
-    if isinstance(source, View):
-        return reader(source)
-    return lambda state: source
 
 
 # View ops whose result is, on a C-ordered tensor, a strided view of its memory.
@@ -71,19 +65,3 @@ def _strided_reader(view: View) -> Callable:
             out.flags.writeable = False
         return out
     return read
-
-
-# kernel type (a graph.codelets class) -> build(kernel) -> fn(state)
-EXECUTORS: dict[type, Callable] = {}
-
-
-def register(kernel_type: type):
-    """Registers the decorated build function as the executor of
-    `kernel_type`; a second executor for one type is refused."""
-    def decorate(build: Callable) -> Callable:
-        if kernel_type in EXECUTORS:
-            raise ValueError(f"two executors for {kernel_type.__name__}: "
-                             f"{EXECUTORS[kernel_type].__module__} and {build.__module__}")
-        EXECUTORS[kernel_type] = build
-        return build
-    return decorate
