@@ -151,7 +151,7 @@ def _clamp(lo, x, hi, dtype, attrs):
 
 _BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 # From this many elements a select picks bits with masks: np.where branches
-# on each element and costs 5 ns an element on a random predicate.
+# on each element and mispredicts on a random predicate.
 MASKED_SELECT = 1024
 
 
@@ -163,7 +163,7 @@ def _select(pred, on_true, on_false, dtype, attrs):
     # f ^ ((t ^ f) * pred), in unsigned integers of the element's width: the
     # chosen operand's bits (pred's bytes are 0 or 1, widened inside the
     # multiply's loop: one pass, against two to make a mask of ones and a
-    # third to apply it, 42 -> 20 us for relu's gradient on 64K elements).
+    # third to apply it).
     bits = _BITS[dtype.itemsize]
     flag = p.view(np.uint8)
     # The result in an array of its own (base None), which a chain keeps

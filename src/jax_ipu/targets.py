@@ -58,7 +58,7 @@ class Target:
     # assumed to use this many links per hop and direction (unverified).
     ipu_link_bytes_per_second: float = 32e9
     ipu_links_per_hop: int = 1
-    ipu_link_latency_cycles: int = 1000     # per hop, ~0.75 us at 1.33 GHz (unverified)
+    ipu_link_latency_cycles: int = 1000     # per hop (unverified)
     ipu_sync_cycles: int = 2000             # sync across IPUs per collective (unverified)
     # Streaming memory: the DRAM beside the IPUs (an IPU-M2000 ships with 128
     # GB in two 64 GB DIMMs behind its IPU-Gateway, up to 256 GB), reached only

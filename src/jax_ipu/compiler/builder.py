@@ -198,7 +198,7 @@ class Builder:
     def pattern(self, key, make):
         """make() -> a tuple (of arrays) describing vertices, built once per
         key: the arrays are shared, never written, by every compute set
-        with that key (the same product in each of GPT-2's 12 layers), so
+        with that key (the same product in each layer of a transformer), so
         the cost pass also counts their exchange once (see
         cost.cost_steps). Keys name mappings by identity (they never
         change) and hold them, so an id is never reused while compiling."""

@@ -175,8 +175,7 @@ COPY_CHUNK = 1 << 16
 
 def _bincount_chunked(values: np.ndarray, tiles: int) -> np.ndarray:
     """np.bincount in chunks that stay in cache (bincount widens its input
-    to intp): whole-array passes took 15 of the 18 s that a ResNet-50
-    step's 1.8G copied elements cost."""
+    to intp): whole-array passes cost most of a large program's costing."""
     counts = np.zeros(tiles, np.int64)
     for start in range(0, values.size, COPY_CHUNK):
         counts += np.bincount(values[start:start + COPY_CHUNK], minlength=tiles)
@@ -185,7 +184,7 @@ def _bincount_chunked(values: np.ndarray, tiles: int) -> np.ndarray:
 
 def cost_copy(target: Target, step: Copy) -> np.ndarray:
     # The per-element tiles made here are dropped afterwards: kept for
-    # every copied tensor, they took gigabytes of a ResNet-50 compile.
+    # every copied tensor, they took gigabytes of a large program's compile.
     mappings = [t.mapping for t in (step.dst, *step.src.tensors) if not t.mapping.holds_element_tiles]
     try:
         return _cost_copy(target, step)

@@ -68,7 +68,7 @@ class TileMapping:
     def element_tiles(self) -> np.ndarray:
         """The tile of every element, in the smallest integer type that holds
         the tile numbers (cached while compiling: mappings never change; a
-        ResNet-18 step's caches took 5.7 GB as int64)."""
+        convolutional network's caches took gigabytes as int64)."""
         if self._element_tiles is None:
             self._element_tiles = np.repeat(self.tiles.astype(_compact(self.tiles)), self.stops - self.starts)
         return self._element_tiles

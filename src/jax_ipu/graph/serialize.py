@@ -184,7 +184,7 @@ class _Writer:
                 and not (array.dtype == np.uint64 and int(flat.max()) > np.iinfo(np.int64).max):
             low, high = int(flat.min()), int(flat.max())
             # Differences of values within half int32's range fit in int32:
-            # large index arrays are never widened (a ResNet's hold 10^8).
+            # large index arrays (10^8 elements in large networks) are never widened.
             half = 1 << 30
             values = flat.astype(np.int32 if -half <= low and high < half else np.int64, copy=False)
             plain = _width(low, high) * flat.size
@@ -233,8 +233,9 @@ class _Writer:
 
 class _Section:
     """The deferred section's bytes, inflated when an array in it is first
-    read (a ResNet-50 step's vertex regions and intervals and its tensors'
-    tile mappings: 75 of its 87 MB, read only by profiles and validation)."""
+    read (the vertices' regions and intervals and the tensors' tile
+    mappings: most of a large program's bytes, read only by profiles and
+    validation)."""
 
     def __init__(self, packed: memoryview, size: int):
         self._packed, self.size, self._body = packed, size, None
@@ -537,8 +538,8 @@ class _Encoder:
     def add_vertex_array(self, vertices: VertexArray) -> None:
         """The columns the loop over its Vertex objects would give, from
         its arrays: each vertex's regions are its reads' then its writes'
-        parts, each interval slice a block of its own (a ResNet-50 step
-        has 1.3M such vertices: one at a time, they took 20 s to save)."""
+        parts, each interval slice a block of its own (a large program has
+        millions of such vertices: one at a time, saving took seconds)."""
         count = len(vertices)
         parts = vertices.listed("reads") + vertices.listed("writes")
         for tensor, _, _ in parts:
@@ -644,8 +645,8 @@ def dumps(program: Program, meta: dict | None = None) -> bytes:
     header["arrays"] = enc.arrays.table
     text = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
     pad = -len(text) % _ALIGN
-    # Level 1: the runs still repeat (image rows, tiles); 7x smaller for a
-    # CNN step at 30 ms to inflate. Compressed part by part, never joined;
+    # Level 1: the runs still repeat (image rows, tiles), and it inflates
+    # fast (docs/performance.md). Compressed part by part, never joined;
     # the deferred section as a stream of its own, inflated when first read.
     body, deferred = enc.arrays.parts
     packed = _deflate([text + b" " * pad] + body)
@@ -1068,8 +1069,8 @@ def _vertex_builder(header, arrays, tensors, where="vertices"):
 
 
 class _MappingColumns:
-    """The tensors' mapping columns (tiles and starts of every run, 9.9M
-    runs in a ResNet-50 step), decoded when a mapping is first read:
+    """The tensors' mapping columns (tiles and starts of every run,
+    millions in a large program), decoded when a mapping is first read:
     running a loaded program reads none (profiles and reports do)."""
 
     def __init__(self, tiles, starts):

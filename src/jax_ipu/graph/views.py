@@ -157,8 +157,8 @@ def _gather_op(size: int, indices, fill) -> tuple:
     read so far, as int32 where they fit (intp otherwise), padding
     (indices < 0) as `size`, the position of the `fill` element _gather
     appends; fill is None when nothing is padding. One compact array per
-    view: an int64 array, a padding-free copy and a mask held a ResNet-18
-    step's im2col indices three times over (4 GB)."""
+    view: an int64 array, a padding-free copy and a mask held a
+    convolutional network's im2col indices three times over."""
     dtype = np.int32 if size < np.iinfo(np.int32).max else np.intp
     indices = np.array(indices, dtype=dtype, order="C")      # a copy: written below
     padding = indices < 0
@@ -173,8 +173,7 @@ def _gather_op(size: int, indices, fill) -> tuple:
 
 # Indices taken per np.take call: each chunk is widened to intp in a buffer
 # that stays in cache, and its values are written while the output chunk is
-# in cache too (9.2 ms for 9.4M im2col indices, 11.2 ms taking all at once
-# from an intp array).
+# in cache too (faster than taking all at once from an intp array).
 GATHER_CHUNK = 1 << 18
 
 
@@ -237,8 +236,8 @@ def source_tiles(view: View | Concat) -> np.ndarray:
     """For each element a view reads, in the view's (flattened) order, the
     tile that holds it: the view's ops applied to its tensors' per-element
     tiles (uint16), to cost the exchange a Copy needs. Padding is charged
-    as a read of the tensor's last element. (Through flat int64 indices
-    first, this took 3 s of a ResNet-18 step's compile.)"""
+    as a read of the tensor's last element. (Not through flat int64
+    indices first: those took seconds of a convolutional network's compile.)"""
     def tiles(tensor):
         return tensor.mapping.element_tiles()
 

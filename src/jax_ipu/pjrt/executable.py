@@ -255,8 +255,8 @@ _UNPRINTABLE = re.compile(r"[^ -~]+")
 
 
 def _mlir_string(text: str) -> str:
-    # Not character by character in Python: the summary of a ResNet-50
-    # step, made at every load, is half a million characters (and lines).
+    # Not character by character in Python: the summary of a large
+    # program, made at every load, is half a million characters (and lines).
     text = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\0A")
     if _UNPRINTABLE.search(text):
         text = _UNPRINTABLE.sub(lambda m: "".join(f"\\{b:02X}" for b in m.group().encode()), text)

@@ -3,9 +3,11 @@
 transfers, host transfers and callbacks), in cycles of the modelled IPU."""
 from __future__ import annotations
 
-# Compute sets whose cycles are mostly link transfers (compiler.collectives
-# names them after their kernel).
-_LINK_PREFIXES = ("AllReduce", "ReduceScatter", "AllGather", "AllToAll", "CollectivePermute")
+from jax_ipu.graph.codelets_collectives import COLLECTIVES
+
+# Compute sets whose cycles are mostly link transfers (the collectives'
+# lowering names them after their kernel).
+_LINK_PREFIXES = tuple(kind.__name__ for kind in COLLECTIVES)
 _STREAMING_PREFIX = "StreamingMemory"
 
 

@@ -291,8 +291,9 @@ def _step(kind: str, name: str, cycles: int, nbytes: int, phases: dict) -> dict:
 
 
 # A program's parts of its report that no run changes (memory plan, compute
-# sets, step phases): built once, as they took 10 ms of an MLP step's
-# report, and last_profile is read after every step in training loops.
+# sets, step phases): built once, as they cost more than the rest of a
+# small step's report, and last_profile is read after every step in
+# training loops.
 _STATIC: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 

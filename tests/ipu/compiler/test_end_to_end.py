@@ -96,7 +96,7 @@ def test_types_the_ipu_lacks_fail_naming_op_and_type(dtype):
     with pytest.raises(IpuUnimplementedError) as info:
         compile_module(module, SMALL)
     message = str(info.value)
-    assert "stablehlo.add at" in message and "test_compiler.py" in message
+    assert "stablehlo.add at" in message and "test_end_to_end.py" in message
     if dtype.itemsize == 8 and dtype.kind in "fiu":
         assert "JAX_ENABLE_X64" in message
 
@@ -116,7 +116,7 @@ def test_unsupported_op_names_op_location_and_advice():
     with pytest.raises(IpuUnimplementedError) as info:
         compile_module(module, SMALL)
     message = str(info.value)
-    assert message.startswith("stablehlo.real_dynamic_slice at ") and "test_compiler.py" in message
+    assert message.startswith("stablehlo.real_dynamic_slice at ") and "test_end_to_end.py" in message
     assert "not supported by jax-ipu yet" in message and "issue" in message
 
 
@@ -142,7 +142,7 @@ def test_unsupported_reduction_body_is_a_clear_error():
     (reduce,) = [op for op in module.main.body.ops if op.name == "reduce"] or [
         op for f in module.functions.values() for op in f.body.ops if op.name == "reduce"]
     reduce.regions[0].ops[0].name = "cholesky"
-    with pytest.raises(IpuUnimplementedError, match=r"stablehlo.reduce at .*test_compiler.py.*cholesky"):
+    with pytest.raises(IpuUnimplementedError, match=r"stablehlo.reduce at .*test_end_to_end.py.*cholesky"):
         compile_module(module, SMALL)
 
 def test_mlp_training_step():

@@ -1,6 +1,6 @@
 """A product whose only use is a transpose swapping its operands' free
 dimensions is computed with its operands swapped when that moves fewer
-elements (compiler/fold_transposes.py): JAX's weight gradients."""
+elements (compiler/passes/fold_transposes.py): JAX's weight gradients."""
 from __future__ import annotations
 
 import jax

@@ -1,4 +1,4 @@
-"""The memory plan of data-dependent indexing (compiler.plan_slice, popops
+"""The memory plan of data-dependent indexing (compiler.planners.slice.plan_slice, popops
 multiSlice / multiUpdate): big tables stay where they live, exchange
 buffers are bounded per tile, so realistic embedding lookups and scatters
 fit the default ipu2 target; a program that truly does not fit still fails

@@ -1,5 +1,5 @@
 """A matrix too large for a share of one tile is factorised spread by
-blocks of rows over several tiles (compiler/linalg.py), instead of whole on
+blocks of rows over several tiles (compiler/lowering/linalg.py), instead of whole on
 one tile: jnp.linalg on a 600x600 or 828x828 matrix fits the default ipu2
 (a 300x300 solve used to run out of memory on tile 0)."""
 from __future__ import annotations

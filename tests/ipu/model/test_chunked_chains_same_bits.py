@@ -79,7 +79,7 @@ def test_chain_on_a_transposed_layout_gives_the_same_values():
 @pytest.mark.parametrize("shape", [(784, 512), (1100, 1000)])   # one thread; two halves
 def test_chain_of_fast_ops_writes_its_last_op_into_the_output(monkeypatch, shape):
     """An SGD-like update with weight decay (ops numpy runs at memory
-    speed; a plain w - c * g is one BLAS axpy, test_axpy_chains.py) of a
+    speed; a plain w - c * g is one BLAS axpy, test_sgd_updates_round_once.py) of a
     donated buffer: big chunks, the last op writing straight into the
     buffer, on one thread or two halves: the values of the whole-array
     evaluation."""

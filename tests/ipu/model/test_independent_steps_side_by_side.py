@@ -1,5 +1,5 @@
 """Independent compute sets next to each other run as two lanes on the
-host's two cores (jax_ipu/model/lanes.py): never compute sets that share a
+host's two cores (jax_ipu/model/fast/lanes.py): never compute sets that share a
 tensor, and the same values whether or not the helper takes a lane."""
 from __future__ import annotations
 

@@ -76,7 +76,7 @@ def test_transposed_matmul_operands_are_read_in_place():
 
 def test_bias_broadcast_read_by_a_chain():
     """No copy at all: the chain's vertices read the bias as a broadcast
-    view (test_lazy_broadcast.py)."""
+    view (test_broadcasts_read_in_place.py)."""
     x, b = f32(128, 40), f32(40)
     f = (lambda x, b: jax.nn.relu(x + b) * b[None, :])
     assert not [s for s in leaves(compile_fn(f, x, b).body) if isinstance(s, Copy)]

@@ -1,6 +1,6 @@
 """pmap, shard_map and jit of sharded arrays over 2 and 4 IPU Model devices,
 against the CPU backend with as many devices (each side in a subprocess:
-tests/ipu/collective_cases.py holds the programs)."""
+tests/ipu/multi_ipu/collective_cases.py holds the programs)."""
 import os
 import tempfile
 

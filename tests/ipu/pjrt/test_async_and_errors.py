@@ -25,7 +25,7 @@ def test_execute_returns_before_the_program_finishes(ipu, monkeypatch):
         return real_run(*args, **kwargs)
 
     # A loop: not a quick run (those run on the first thread that asks about
-    # their results; tests/ipu/test_quick_dispatch.py shows them asynchronous).
+    # their results; tests/ipu/pjrt/test_quick_dispatch.py shows them asynchronous).
     f = jax.jit(lambda x: jax.lax.fori_loop(0, 3, lambda i, v: v + 1.0, x) - 2)
     x = jax.device_put(np.zeros(4, np.float32), ipu)
     f(x).block_until_ready()  # compiled before gating
@@ -64,7 +64,7 @@ def test_unsupported_dtype_fails_at_compile_time_naming_op_and_line(ipu):
     text = str(info.value)
     line = f.__code__.co_firstlineno + 1
     assert "stablehlo.convert" in text and "complex" in text
-    assert f"test_async_and_safety.py:{line}" in text
+    assert f"test_async_and_errors.py:{line}" in text
 
 
 def test_op_inside_a_called_function_is_placed_at_the_users_line(ipu):
@@ -77,7 +77,7 @@ def test_op_inside_a_called_function_is_placed_at_the_users_line(ipu):
         jax.jit(f)(x)
     text = str(info.value)
     assert "stablehlo.fft" in text and "complex" in text
-    assert f"test_async_and_safety.py:{f.__code__.co_firstlineno + 1}" in text
+    assert f"test_async_and_errors.py:{f.__code__.co_firstlineno + 1}" in text
 
 
 def test_wrong_device_argument_raises(ipus):
@@ -167,7 +167,7 @@ def test_a_compiler_bug_is_reported_with_the_op_and_line(ipu, monkeypatch):
         jax.jit(f)(jax.device_put(np.ones((3, 3), np.float32), ipu))
     text = str(info.value)
     assert text.startswith("INTERNAL") and "stablehlo.dot_general" in text
-    assert f"test_async_and_safety.py:{f.__code__.co_firstlineno + 1}" in text
+    assert f"test_async_and_errors.py:{f.__code__.co_firstlineno + 1}" in text
     assert "simulated compiler bug" in text and "jax-ipu bug" in text
 
 

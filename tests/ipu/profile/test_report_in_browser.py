@@ -3,7 +3,7 @@ Playwright for Python. Marked `browser`; skipped, saying why, when either is
 missing (apt-get install chromium; pip install playwright, in the [test]
 extra). JAX_IPU_CHROMIUM names another chromium binary.
 
-    pytest -m browser tests/ipu/test_profile_browser.py
+    pytest -m browser tests/ipu/profile/test_report_in_browser.py
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The report's views for the page (liveness, program tree, tiles over the
 limit, the largest tensor per tile) and the HTML page itself, read without
-a browser (tests/ipu/test_profile_browser.py opens it in one)."""
+a browser (tests/ipu/profile/test_report_in_browser.py opens it in one)."""
 from __future__ import annotations
 
 import json

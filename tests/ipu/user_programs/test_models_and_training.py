@@ -601,14 +601,14 @@ def test_fft_and_complex_are_refused_at_the_users_line():
     def spectrum(x):
         return jnp.abs(jnp.fft.rfft(x))          # fft here
     message = _error_of(spectrum, normal(16))
-    assert "stablehlo.fft" in message and f"test_user_programs.py:{_line_of('# fft here')}:" in message
+    assert "stablehlo.fft" in message and f"test_models_and_training.py:{_line_of('# fft here')}:" in message
     assert "complex" in message and "on the CPU" in message
 
     def rotate(x):
         return (x * 1j).real                      # complex constant here
     message = _error_of(rotate, normal(4))
     # The complex constant is hoisted with the jit call's location; its reader names this line.
-    assert re.search(rf"test_user_programs.py:{_line_of('# complex constant here')}:", message), message
+    assert re.search(rf"test_models_and_training.py:{_line_of('# complex constant here')}:", message), message
     assert "complex<f32>" in message and "Use float32" in message
 
 
@@ -616,7 +616,7 @@ def test_keyless_rng_and_narrow_types_are_refused_with_what_to_do():
     message = _error_of(lambda x: jax.lax.rng_uniform(0.0, 1.0, (4,)) + x, normal(4))    # rng here
     assert "stablehlo.rng" in message and "jax.random" in message and "i64" not in message, message
     line = _line_of('# rng here', test_keyless_rng_and_narrow_types_are_refused_with_what_to_do)
-    assert f"test_user_programs.py:{line}:" in message, message
+    assert f"test_models_and_training.py:{line}:" in message, message
     for narrow in (jnp.float8_e4m3fn, jnp.int4):
         message = _error_of(lambda x: x.astype(narrow).astype(jnp.float32), normal(4))
         assert "is not supported" in message and "Use float32" in message and "f16" in message, message
@@ -626,4 +626,4 @@ def test_float64_is_refused_unless_opted_in():
     with jax.enable_x64(True):
         message = _error_of(lambda x: x.astype(jnp.float32) + jnp.float64(0.5) * jnp.arange(4.0), normal(4))
     assert "the IPU has no f64 type" in message and "JAX_IPU_F64_AS_F32=1" in message
-    assert "test_user_programs.py:" in message
+    assert "test_models_and_training.py:" in message

@@ -1,6 +1,6 @@
 """Rules for data-dependent indexing: dynamic_slice, dynamic_update_slice,
 gather and scatter. Each is one compute set planned as popops multiSlice /
-multiUpdate (compiler.plan_slice): the table stays where it lives, the
+multiUpdate (compiler.planners.slice.plan_slice): the table stays where it lives, the
 indices are broadcast to its tiles, a vertex on each tile handles the
 elements it holds, and a data-dependent exchange moves the slices to the
 output or the updates to the table, in rounds of bounded buffers. XLA's

@@ -195,8 +195,8 @@ def _partial_pattern(b: Builder, in_dtype: np.dtype, window: tuple, batch: int, 
     bb, mb, nb, kc = plan.blocks
     nbb, nmb, nnb = -(-batch // bb), -(-rows // mb), -(-cols // nb)
     # Partials [pk, batch, rows, cols]: tile of block (kk, bi, mi, ni).
-    # (From runs of a block row each: per element, this took 6 s of a
-    # ResNet-18 step's compile.)
+    # (From runs of a block row each: per element, this took seconds of a
+    # convolutional network's compile.)
     col_blocks = np.arange(nnb)
     tile_of = (((np.arange(pk)[:, None, None, None] * pb + np.arange(batch)[None, :, None, None] // bb) * pm
                 + np.arange(rows)[None, None, :, None] // mb) * pn + col_blocks)    # [pk, batch, rows, col blocks]

@@ -55,8 +55,8 @@ def combine(per_axis: list[np.ndarray], strides: list[int], narrow: bool = False
     [32, 32, 32, 32, 3, 3] indices: batch with features, rows with columns,
     then the two). Padding's part is -big, big beyond any in-range sum;
     sums of parts are clipped to -big, and the result to -1. (A pass per
-    axis and a mask per padded axis took 3.7 s of a ResNet-18 step's
-    compile.)"""
+    axis and a mask per padded axis took seconds of a convolutional
+    network's compile.)"""
     per_axis = [np.asarray(index) for index in per_axis]
     if not per_axis:
         return np.zeros((), np.int32 if narrow else np.int64)

@@ -19,22 +19,19 @@ from jax_ipu.model.registry import fast
 
 # Elements of a large fused chain evaluated at a time (a multiple of any
 # SIMD width): 256 KiB of f32 per temporary, so that they stay in a core's
-# L2; smaller chunks cost more in numpy calls than they save (on 1M
-# elements with tanh and exp: 6.1 ms at 16K, 5.6 ms at 64K).
+# L2; smaller chunks cost more in numpy calls than they save.
 CHAIN_CHUNK = 65536
 # Chains of ops numpy runs at memory speed (ops.FAST_IN_NUMPY) take
 # bigger chunks: each numpy call costs several microseconds, and two threads
-# making many calls contend for the GIL (an SGD update of 401K elements on
-# two threads: 161 us in 64K chunks, 112 us in 256K chunks).
+# making many calls contend for the GIL.
 FAST_CHAIN_CHUNK = 262144
-# ... and are shared with the helper thread from this many elements (with
-# the helper spinning, a hand-off costs about 10 us: an MLP training step
-# was 2.5% faster with its 401K- and 262K-element updates shared; smaller
-# chains cut in row halves were 5% slower, the two threads' many short
-# numpy calls contending for the GIL).
+# ... and are shared with the helper thread from this many elements (a
+# hand-off to the spinning helper is cheap against such halves; smaller
+# chains cut in row halves ran slower, the two threads' many short numpy
+# calls contending for the GIL: see model-speed.md).
 FAST_SHARED_CHAIN = 1 << 17
 # A chunked chain of at least this many elements shares its chunks with a
-# helper thread (model/helper.py) when there is a second core.
+# helper thread (model/fast/helper.py) when there is a second core.
 SHARED_CHAIN = 2 * CHAIN_CHUNK
 
 
@@ -109,7 +106,7 @@ def chain(k: codelets.ElementwiseChain, read, whole: bool = False):
             if full[reg]:
                 # One C-order copy of an input laid out otherwise (a transposing
                 # Copy keeps its source's layout): evaluated whole, mixed layouts
-                # cost 8x as much (2.6 ms for a 512x512 SGD update).
+                # cost several times as much.
                 flat.append((reg, np.ascontiguousarray(value).reshape(-1)))
             else:
                 regs[reg] = value.reshape(())

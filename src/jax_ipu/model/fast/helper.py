@@ -4,13 +4,14 @@ chain's chunks). The halves write disjoint outputs with the same code, so
 the values never depend on whether the helper takes one.
 
 Hand-offs. A helper that sleeps between halves (a thread pool's futex)
-took 30-160 us to start each one on the 2-core VMs we measure on (its
-idle core woken through the hypervisor) and then ran on cold caches, and
-the caller slept as long again waiting for it. So while a run shares work,
-the helper waits for the next half spinning on a libc spinlock, outside
-the GIL, as XLA:CPU's thread pool spins between its tasks: a hand-off then
-costs about 10 us. The spin lasts from a run's first shared kernel (or,
-in a straight-line program, from shortly before it: engine._helper_schedule)
+is slow to start each one on virtual machines (its idle core woken
+through the hypervisor) and then runs on cold caches, and the caller
+sleeps as long again waiting for it. So while a run shares work, the
+helper waits for the next half spinning on a libc spinlock, outside the
+GIL, as XLA:CPU's thread pool spins between its tasks: a hand-off then
+costs several times less (model-speed.md has the figures). The spin lasts
+from a run's first shared kernel (or, in a straight-line program, from
+shortly before it: fast.straight_line.helper_schedule)
 to the end of the run, to a long stretch without shared work, or to a host
 call (a callback or feed may wait on the user for as long as it likes);
 between runs the helper sleeps. A run takes the
@@ -48,8 +49,9 @@ _loadavg: list = []     # a descriptor of /proc/loadavg kept open (per process)
 
 def _runnable() -> int:
     """Runnable threads on the host now (/proc/loadavg's fourth field), 1 if
-    unknown. Read at offset 0 of a descriptor kept open: 2 us, against
-    19 us to open, read and close it, at the start of every other run."""
+    unknown. Read at offset 0 of a descriptor kept open, a tenth of the
+    cost of opening, reading and closing it at the start of every other
+    run."""
     try:
         if not _loadavg:
             _loadavg.append(os.open("/proc/loadavg", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
@@ -62,7 +64,7 @@ def _spare_core() -> bool:
     """Whether another thread would get a core of its own now: the threads
     the kernel reports runnable (this one included; the spinning helper,
     which only waits for work, not) leave one free. A helper on busy cores
-    only adds hand-offs (measured 5% slower). Looked at every 10 ms."""
+    only adds hand-offs (measured slower). Looked at every 10 ms."""
     now = time.monotonic()
     if now - _running[0] > 0.01:
         running = _runnable()
@@ -248,7 +250,7 @@ def run_halves(first: Callable, second: Callable, large: bool = False) -> None:
     free. On busy cores the operating system shares the time among
     threads, so a kernel kept on one thread got half the share of XLA:CPU's
     two (whose threads run whatever the load); a hand-off through the pool
-    (30-160 us) is small against such halves, and a half the pool has not
+    is small against such halves, and a half the pool has not
     started when the caller is done with its own runs on the caller."""
     if getattr(_local, "in_lane", False):
         first()
@@ -278,7 +280,7 @@ def _in_lane(fn: Callable) -> Callable:
 
 
 def run_lanes(first: Callable, second: Callable) -> None:
-    """run_halves for two lanes of compute sets (model/lanes.py, groups
+    """run_halves for two lanes of compute sets (model/fast/lanes.py, groups
     worth a hand-off): what runs in a lane shares nothing further with the
     helper."""
     run_halves(_in_lane(first), _in_lane(second), large=True)

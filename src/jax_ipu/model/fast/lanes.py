@@ -136,7 +136,6 @@ def _split(group: list) -> tuple[list, list] | None:
     # The helper takes the lane of fewer units: a unit's Python holds the GIL,
     # which the helper waits for while the caller runs its own; with the
     # fewer, it soon spends its lane in BLAS or numpy calls, outside the GIL.
-    # (An MLP's updates: the helper's five ended 120 us after the caller's one.)
     return (second, first) if len(second) > len(first) else (first, second)
 
 

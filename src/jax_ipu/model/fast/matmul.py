@@ -44,9 +44,9 @@ def _converted(view, acc: np.dtype, read):
 def _unplanned(view, acc: np.dtype, read):
     """The view's ops one by one. A view reading elements more than once
     (im2col windows, broadcasts) converts its tensor first and reads that
-    through the view: numpy converts about one element a nanosecond, and
-    the patches of a 3x3 convolution are 9 times its input (3.9 -> 1.2 ms
-    for a 56x56x64 image). Large aligned arrays are converted by XLA:CPU
+    through the view: numpy's conversions are slow per element, and the
+    patches of a 3x3 convolution are 9 times its input. Large aligned
+    arrays are converted by XLA:CPU
     (xla_chains.convert)."""
     get = read(view)
     if view.dtype == acc:

@@ -7,8 +7,8 @@ Why: numpy applies a view's ops one by one, and a reshape of a strided
 view copies it in the destination's order. An im2col patch matrix read
 that way copied its elements with an inner loop over the window's few
 columns (3 elements, each from another row), and a transposed kernel was
-copied twice: ResNet-50's operands took a third of its training step on
-the host. Here the view is worked out once, at load time, as "sub-axes"
+copied twice: a convolutional network's operands took a large share of
+its training step on the host. Here the view is worked out once, at load time, as "sub-axes"
 (size, stride) of its tensor's memory per axis of the result; a run then
 fills the operand in one np.copyto, in C order or with its last two axes
 swapped (BLAS reads either), whichever reads the source in longer runs.
