@@ -47,8 +47,8 @@ def test_maximum_and_minimum_with_a_scalar_give_numpys_values(monkeypatch, n):
     x[1::97] = -0.0
     program = compile_fn(lambda a: (jnp.maximum(a * 2, 0.0), jnp.minimum(a + 1, 0.5), jnp.maximum(0.0, a - 1)), x)
     wrapped = []
-    real = chains_executor._filled_operand
-    monkeypatch.setattr(chains_executor, "_filled_operand", lambda *a: wrapped.append(a) or real(*a))
+    real = chains_executor.filled_operand
+    monkeypatch.setattr(chains_executor, "filled_operand", lambda *a: wrapped.append(a) or real(*a))
     got = Engine(SMALL).run(program, [x])
     assert len(wrapped) == 3                     # the path under test
     for g, w in zip(got, [np.maximum(x * 2, np.float32(0)), np.minimum(x + 1, np.float32(0.5)),

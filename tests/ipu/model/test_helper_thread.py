@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(helper.spinner() is None, reason="needs libc spi
 
 @pytest.fixture
 def free_core(monkeypatch):
-    monkeypatch.setattr(helper, "_spare_core", lambda: True)
+    monkeypatch.setattr(helper, "spare_core", lambda: True)
     yield
     helper.end_session()
 
@@ -103,7 +103,7 @@ def test_a_second_thread_does_not_get_the_spinner_while_another_run_has_it(free_
 def test_a_host_callback_stops_the_spinning(monkeypatch):
     """A run whose big matmul shared work and which then waits in a host
     callback does not keep a core busy while it waits."""
-    monkeypatch.setattr(helper, "_spare_core", lambda: True)
+    monkeypatch.setattr(helper, "spare_core", lambda: True)
     spin = helper.spinner()
     seen = {}
 
@@ -155,7 +155,7 @@ def test_a_straight_line_program_times_its_first_runs_then_follows_the_schedule(
     or not; then the generated program wakes and rests the helper."""
     from jax_ipu.model import engine
     from jax_ipu.model.fast.straight_line import TIMED_RUNS
-    monkeypatch.setattr(helper, "_spare_core", lambda: True)
+    monkeypatch.setattr(helper, "spare_core", lambda: True)
     from jax_ipu.targets import get_target
     ipu2 = get_target("ipu2")
     rng = np.random.default_rng(0)
@@ -187,10 +187,10 @@ def test_runnable_threads_read_from_a_kept_descriptor_of_proc_loadavg(monkeypatc
     it cannot, it assumes this thread alone."""
     with open("/proc/loadavg", "rb") as f:
         total = int(f.read().split()[3].split(b"/")[1])
-    first = helper._runnable()
+    first = helper.runnable_threads()
     assert 1 <= first <= total + 64          # this thread runs: at least itself
     fd = helper._loadavg[0]
-    assert helper._runnable() >= 1 and helper._loadavg == [fd]     # the same descriptor, read again
+    assert helper.runnable_threads() >= 1 and helper._loadavg == [fd]     # the same descriptor, read again
     monkeypatch.setattr(helper, "_loadavg", [])
     monkeypatch.setattr(helper.os, "open", lambda *a, **k: (_ for _ in ()).throw(OSError("no")))
-    assert helper._runnable() == 1
+    assert helper.runnable_threads() == 1

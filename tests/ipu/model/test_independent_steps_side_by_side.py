@@ -55,7 +55,7 @@ def test_a_training_step_runs_its_independent_products_and_updates_as_lanes():
 def test_lanes_give_the_same_bits_with_and_without_the_helper(monkeypatch):
     params, x = mlp_inputs(1)
     program = compile_fn(mlp_step, params, x, target=IPU2)
-    monkeypatch.setattr(helper, "_spare_core", lambda: True)
+    monkeypatch.setattr(helper, "spare_core", lambda: True)
     taken = _count_lanes(monkeypatch)
     with_helper = Engine(IPU2).run(program, params + [x])
     helper.end_session()
@@ -110,7 +110,7 @@ def test_a_donated_buffer_written_in_place_counts_as_its_input():
     readers = [u for u in found if in_id in u.reads and u not in writers]
     assert writers and readers
     assert all(in_id in u.writes for u in writers)
-    assert not any(lanes._independent(w, r) for w in writers for r in readers)
+    assert not any(lanes.independent(w, r) for w in writers for r in readers)
 
 
 def test_a_loop_body_runs_lanes_and_its_record_keeps_program_order(monkeypatch):
@@ -146,7 +146,7 @@ from mlp_cases import mlp_inputs, mlp_step
 IPU2 = get_target("ipu2")
 params, x = mlp_inputs(1)
 program = compile_fn(mlp_step, params, x, target=IPU2)
-helper._spare_core = lambda: True
+helper.spare_core = lambda: True
 first = Engine(IPU2).run(program, params + [x])
 helper.end_session()
 helper.spinner, helper.helper_pool = (lambda: None), (lambda busy=False: None)

@@ -60,7 +60,7 @@ def test_values_do_not_depend_on_the_helper_or_the_stacking(monkeypatch, batch, 
     def combined():
         return blas.matmul_combined(a, b, chunks, k // chunks, np.float32, blas.CombineScratch())
     results = []
-    monkeypatch.setattr(helper, "_spare_core", lambda ours=0: True)    # whatever the load
+    monkeypatch.setattr(helper, "spare_core", lambda ours=0: True)    # whatever the load
     results.append(combined())                      # the spinning helper
     helper.end_session()
     monkeypatch.setattr(helper, "spinner", lambda: None)
@@ -121,7 +121,7 @@ def test_large_halves_go_to_the_pool_on_busy_cores(monkeypatch):
     to the pool's thread, as XLA:CPU's threads run whatever the load."""
     import threading
     monkeypatch.setattr(helper, "spinner", lambda: None)
-    monkeypatch.setattr(helper, "_spare_core", lambda: False)
+    monkeypatch.setattr(helper, "spare_core", lambda: False)
     ran_on, second_ran = [], threading.Event()
 
     def first():
@@ -206,7 +206,7 @@ def test_a_row_blocks_chunks_are_one_cblas_batch_call(monkeypatch, a_t, b_t):
     batch, m, k, n, chunks = 2, 160, 512, 400, 8
     a, b = operands(rng, batch, m, k, n, a_t, b_t)
     calls = spied(monkeypatch, "_sgemm_batch")
-    monkeypatch.setattr(helper, "_spare_core", lambda ours=0: True)
+    monkeypatch.setattr(helper, "spare_core", lambda ours=0: True)
     combined = blas.matmul_combined(a, b, chunks, k // chunks, np.float32, blas.CombineScratch())
     helper.end_session()
     assert len(calls) == 2                        # the two row halves

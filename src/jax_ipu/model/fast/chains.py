@@ -70,7 +70,7 @@ def chain(k: codelets.ElementwiseChain, read, whole: bool = False):
         if is_ufunc and fn in _SLOW_WITH_A_SCALAR and full[-1]:
             scalar = [i for i, a in enumerate(ins.args) if a in constants and np.ndim(constants[a]) == 0]
             if len(scalar) == 1:
-                fn = _filled_operand(fn, scalar[0])
+                fn = filled_operand(fn, scalar[0])
         # 0-d results are numpy scalars, which cannot be `out` buffers.
         reuse = next((a for a in ins.args if a >= n_inputs and full[a] and a not in output_regs
                       and last_use[a] == i and dtypes[a] == ins.dtype), None) \
@@ -308,7 +308,7 @@ def _straight_line(k, fetch, plan, outputs, template, shape):
 _SLOW_WITH_A_SCALAR = (np.maximum, np.minimum)
 
 
-def _filled_operand(ufunc: np.ufunc, index: int):
+def filled_operand(ufunc: np.ufunc, index: int):
     """ufunc(*args, out=None) with args[index], a scalar, as an array of the
     other operand's shape (kept across calls): the same values."""
     kept = []

@@ -47,7 +47,7 @@ _running = [0.0, 1]     # (when last looked, runnable threads then, our spinning
 _loadavg: list = []     # a descriptor of /proc/loadavg kept open (per process)
 
 
-def _runnable() -> int:
+def runnable_threads() -> int:
     """Runnable threads on the host now (/proc/loadavg's fourth field), 1 if
     unknown. Read at offset 0 of a descriptor kept open, a tenth of the
     cost of opening, reading and closing it at the start of every other
@@ -60,14 +60,14 @@ def _runnable() -> int:
         return 1
 
 
-def _spare_core() -> bool:
+def spare_core() -> bool:
     """Whether another thread would get a core of its own now: the threads
     the kernel reports runnable (this one included; the spinning helper,
     which only waits for work, not) leave one free. A helper on busy cores
     only adds hand-offs (measured slower). Looked at every 10 ms."""
     now = time.monotonic()
     if now - _running[0] > 0.01:
-        running = _runnable()
+        running = runnable_threads()
         spin = _spinner
         if spin is not None and spin.owner is not None:
             running -= 1
@@ -83,7 +83,7 @@ def helper_pool(busy: bool = False) -> concurrent.futures.ThreadPoolExecutor | N
     """A one-thread pool for the helper's halves, or None when no second
     core is free (busy: even then)."""
     global _pool
-    if _CORES < 2 or not (busy or _spare_core()):
+    if _CORES < 2 or not (busy or spare_core()):
         return None
     if _pool is None:
         with _pool_lock:
@@ -172,11 +172,11 @@ class Spinner:
         now, if a core is free and no other run has it)."""
         me = get_ident()
         if self.owner == me:
-            if _spare_core():
+            if spare_core():
                 return True
             self.end()                         # another process wants the core
             return False
-        if not self._thread.is_alive() or not _spare_core() or not self._claim.acquire(blocking=False):
+        if not self._thread.is_alive() or not spare_core() or not self._claim.acquire(blocking=False):
             return False
         self.owner = me
         self._wake.set()

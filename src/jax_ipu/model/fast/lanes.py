@@ -114,7 +114,7 @@ def units(steps: list, kernels: list, tensor_ids, aliases: dict) -> list:
     return found
 
 
-def _independent(a: Unit, b: Unit) -> bool:
+def independent(a: Unit, b: Unit) -> bool:
     return not (a.writes & b.reads or b.writes & a.reads)
 
 
@@ -155,7 +155,7 @@ def plan(found: list) -> list:
         if not isinstance(u, Unit):
             flush()
             items.append(u)
-        elif all(_independent(u, g) for g in group):
+        elif all(independent(u, g) for g in group):
             group.append(u)
         else:
             flush()
