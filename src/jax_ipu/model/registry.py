@@ -52,28 +52,22 @@ def _check_kernel(kind: type, what: str) -> None:
         raise TypeError(f"{what} for {kind.__name__}, which is no kernel (graph/records.py codelet)")
 
 
-def reference(kind: type) -> Callable:
-    """Registers the decorated build function as `kind`'s reference executor."""
-    def decorate(build: Callable) -> Callable:
-        _check_kernel(kind, "a reference executor")
-        if kind in REFERENCE:
-            raise ValueError(f"two reference executors for {kind.__name__}: "
-                             f"{REFERENCE[kind].__module__} and {build.__module__}")
-        REFERENCE[kind] = build
-        return build
-    return decorate
+def _registrar(table: dict, what: str) -> Callable:
+    def register(kind: type) -> Callable:
+        def decorate(build: Callable) -> Callable:
+            _check_kernel(kind, f"a {what} executor")
+            if kind in table:
+                raise ValueError(f"two {what} executors for {kind.__name__}: "
+                                 f"{table[kind].__module__} and {build.__module__}")
+            table[kind] = build
+            return build
+        return decorate
+    register.__doc__ = f"Registers the decorated build function as the kernel class's {what} executor."
+    return register
 
 
-def fast(kind: type) -> Callable:
-    """Registers the decorated build function as `kind`'s fast executor."""
-    def decorate(build: Callable) -> Callable:
-        _check_kernel(kind, "a fast executor")
-        if kind in FAST:
-            raise ValueError(f"two fast executors for {kind.__name__}: "
-                             f"{FAST[kind].__module__} and {build.__module__}")
-        FAST[kind] = build
-        return build
-    return decorate
+reference = _registrar(REFERENCE, "reference")
+fast = _registrar(FAST, "fast")
 
 
 def fusion(found: Fusion) -> Fusion:
