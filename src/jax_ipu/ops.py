@@ -18,8 +18,6 @@ from collections.abc import Callable
 import numpy as np
 
 
-
-
 def _unsigned(dtype: np.dtype) -> np.dtype:
     return np.dtype(f"u{dtype.itemsize}")
 

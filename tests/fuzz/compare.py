@@ -120,7 +120,7 @@ def compare_results(program, got, want) -> Outcome:
             return Outcome("jax_error", f"{type(got).__name__}: {got}"[:300])
         return Outcome("ipu_error", f"{type(got).__name__}: {got}"[:2000])
     problems = []
-    for name, g, w in zip(program.outputs, got, want):
+    for name, g, w in zip(program.outputs, got, want, strict=True):
         var = program.vars[name]
         if g.shape != w.shape or g.dtype != w.dtype:
             problems.append(f"{name}: ipu {g.dtype}{list(g.shape)}, cpu {w.dtype}{list(w.shape)}")
@@ -170,7 +170,7 @@ def _f64_values(program, cpu) -> dict | None:
         with jax.enable_x64(True):
             args = [a.astype(np.float64) if a.dtype == np.float32 else a for a in program.inputs.values()]
             out = jax.jit(q.function())(*jax.device_put(args, cpu))
-            return {name: np.asarray(v) for name, v in zip(q.outputs, out)}
+            return {name: np.asarray(v) for name, v in zip(q.outputs, out, strict=True)}
     except Exception:   # noqa: BLE001
         return None
 

@@ -114,7 +114,7 @@ def assert_matches_cpu(fn, *args, rtol=None, atol=None, scaled=False, exact=None
     got_leaves = jax.tree.leaves(got)
     assert len(got_leaves) == len(want_leaves), \
         f"the IPU gives {len(got_leaves)} results, XLA:CPU {len(want_leaves)}"
-    for (path, w), g in zip(want_leaves, got_leaves):
+    for (path, w), g in zip(want_leaves, got_leaves, strict=True):
         _assert_leaf_matches(jax.tree_util.keystr(path) or "the result", np.asarray(g), np.asarray(w),
                              rtol, atol, scaled, exact)
     return jax.tree.map(np.asarray, got)

@@ -17,8 +17,8 @@ import numpy as np
 
 from jax_ipu import ir
 from jax_ipu.compiler import cost
-from jax_ipu.compiler.planners import mapping
 from jax_ipu.compiler.options import CompileOptions
+from jax_ipu.compiler.planners import mapping
 from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.graph import codelets
 from jax_ipu.graph.compute import ComputeSet, VertexArray, compact, range_index, spans

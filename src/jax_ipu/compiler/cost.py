@@ -13,7 +13,6 @@ from jax_ipu.ops import cycles_per_vector
 from jax_ipu.targets import Target
 
 
-
 def worker_cycles(target: Target, n: int, per_vector: float, vector_width: int) -> int:
     """Cycles for n elements split over the tile's workers: each worker
     issues once every `workers` cycles (round robin), so work on fewer than
@@ -202,12 +201,12 @@ def _kept_in_order(dst, parts: tuple, axis: int, tiles: int) -> np.ndarray | Non
     too short for that to pay (per element then)."""
     runs = sum(len(part.tensor.mapping.tiles) for part in parts)
     inner = [int(np.prod(part.shape[axis:], dtype=np.int64)) for part in parts]
-    if runs + sum(part.size // max(c, 1) for part, c in zip(parts, inner)) > dst.size // 8:
+    if runs + sum(part.size // max(c, 1) for part, c in zip(parts, inner, strict=True)) > dst.size // 8:
         return None
     row = int(np.prod(dst.shape[axis:], dtype=np.int64))
     kept = np.zeros(tiles, np.int64)
     offset = 0
-    for part, chunk in zip(parts, inner):
+    for part, chunk in zip(parts, inner, strict=True):
         m = part.tensor.mapping
         if chunk == 0 or not len(m.tiles):
             continue

@@ -73,7 +73,7 @@ def call(callback_id: int, args: list[np.ndarray], result_specs,
         raise IpuRuntimeError(f"{name} returned {len(results) - hidden} values, "
                               f"the program expects {len(result_specs) - hidden}")
     out = []
-    for i, (value, (shape, dtype)) in enumerate(zip(results, result_specs)):
+    for i, (value, (shape, dtype)) in enumerate(zip(results, result_specs, strict=True)):
         value = np.asarray(value)
         if AS_32.get(value.dtype) == dtype:   # a 64-bit result of a program run as 32-bit
             value = value.astype(dtype)

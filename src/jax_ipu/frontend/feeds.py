@@ -27,8 +27,8 @@ import jax
 import numpy as np
 from jax.experimental import io_callback
 
-from jax_ipu.frontend import callbacks
 from jax_ipu.errors import IpuError
+from jax_ipu.frontend import callbacks
 
 DEFAULT_TIMEOUT = 60.0
 
@@ -145,7 +145,7 @@ class InfeedQueue(_Queue):
             raise FeedError(f"{self.name}: expected the structure {spec_tree}, got {tree}")
         arrays = []
         paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(self.spec)[0]]
-        for path, leaf, want in zip(paths, leaves, spec_leaves):
+        for path, leaf, want in zip(paths, leaves, spec_leaves, strict=True):
             # A copy: loaders refill one buffer between puts, and the queue
             # must hold each batch as it was when put.
             array = np.array(leaf, copy=True)

@@ -145,9 +145,9 @@ _TOP_K_CHUNK = 4096
 
 
 def _top_k_of_chunks(x, *, k, axis):
+    import jax.numpy as jnp
     import numpy as np
     from jax import lax
-    import jax.numpy as jnp
 
     x = jnp.moveaxis(x, axis, -1)
     *lead, n = x.shape
@@ -207,13 +207,12 @@ def _not_yet(name: str):
 
 
 def register() -> None:
+    from jax._src import dispatch
     from jax._src.interpreters import mlir
     from jax._src.lax import lax, linalg
     from jax._src.lax import windowed_reductions as wr
     from jax._src.lax.control_flow import loops
     from jax._src.random import prng
-
-    from jax._src import dispatch
     mlir.register_lowering(dispatch.device_put_p, dispatch._tpu_gpu_device_put_lowering, platform=PLATFORM)
     mlir.register_lowering(linalg.lu_p, _lu, platform=PLATFORM)
     for name in _NOT_YET:

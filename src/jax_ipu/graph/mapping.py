@@ -109,7 +109,7 @@ class TileMapping:
             pairs = np.stack([self.starts[order], self.stops[order]], axis=1)
             cuts = np.flatnonzero(np.diff(tiles)) + 1
             self._by_tile = {int(group[0]): part for group, part in
-                             zip(np.split(tiles, cuts), np.split(pairs, cuts))} if len(tiles) else {}
+                             zip(np.split(tiles, cuts), np.split(pairs, cuts), strict=True)} if len(tiles) else {}
         return self._by_tile
 
     def __repr__(self) -> str:

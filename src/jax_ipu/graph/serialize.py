@@ -46,7 +46,7 @@ import ml_dtypes
 import numpy as np
 
 from jax_ipu import ir
-from jax_ipu.utils import gc_pause
+
 # The kernel classes register their records (graph.records.RECORDS) when imported.
 from jax_ipu.graph import codelets, codelets_collectives, codelets_indexing, codelets_linalg  # noqa: F401
 from jax_ipu.graph import programs as p
@@ -57,6 +57,7 @@ from jax_ipu.graph.program import Program
 from jax_ipu.graph.records import RECORDS, is_immediate
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import _SHAPE, Concat, View
+from jax_ipu.utils import gc_pause
 
 MAGIC = b"JAXIPUPG"
 FORMAT_VERSION = 2
@@ -568,7 +569,7 @@ class _Encoder:
             # intervals for a vertex goes among all of them.
             firsts = (np.cumsum(lengths.reshape(-1)) - lengths.reshape(-1)).reshape(count, len(parts))
             out = np.empty((int(lengths.sum()), 2), np.int64)
-            for j, ((_, intervals, _), off) in enumerate(zip(parts, offsets)):
+            for j, ((_, intervals, _), off) in enumerate(zip(parts, offsets, strict=True)):
                 owner = np.repeat(np.arange(count), lengths[:, j])
                 places = firsts[owner, j] + np.arange(len(owner)) - (off[owner] - off[0])
                 out[places] = np.asarray(intervals[off[0]:off[-1]], np.int64).reshape(-1, 2)
@@ -949,12 +950,12 @@ def _check_view(tensor: Tensor, ops, shape, where) -> None:
                                         and sorted(args[0]) == list(range(len(current)))):
             _fail(f"{_at(where)}: transpose {args!r:.60} of {current}")
         if kind == "slice" and not (len(args) == 3 and all(_ints(a) and len(a) == len(current) for a in args)
-                                    and all(0 <= a <= b <= d and c > 0 for a, b, c, d in zip(*args, current))):
+                                    and all(0 <= a <= b <= d and c > 0 for a, b, c, d in zip(*args, current, strict=True))):
             _fail(f"{_at(where)}: slice {args!r:.60} of {current}")
         if kind == "broadcast":
             if not (len(args) == 2 and _ints(args[0]) and _ints(args[1]) and len(args[1]) == len(current)
                     and all(0 <= d < len(args[0]) for d in args[1])
-                    and all(n in (1, args[0][d]) for n, d in zip(current, args[1]))):
+                    and all(n in (1, args[0][d]) for n, d in zip(current, args[1], strict=True))):
                 _fail(f"{_at(where)}: broadcast {args!r:.60} of {current}")
         if kind == "gather":
             if not (len(args) == 2 and type(args[0]) is np.ndarray and args[0].dtype in (np.int32, np.intp)):

@@ -98,7 +98,7 @@ def apply_ops(array: np.ndarray, ops: tuple) -> np.ndarray:
 def window_outputs(sizes, spec) -> tuple[int, ...]:
     """Output positions along each windowed axis (the StableHLO formula)."""
     outs = []
-    for n, (window, stride, lo, hi, base, dilation, _) in zip(sizes, spec):
+    for n, (window, stride, lo, hi, base, dilation, _) in zip(sizes, spec, strict=True):
         padded = (n - 1) * base + 1 + lo + hi if n else lo + hi
         span = (window - 1) * dilation + 1
         outs.append(max(0, (padded - span) // stride + 1) if padded >= span else 0)
@@ -124,7 +124,7 @@ def _windows(array: np.ndarray, spec, fill) -> np.ndarray:
     lead, sizes = array.shape[:array.ndim - rank], array.shape[array.ndim - rank:]
     padded_shape, source, target = list(lead), [slice(None)] * len(lead), [slice(None)] * len(lead)
     reshaped = False
-    for n, (window, stride, lo, hi, base, dilation, _) in zip(sizes, spec):
+    for n, (_, _, lo, hi, base, _, _) in zip(sizes, spec, strict=True):
         extent, kept, at = padded_axis(n, lo, hi, base)
         source.append(kept)
         target.append(at)
@@ -138,8 +138,8 @@ def _windows(array: np.ndarray, spec, fill) -> np.ndarray:
     outs = window_outputs(sizes, spec)
     axis_strides = padded.strides[len(lead):]
     shape = (*lead, *outs, *(w for w, *_ in spec))
-    strides = (*padded.strides[:len(lead)], *(st * a for (_, st, *_), a in zip(spec, axis_strides)),
-               *(d * a for (*_, d, _), a in zip(spec, axis_strides)))
+    strides = (*padded.strides[:len(lead)], *(st * a for (_, st, *_), a in zip(spec, axis_strides, strict=True)),
+               *(d * a for (*_, d, _), a in zip(spec, axis_strides, strict=True)))
     out = np.lib.stride_tricks.as_strided(padded, shape, strides, writeable=False)
     flips = tuple(slice(None, None, -1) if spec[d][6] else slice(None) for d in range(rank))
     return out[(Ellipsis, *flips)] if any(r for *_, r in spec) else out
@@ -211,7 +211,7 @@ _SHAPE = {
     "reshape": lambda shape, new: tuple(new),
     "transpose": lambda shape, perm: tuple(shape[p] for p in perm),
     "slice": lambda shape, starts, limits, strides: tuple(
-        len(range(a, b, c)) for a, b, c in zip(starts, limits, strides)),
+        len(range(a, b, c)) for a, b, c in zip(starts, limits, strides, strict=True)),
     "broadcast": lambda shape, new, dims: tuple(new),
     "gather": lambda shape, indices, fill: tuple(indices.shape),
     "windows": lambda shape, spec, fill: (*shape[:len(shape) - len(spec)],

@@ -25,6 +25,7 @@ from jax_ipu.graph import programs as p
 from jax_ipu.graph.program import Program
 from jax_ipu.graph.records import tensor_ids
 from jax_ipu.graph.views import View
+
 # Importing the packages executors/ and fast/ registers their executors:
 # the reference ones, and the fast ones beside them.
 from jax_ipu.model import links, registry
@@ -298,7 +299,7 @@ def _host_call(step: p.HostCall, read):
                 raise IpuRuntimeError(f"the host callback failed on partition {step.partition}: "
                                       f"{type(outcome).__name__}: {outcome}")
             results = outcome if replica.rank == caller else [np.array(v) for v in outcome]
-        for tid, value in zip(ids, results):
+        for tid, value in zip(ids, results, strict=True):
             state[tid] = value
     return host_call
 
@@ -409,14 +410,14 @@ class Engine:
             if len(inputs) != len(loaded.inputs):
                 raise IpuRuntimeError(f"program {program.name} takes {len(loaded.inputs)} inputs, "
                                       f"got {len(inputs)}")
-            for i, ((tid, shape, dtype), array) in enumerate(zip(loaded.inputs, inputs)):
+            for i, ((tid, shape, dtype), array) in enumerate(zip(loaded.inputs, inputs, strict=True)):
                 if type(array) is not np.ndarray or array.dtype != dtype or array.shape != shape:
                     raise IpuRuntimeError(
                         f"input {i} of {program.name}: expected {dtype.name}{list(shape)}, got "
                         f"{getattr(array, 'dtype', type(array).__name__)}{list(getattr(array, 'shape', ()))}")
                 state[tid] = array
         else:
-            for tid, array in zip(loaded.input_ids, inputs):
+            for tid, array in zip(loaded.input_ids, inputs, strict=True):
                 state[tid] = array
         if donated:
             for output_id, input_id in loaded.donated_aliases(inputs, donated):

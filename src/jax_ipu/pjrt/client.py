@@ -3,15 +3,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from jax_ipu import config as config_lib, profile
-from jax_ipu.errors import (IpuError, IpuInternalCompilerError, IpuInvalidArgument, IpuOutOfMemoryError,
-                            IpuResourceExhausted)
-from jax_ipu.targets import get_target
-from jax_ipu.version import __version__
+from jax_ipu import config as config_lib
+from jax_ipu import profile
+from jax_ipu.errors import (
+    IpuError,
+    IpuInternalCompilerError,
+    IpuInvalidArgument,
+    IpuOutOfMemoryError,
+    IpuResourceExhausted,
+)
 from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer, check_ipu_dtype, to_device
 from jax_ipu.pjrt.cache import ExecutableCache
 from jax_ipu.pjrt.device import Device
 from jax_ipu.pjrt.executable import Executable, device_assignment_ids, fingerprint
+from jax_ipu.targets import get_target
+from jax_ipu.version import __version__
 
 # The live client, for jax_ipu's public helpers (transfer counters, profiles).
 CURRENT = None
@@ -57,7 +63,8 @@ class Client:
             executable = self.cache.load(self, key)
             if executable is not None:
                 return executable
-        from jax_ipu.compiler import CompileOptions as IpuCompileOptions, compile_module
+        from jax_ipu.compiler import CompileOptions as IpuCompileOptions
+        from jax_ipu.compiler import compile_module
         from jax_ipu.stablehlo import import_module
 
         compile_options = _compile_options(

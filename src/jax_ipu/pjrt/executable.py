@@ -2,23 +2,23 @@
 from __future__ import annotations
 
 import hashlib
-import uuid
 import re
 import threading
 import time
+import uuid
 
 import numpy as np
 
 from jax_ipu import profile
-from jax_ipu.utils import protowire
-from jax_ipu.graph import programs as p
 from jax_ipu.errors import IpuInvalidArgument, IpuRuntimeError
+from jax_ipu.graph import programs as p
 from jax_ipu.model import links
-from jax_ipu.profile import tracing
 from jax_ipu.pjrt._capi import Event
 from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer
 from jax_ipu.pjrt.device import Device
 from jax_ipu.pjrt.shardings import executable_shardings
+from jax_ipu.profile import tracing
+from jax_ipu.utils import protowire
 
 
 def device_assignment_ids(serialized: bytes) -> list[list[int]]:
@@ -27,12 +27,12 @@ def device_assignment_ids(serialized: bytes) -> list[list[int]]:
     computation_count (2), computation_devices (3, each a list of device ids
     per replica)."""
     replicas, columns = 0, []
-    for field, wire, value in protowire.fields(serialized):
+    for field, _, value in protowire.fields(serialized):
         if field == 1:
             replicas = value
         elif field == 3:
             ids = []
-            for f, w, v in protowire.fields(value):
+            for _, w, v in protowire.fields(value):
                 if w == 2:  # packed
                     pos = 0
                     while pos < len(v):
@@ -164,7 +164,7 @@ class Executable:
             return [outs], [done], donated, [run]
         outputs, events, runs = [], [], []
         launch = links.Launch(len(ids)) if len(ids) > 1 else None   # the replicas' IPU-Links
-        for rank, (device_id, row) in enumerate(zip(ids, args)):
+        for rank, (device_id, row) in enumerate(zip(ids, args, strict=True)):
             device = self.client.device(device_id)
             if device.worker.on_worker_thread():
                 raise IpuRuntimeError(
@@ -199,12 +199,12 @@ class Executable:
     def _outputs(self, device) -> list[DeviceBuffer]:
         if not self.program.streaming_outputs:
             return [DeviceBuffer(device, spec) for spec in self.output_specs]
-        return [DeviceBuffer(device, spec, memory=m) for spec, m in zip(self.output_specs, self.output_memories)]
+        return [DeviceBuffer(device, spec, memory=m) for spec, m in zip(self.output_specs, self.output_memories, strict=True)]
 
     def _check_arguments(self, row: list[DeviceBuffer], device) -> None:
         specs = self.input_specs
         if len(row) == len(specs):
-            for buf, expected, memory in zip(row, specs, self.input_memories):   # specs are interned
+            for buf, expected, memory in zip(row, specs, self.input_memories, strict=True):   # specs are interned
                 if buf.spec is not expected or buf.device is not device or buf.memory != memory:
                     break
             else:
@@ -215,7 +215,7 @@ class Executable:
         specs = self.input_specs
         if len(row) != len(specs):
             raise IpuInvalidArgument(f"{self.name} takes {len(specs)} arguments, got {len(row)}")
-        for i, (buf, expected) in enumerate(zip(row, specs)):
+        for i, (buf, expected) in enumerate(zip(row, specs, strict=True)):
             spec = buf.spec
             if spec.shape != expected.shape or spec.dtype != expected.dtype:
                 raise IpuInvalidArgument(f"argument {i} of {self.name}: expected "
@@ -396,7 +396,7 @@ class _Run:
     def _run(self) -> list:
         args = self.args
         inputs = self.held if self.all_held else []
-        for buf, held in zip(args, self.held) if not self.all_held else ():
+        for buf, held in zip(args, self.held, strict=True) if not self.all_held else ():
             if held is None:
                 if buf.device is not self.device:
                     buf.device.worker.urge()
@@ -447,7 +447,7 @@ class _Run:
             tracing.record(self.program, self.device, self.device.engine.last_run, began)
         outputs = self.outputs
         if outputs:         # the last output's event is the run's completion
-            for out, result in zip(outputs, results):
+            for out, result in zip(outputs, results, strict=True):
                 out.fulfil(result)
             if self.executable.own_completion:
                 self.done.set()

@@ -28,7 +28,7 @@ def op_sharding(mesh, dims) -> bytes:
     shape = tiles + ([replicas] if replicas > 1 else [])
     assignment = np.empty(shape, dtype=np.int64)
     for p, coords in enumerate(np.ndindex(*[s for _, s in mesh])):
-        at = dict(zip(names, coords))
+        at = dict(zip(names, coords, strict=True))
         assignment[tuple(int(np.ravel_multi_index([at[a] for a in g], [sizes[a] for a in g])) if g else 0
                          for g in groups)] = p
     proto.type = xc.OpSharding.Type.OTHER

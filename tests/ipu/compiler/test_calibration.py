@@ -20,9 +20,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers import compile_fn
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.targets import get_target
-from helpers import compile_fn
 
 MEASURED_BOW_TFLOPS = {16: 55.5, 128: 211.0, 512: 299.8, 2048: 334.9}
 

@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 from jax import lax
 
-from jax_ipu.graph.mapping import TileMapping
+from helpers import SMALL, assert_matches_cpu, compile_fn
 from jax_ipu.graph import programs as p
+from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View, source_tiles
-
-from helpers import SMALL, assert_matches_cpu, compile_fn
 
 RNG = np.random.default_rng(7)
 

@@ -9,13 +9,23 @@ import numpy as np
 import pytest
 from jax import lax
 
+from helpers import SMALL, compile_fn
 from jax_ipu.compiler import cost
 from jax_ipu.graph.mapping import TileMapping
-from jax_ipu.graph.programs import (Copy, DeviceToHost, Execute, HostToDevice, If, Repeat, RepeatWhileTrue,
-                                    Switch, children, leaves)
+from jax_ipu.graph.programs import (
+    Copy,
+    DeviceToHost,
+    Execute,
+    HostToDevice,
+    If,
+    Repeat,
+    RepeatWhileTrue,
+    Switch,
+    children,
+    leaves,
+)
 from jax_ipu.model.engine import Engine
 from jax_ipu.targets import get_target
-from helpers import SMALL, compile_fn
 
 IPU2 = get_target("ipu2")
 
@@ -241,8 +251,8 @@ def test_repeated_layers_share_vertex_patterns_and_cost_as_if_alone():
     (a plan on over half the tiles starts where the first started), and
     counting each pattern's exchange once gives every step the cycles it
     has costed alone. The numerics stay XLA:CPU's."""
-    from jax_ipu.graph.compute import VertexArray
     from helpers import run_ipu
+    from jax_ipu.graph.compute import VertexArray
 
     def layers(x, ws):
         for i in range(ws.shape[0]):
@@ -261,7 +271,7 @@ def test_repeated_layers_share_vertex_patterns_and_cost_as_if_alone():
     assert target.num_tiles // 2 < len(np.unique(first.tiles)) < target.num_tiles
     for step in products[1:]:
         v = step.compute_set.vertices
-        assert v.tiles is first.tiles and all(a[1] is b[1] for a, b in zip(v.reads, first.reads))
+        assert v.tiles is first.tiles and all(a[1] is b[1] for a, b in zip(v.reads, first.reads, strict=True))
     for step in leaves(program.body):
         if isinstance(step, Execute):
             stored = (step.cycles, step.exchange_cycles, step.exchange_bytes)

@@ -151,7 +151,7 @@ def test_mlp_training_step():
     rng = np.random.default_rng(0)
     sizes = [20, 16, 16, 4]
     params = [((rng.standard_normal((m, n)) / np.sqrt(m)).astype(np.float32), np.zeros(n, np.float32))
-              for m, n in zip(sizes[:-1], sizes[1:])]
+              for m, n in zip(sizes[:-1], sizes[1:], strict=True)]
     x = rng.standard_normal((8, 20)).astype(np.float32)
     y = np.eye(4, dtype=np.float32)[rng.integers(0, 4, 8)]
 
@@ -166,7 +166,7 @@ def test_mlp_training_step():
 
     def step(*args):
         value, grads = jax.value_and_grad(loss)(jax.tree.unflatten(tree, args[:-2]), *args[-2:])
-        return [value] + [p - 0.1 * g for p, g in zip(args[:-2], jax.tree.leaves(grads))]
+        return [value] + [p - 0.1 * g for p, g in zip(args[:-2], jax.tree.leaves(grads), strict=True)]
     assert_matches_cpu(step, *leaves, x, y, rtol=1e-5, atol=1e-6, target=SMALL)
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import numpy as np
-from helpers import compile_fn, run_cpu
 
+from helpers import compile_fn, run_cpu
 from jax_ipu.graph.programs import Copy, Execute, leaves
 from jax_ipu.graph.views import View
 from jax_ipu.model.engine import Engine

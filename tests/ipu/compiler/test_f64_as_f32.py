@@ -9,8 +9,8 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from helpers import run_python
 
+from helpers import run_python
 from jax_ipu import config
 
 PRELUDE = """

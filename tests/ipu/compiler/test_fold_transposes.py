@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import SMALL, assert_matches_cpu, compile_fn, lower
 from jax_ipu.compiler.passes.fold_transposes import fold_result_transposes
 from jax_ipu.compiler.passes.legalize import legalize
 from jax_ipu.graph.programs import Copy, leaves
-from helpers import SMALL, assert_matches_cpu, compile_fn, lower
 
 rng = np.random.default_rng(0)
 

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from helpers import SMALL, assert_matches_cpu, compile_fn
 from jax_ipu.graph import codelets_indexing as ci
 from jax_ipu.graph.programs import Copy, Execute, Repeat, leaves
-from helpers import SMALL, assert_matches_cpu, compile_fn
 
 rng = np.random.default_rng(0)
 
@@ -50,7 +50,7 @@ def test_through_the_plugin_many_iterations(ipu):
     x = rng.standard_normal((20, 30)).astype(np.float32)
     got = jax.jit(f)(jax.device_put(x, ipu))
     want = jax.jit(f)(x)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6)
 
 

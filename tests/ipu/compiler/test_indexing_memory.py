@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from jax import lax
 
+from helpers import lower
 from jax_ipu.compiler import compile_module
 from jax_ipu.compiler.planners.slice import ROUND_BUFFER_SHARE
 from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.graph.validate import validate
 from jax_ipu.targets import get_target
-from helpers import lower
 
 IPU2 = get_target("ipu2")
 VOCAB, WIDTH, BATCH = 50_000, 512, 256          # a 100 MB embedding table

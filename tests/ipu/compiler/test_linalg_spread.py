@@ -14,8 +14,8 @@ from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.graph.codelets_linalg import Factorize
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.graph.validate import validate
-from jax_ipu.targets import get_target
 from jax_ipu.stablehlo import import_module
+from jax_ipu.targets import get_target
 
 # As test_linalg.py: 1e-4, relative and relative to each result's scale.
 SCALED = dict(rtol=1e-4, atol=1e-4, scaled=True)

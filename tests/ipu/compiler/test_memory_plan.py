@@ -6,11 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import SMALL, compile_fn, lower
 from jax_ipu.compiler import CompileOptions, compile_module
 from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.model.engine import Engine
 from jax_ipu.targets import get_target
-from helpers import SMALL, compile_fn, lower
 
 TINY = get_target("ipu2", num_tiles=4)
 

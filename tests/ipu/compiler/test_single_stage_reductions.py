@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from jax import lax
 
+from helpers import SMALL, compile_fn, run_cpu
 from jax_ipu.compiler.lowering import reduce as reduce_rule
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.model.engine import Engine
 from jax_ipu.targets import get_target
-from helpers import SMALL, compile_fn, run_cpu
 
 IPU2 = get_target("ipu2")
 rng = np.random.default_rng(0)
@@ -60,7 +60,7 @@ def test_one_compute_set_same_bits_as_two_stages(case, target, monkeypatch):
     ks = kernels_of(program)
     stages = [k for k in ks if isinstance(k, codelets.ReducePartials)]
     got = Engine(target).run(program, [x])
-    for g, w in zip(got, run_cpu(f, x)):
+    for g, w in zip(got, run_cpu(f, x), strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
     if [k for k in ks if isinstance(k, codelets.ReduceCombine)]:
@@ -82,7 +82,7 @@ def test_one_compute_set_same_bits_as_two_stages(case, target, monkeypatch):
     two = compile_fn(f, x, target=target)
     pairs = len([k for k in kernels_of(two) if isinstance(k, codelets.ReduceCombine)])
     assert pairs == len(stages) and len(kernels_of(two)) == len(ks) + pairs
-    for g, w in zip(got, Engine(target).run(two, [x])):
+    for g, w in zip(got, Engine(target).run(two, [x]), strict=True):
         np.testing.assert_array_equal(g, w)
     assert program.cycles < two.cycles
 
@@ -98,7 +98,7 @@ def test_each_element_is_read_once_by_the_vertex_of_its_output():
         assert written.tensor is out
         for a, z in v.reads[0].intervals:
             counts[a:z] += 1
-        for (o0, o1), (a, z) in zip(written.intervals, v.reads[0].intervals):
+        for (o0, o1), (a, z) in zip(written.intervals, v.reads[0].intervals, strict=True):
             assert (a, z) == (o0 * 10, o1 * 10)        # its outputs' own rows
     assert (counts == 1).all()
 

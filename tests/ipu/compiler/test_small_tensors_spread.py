@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import compile_fn, run_cpu
 
+from helpers import compile_fn, run_cpu
 from jax_ipu.model.engine import Engine
 from jax_ipu.targets import get_target
 
@@ -64,7 +64,7 @@ def test_spread_program_matches_cpu(tiles):
     got = Engine(target).run(program, [*params, x])
     want = run_cpu(lambda *a: jax.tree.leaves(many_small(list(a[:-1]), a[-1])), *params, x)
     assert len(got) == len(want)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
@@ -75,7 +75,7 @@ def test_small_matmuls_and_reductions_start_at_varying_tiles():
     rng = np.random.default_rng(1)
     widths = [16, 24, 8, 4]
     params = [(rng.standard_normal((a, b)).astype(np.float32) / 4, rng.standard_normal(b).astype(np.float32))
-              for a, b in zip(widths[:-1], widths[1:])]
+              for a, b in zip(widths[:-1], widths[1:], strict=True)]
     x = rng.standard_normal((6, widths[0])).astype(np.float32)
 
     def step(params, x):
@@ -91,7 +91,7 @@ def test_small_matmuls_and_reductions_start_at_varying_tiles():
     flat = jax.tree.leaves(params)
     got = Engine(target).run(program, [*flat, x])
     want = run_cpu(lambda *a: jax.tree.leaves(step([(a[0], a[1]), (a[2], a[3]), (a[4], a[5])], a[6])), *flat, x)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6)
     # Tile 0 is no busier than others (it held every small tensor before).
     m = program.memory

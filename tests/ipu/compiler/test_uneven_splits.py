@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from jax import lax
 
+from helpers import SMALL, assert_matches_cpu, compile_fn, run_on
 from jax_ipu.compiler.lowering import reduce as compiler_reduce
 from jax_ipu.compiler.planners.matmul import plan_matmul
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.targets import get_target
-from helpers import SMALL, assert_matches_cpu, compile_fn, run_on
 
 IPU2 = get_target("ipu2")
 
@@ -123,7 +123,7 @@ def test_gradient_through_a_padded_product():
 
 # Products too big for one plan on the tiles at once: rows or columns in
 # blocks computed one after the other (PopLibs' serial splits).
-from jax_ipu.compiler.lowering import matmul as compiler_matmul      # noqa: E402
+from jax_ipu.compiler.lowering import matmul as compiler_matmul  # noqa: E402
 
 
 @pytest.mark.parametrize("m,k,n", [(512, 768, 50257), (4096, 1024, 4096), (8192, 768, 3072), (3072, 3072, 3072)])

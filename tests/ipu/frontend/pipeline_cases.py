@@ -4,7 +4,8 @@ on XLA:CPU devices (the helper is plain JAX)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jax_ipu import pipeline
 
@@ -30,7 +31,7 @@ def data(seed: int = 1):
 def sequential_loss(stacked, x, y):
     h = x
     for k in range(stacked[0].shape[0]):
-        h = layer(jax.tree.map(lambda p: p[k], stacked), h)
+        h = layer(jax.tree.map(lambda p, k=k: p[k], stacked), h)
     return jnp.mean((h - y) ** 2)
 
 
@@ -55,7 +56,7 @@ def pipelined(devices, stacked, x, y, count: int, remat: bool = False):
 
 
 def close(got, want, rtol=2e-5, atol=2e-6):
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
 
 

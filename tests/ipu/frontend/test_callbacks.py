@@ -148,8 +148,8 @@ print('SEEN', state['seen'])
 def test_host_exchange_is_charged_at_the_host_link_rate(ipu):
     from jax_ipu.compiler import compile_module
     from jax_ipu.graph.programs import HostCall, leaves
-    from jax_ipu.targets import get_target
     from jax_ipu.stablehlo import import_module
+    from jax_ipu.targets import get_target
 
     def f(x):
         return jax.pure_callback(np.negative, jax.ShapeDtypeStruct(x.shape, x.dtype), x)

@@ -5,11 +5,11 @@ import threading
 
 import jax
 import jax.numpy as jnp
-import jax_ipu
 import numpy as np
 import pytest
 from jax import lax
 
+import jax_ipu
 from helpers import run_python
 
 SPEC = (jax.ShapeDtypeStruct((8, 4), jnp.float32), jax.ShapeDtypeStruct((8,), jnp.int32))
@@ -51,7 +51,7 @@ def test_on_device_loop_fed_from_the_host_matches_a_python_loop(platform):
 
     w_ref = np.zeros((4, 3), np.float32)
     for x, y in data:  # the same steps, one jit call each, on the CPU
-        def loss_fn(w):
+        def loss_fn(w, x=x, y=y):
             return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(x @ w), y[:, None], axis=1))
         loss, grad = jax.value_and_grad(loss_fn)(w_ref)
         w_ref = w_ref - 0.5 * grad

@@ -5,10 +5,10 @@ shows the IPU-Link transfers and the bubble."""
 import os
 
 import numpy as np
+import pipeline_cases as pc
 import pytest
 
 import jax_ipu
-import pipeline_cases as pc
 from helpers import run_python
 from jax_ipu import pipeline
 

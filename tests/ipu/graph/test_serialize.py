@@ -14,19 +14,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from jax._src.lib import _jax
+from jaxlib.mlir.dialects import stablehlo
 
+from helpers import SMALL, compile_fn, rewrite_saved_program, run_cpu
+from jax_ipu.compiler import compile_module
 from jax_ipu.graph import programs as p
 from jax_ipu.graph import serialize
 from jax_ipu.graph.validate import validate
 from jax_ipu.model.engine import Engine
-from jax_ipu.targets import get_target
 from jax_ipu.profile import report
-from jax._src.lib import _jax
-from jaxlib.mlir.dialects import stablehlo
-
-from jax_ipu.compiler import compile_module
 from jax_ipu.stablehlo import import_module
-from helpers import SMALL, compile_fn, rewrite_saved_program, run_cpu
+from jax_ipu.targets import get_target
 
 RNG = np.random.default_rng(0)
 
@@ -108,7 +107,7 @@ def test_a_loaded_program_runs_and_reports_as_the_original(name):
     first = engine.last_run
     got = engine.run(loaded, [a.copy() for a in inputs])
     again = engine.last_run
-    for e, g, c in zip(expected, got, run_cpu(f, *args)):
+    for e, g, c in zip(expected, got, run_cpu(f, *args), strict=True):
         assert e.dtype == g.dtype and e.shape == g.shape
         np.testing.assert_array_equal(g, e)          # the same bits as the program compiled here
         np.testing.assert_allclose(g, c, rtol=2e-4, atol=2e-5)   # and right
@@ -126,14 +125,14 @@ def test_vertices_come_back_as_they_were():
     loaded, _ = serialize.loads(serialize.dumps(program))
     sets = [[s.compute_set for s in p.leaves(prog.body) if isinstance(s, p.Execute)] for prog in (program, loaded)]
     assert len(sets[0]) == len(sets[1]) > 3
-    for a, b in zip(*sets):
+    for a, b in zip(*sets, strict=True):
         assert (a.name, len(a.vertices)) == (b.name, len(b.vertices))
-        for u, v in zip(a.vertices, b.vertices):
+        for u, v in zip(a.vertices, b.vertices, strict=True):
             assert (u.codelet, u.tile, u.cycles) == (v.codelet, v.tile, v.cycles)
-            for ra, rb in zip(u.reads + u.writes, v.reads + v.writes):
+            for ra, rb in zip(u.reads + u.writes, v.reads + v.writes, strict=True):
                 assert ra.tensor.id == rb.tensor.id
                 np.testing.assert_array_equal(ra.intervals, rb.intervals)
-    for t, u in zip(program.tensors, loaded.tensors):
+    for t, u in zip(program.tensors, loaded.tensors, strict=True):
         assert (t.name, t.shape, t.dtype) == (u.name, u.shape, u.dtype)
         np.testing.assert_array_equal(t.mapping.element_tiles(), u.mapping.element_tiles())
 
@@ -266,7 +265,7 @@ def test_tensor_mappings_are_checked_when_first_read(saved):
     program, _ = serialize.loads(rewrite_saved_program(saved, lambda h: None, beyond))
     with pytest.raises(serialize.ProgramFormatError, match=f"mapped to a tile beyond {SMALL.num_tiles}"):
         for t in program.tensors:
-            t.mapping.tiles
+            _ = t.mapping.tiles          # read: decoded and checked
     intact, _ = serialize.loads(saved)
     assert all(t.mapping.tiles.max(initial=0) < intact.num_tiles for t in intact.tensors)
 
@@ -283,7 +282,7 @@ def _deferred_steps(program) -> None:
         if isinstance(step, p.Execute):
             list(step.compute_set.vertices)
     for t in program.tensors:
-        t.mapping.tiles
+        _ = t.mapping.tiles
 
 
 @pytest.mark.parametrize("spoil, words", [
@@ -300,7 +299,7 @@ def test_a_spoilt_deferred_section_is_refused_when_first_read(saved, spoil, word
     program, _ = serialize.loads(data)
     args = [np.asarray(a) for a in PROGRAMS["mlp_step"][1]()]
     expected = Engine(SMALL).run(serialize.loads(saved)[0], [a.copy() for a in args])
-    for e, g in zip(expected, Engine(SMALL).run(program, [a.copy() for a in args])):
+    for e, g in zip(expected, Engine(SMALL).run(program, [a.copy() for a in args]), strict=True):
         np.testing.assert_array_equal(g, e)
     for _ in range(2):
         with pytest.raises(serialize.ProgramFormatError, match=words):

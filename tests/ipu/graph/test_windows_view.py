@@ -9,7 +9,8 @@ import itertools
 
 import jax
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax import lax
 
 from helpers import SMALL, assert_matches_cpu

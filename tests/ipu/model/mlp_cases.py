@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+
 def mlp_step(params, x):
     """An MLP's SGD step: its backward pass has an input-gradient and a
     weight-gradient product side by side, and the updates of every
@@ -14,7 +15,7 @@ def mlp_step(params, x):
             h = jax.nn.relu(h @ w)
         return jnp.mean((h @ params[-1]) ** 2)
     grads = jax.grad(loss)(params)
-    return [w - 0.01 * g for w, g in zip(params, grads)]
+    return [w - 0.01 * g for w, g in zip(params, grads, strict=True)]
 
 
 def mlp_inputs(seed=0):

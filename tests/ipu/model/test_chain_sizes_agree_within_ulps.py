@@ -10,8 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-
-
 # At most this many ulps between a float32 result of a chain under 2^17
 # elements (the Model's numpy kernels) and the same element of a larger
 # chain (XLA:CPU's kernel, equal to the CPU backend's bits), measured over

@@ -14,9 +14,9 @@ from helpers import SMALL, compile_fn, on_cpu
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.model import registry
-from jax_ipu.model.fast.views import reader
-from jax_ipu.model.fast import xla_chains
 from jax_ipu.model.engine import Engine
+from jax_ipu.model.fast import xla_chains
+from jax_ipu.model.fast.views import reader
 
 N = xla_chains.MIN_ELEMENTS + 3
 
@@ -164,7 +164,7 @@ def test_integer_chains_are_exact(monkeypatch, name):
     a = rng.integers(info.min, info.max, N, endpoint=True, dtype=dtype)
     b = rng.integers(max(info.min, -9), 9, N, endpoint=True).astype(dtype)   # zeros included
     on_xla, on_numpy = on_both(monkeypatch, f, a, b)
-    for x, n, want in zip(on_xla, on_numpy, cpu_leaves(f, a, b)):
+    for x, n, want in zip(on_xla, on_numpy, cpu_leaves(f, a, b), strict=True):
         assert x.dtype == want.dtype
         np.testing.assert_array_equal(x, want)
         np.testing.assert_array_equal(n, want)
@@ -176,7 +176,7 @@ def test_float_to_int_conversion_saturates(monkeypatch):
         return big.astype(jnp.int32), (big * 1e-6).astype(jnp.uint8), big > 2e8
     x = np.concatenate([X, [np.nan, np.inf, -np.inf, 88.0]]).astype(np.float32)
     on_xla, on_numpy = on_both(monkeypatch, f, x)
-    for x_, n, want in zip(on_xla, on_numpy, cpu_leaves(f, x)):
+    for x_, n, want in zip(on_xla, on_numpy, cpu_leaves(f, x), strict=True):
         assert x_.dtype == want.dtype
         # exp may differ by an ulp between fusions, which moves the integers.
         np.testing.assert_allclose(x_.astype(np.float64), want, rtol=3e-7, atol=1)

@@ -8,14 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import SMALL, compile_fn
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.model import registry
-from jax_ipu.model.fast.views import reader
+from jax_ipu.model.engine import Engine
 from jax_ipu.model.fast import chains as chains_executor
 from jax_ipu.model.fast import xla_chains
-from jax_ipu.model.engine import Engine
-from helpers import SMALL, compile_fn
+from jax_ipu.model.fast.views import reader
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +45,7 @@ def test_chunked_chain_is_bitwise_identical(monkeypatch, dtype):
               and isinstance(s.compute_set.kernel, codelets.ElementwiseChain)]
     assert chains and all(registry.build(c, reader).__name__ == "run_chunked" for c in chains)
     chunked, whole = _both(monkeypatch, program, [x, y])
-    for c, w in zip(chunked, whole):
+    for c, w in zip(chunked, whole, strict=True):
         assert c.dtype == w.dtype and c.shape == w.shape
         np.testing.assert_array_equal(c, w)
 
@@ -84,8 +84,8 @@ def test_chain_of_fast_ops_writes_its_last_op_into_the_output(monkeypatch, shape
     buffer, on one thread or two halves: the values of the whole-array
     evaluation."""
     from jax_ipu.compiler import compile_module
-    from jax_ipu.targets import get_target
     from jax_ipu.stablehlo import import_module
+    from jax_ipu.targets import get_target
     target = get_target("ipu2", num_tiles=64)
     rng = np.random.default_rng(3)
     w = rng.standard_normal(shape).astype(np.float32)

@@ -7,17 +7,16 @@ import time
 import numpy as np
 import pytest
 
+from helpers import SMALL, compile_fn
 from jax_ipu.compiler import CompileOptions
 from jax_ipu.compiler.builder import Builder
 from jax_ipu.errors import IpuInvalidArgument, IpuRuntimeError
 from jax_ipu.graph import codelets
 from jax_ipu.graph.program import Program
-from jax_ipu.graph.programs import (Call, Copy, DeviceToHost, HostToDevice, If, Repeat, RepeatWhileTrue,
-                                    Sequence, Switch)
+from jax_ipu.graph.programs import Call, Copy, DeviceToHost, HostToDevice, If, Repeat, RepeatWhileTrue, Sequence, Switch
 from jax_ipu.graph.views import View
 from jax_ipu.model.engine import Engine
 from jax_ipu.targets import IPU_DTYPES, get_target
-from helpers import SMALL, compile_fn
 
 
 def test_targets():
@@ -128,6 +127,7 @@ def test_a_run_drops_intermediates_after_their_last_reader(monkeypatch):
     only the last intermediate is held; with FREE_DEAD off, all of them.
     The results are the same."""
     import jax.numpy as jnp
+
     from jax_ipu.model import engine as engine_module
     from jax_ipu.model.fast import straight_line
 

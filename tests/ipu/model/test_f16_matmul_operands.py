@@ -67,10 +67,10 @@ def test_converted_operands_keep_the_bits(monkeypatch, name, dtype):
         return get if view.dtype == acc else (lambda state: get(state).astype(acc))
     monkeypatch.setattr(matmul, "_converted", element_by_element)
     want_model = Engine(SMALL).run(compile_fn(f, x, w), [x, w])
-    for g, m in zip(got, want_model):
+    for g, m in zip(got, want_model, strict=True):
         np.testing.assert_array_equal(g, m)
     want = jax.tree.leaves(on_cpu(f, x, w))
-    for g, c in zip(got, want):
+    for g, c in zip(got, want, strict=True):
         assert g.dtype == c.dtype
         scale = float(np.max(np.abs(np.asarray(c, np.float32)))) or 1.0
         tol = 3e-3 if c.dtype == np.float16 else 2e-5

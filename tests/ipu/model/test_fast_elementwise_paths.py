@@ -6,10 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_ipu import ops
-from jax_ipu.model.fast import chains as chains_executor
-from jax_ipu.model.engine import Engine
 from helpers import SMALL, compile_fn
+from jax_ipu import ops
+from jax_ipu.model.engine import Engine
+from jax_ipu.model.fast import chains as chains_executor
 
 SHAPES = [((128, 512), (128, 512), ()), ((128, 512), (), (128, 512)), ((128, 512), (1, 512), (128, 1)),
           ((128, 512), (), ()), ((4000,), (4000,), (4000,)), ((7,), (7,), ()),
@@ -52,5 +52,5 @@ def test_maximum_and_minimum_with_a_scalar_give_numpys_values(monkeypatch, n):
     got = Engine(SMALL).run(program, [x])
     assert len(wrapped) == 3                     # the path under test
     for g, w in zip(got, [np.maximum(x * 2, np.float32(0)), np.minimum(x + 1, np.float32(0.5)),
-                          np.maximum(np.float32(0), x - 1)]):
+                          np.maximum(np.float32(0), x - 1)], strict=True):
         np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32))

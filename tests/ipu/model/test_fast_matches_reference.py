@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from jax import lax
 
 from helpers import SMALL, compile_fn
@@ -72,7 +73,7 @@ def run_both(f, *args, exact: bool):
     fast = Engine(SMALL).run(program, [a.copy() for a in inputs], checked=False)
     fast_again = Engine(SMALL).run(program, [a.copy() for a in inputs])
     reference = Engine(SMALL, fast=False).run(program, [a.copy() for a in inputs])
-    for got, again, want in zip(fast, fast_again, reference):
+    for got, again, want in zip(fast, fast_again, reference, strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_array_equal(got, again)          # the fast paths never depend on the load
         if exact or want.dtype.kind != "f":

@@ -8,14 +8,14 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import numpy as np
+from mlp_cases import mlp_inputs, mlp_step
 
+from helpers import compile_fn, run_cpu, run_python
 from jax_ipu.graph import programs as p
 from jax_ipu.graph.records import tensor_ids
-from jax_ipu.model.fast import helper, lanes
 from jax_ipu.model.engine import Engine
+from jax_ipu.model.fast import helper, lanes
 from jax_ipu.targets import get_target
-from helpers import compile_fn, run_cpu, run_python
-from mlp_cases import mlp_inputs, mlp_step
 
 IPU2 = get_target("ipu2")
 
@@ -63,12 +63,12 @@ def test_lanes_give_the_same_bits_with_and_without_the_helper(monkeypatch):
     monkeypatch.setattr(helper, "spinner", lambda: None)
     monkeypatch.setattr(helper, "helper_pool", lambda busy=False: None)
     alone = Engine(IPU2).run(program, params + [x])
-    for a, b in zip(with_helper, alone):
+    for a, b in zip(with_helper, alone, strict=True):
         np.testing.assert_array_equal(a, b)
-    for got, want in zip(with_helper, run_cpu(mlp_step, params, x)):
+    for got, want in zip(with_helper, run_cpu(mlp_step, params, x), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     monkeypatch.setattr(lanes, "LANES", False)
-    for got, want in zip(Engine(IPU2).run(program, params + [x]), with_helper):
+    for got, want in zip(Engine(IPU2).run(program, params + [x]), with_helper, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -131,7 +131,7 @@ def test_a_loop_body_runs_lanes_and_its_record_keeps_program_order(monkeypatch):
     eng = Engine(IPU2)
     plain = eng.run(program, params + [x])
     assert list(eng.last_run.steps) == with_lanes
-    for a, b, want in zip(got, plain, run_cpu(train, params, x)):
+    for a, b, want in zip(got, plain, run_cpu(train, params, x), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(a, want, rtol=1e-4, atol=1e-5)
 
@@ -167,6 +167,7 @@ def test_the_first_run_of_a_process_gives_the_same_bits():
 
 def test_openblas_goes_back_to_the_users_thread_count_only_when_no_engine_thread_needs_one():
     import threading
+
     from jax_ipu.model.fast import blas
     assert blas.set_local_threads is not None
     user = blas.set_local_threads(3)

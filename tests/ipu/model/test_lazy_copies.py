@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 from jax import lax
 
+from helpers import SMALL, assert_matches_cpu, compile_fn
 from jax_ipu.compiler import compile_module
 from jax_ipu.graph.programs import Copy, leaves
 from jax_ipu.model.engine import Engine
 from jax_ipu.model.fast import lazy_copies as lazy_module
 from jax_ipu.model.fast.lazy_copies import lazy_copies
 from jax_ipu.stablehlo import import_module
-from helpers import SMALL, assert_matches_cpu, compile_fn
 
 rng = np.random.default_rng(0)
 
@@ -56,7 +56,7 @@ def check_lazy_copies(f, *args, exact=True):
     assert skipped
     lazy, eager = both(program, list(args))
     again = Engine(SMALL).run(program, [a.copy() for a in args])
-    for a, b, c in zip(lazy, eager, again):
+    for a, b, c in zip(lazy, eager, again, strict=True):
         same(a, b, exact)
         np.testing.assert_array_equal(a, c)
     assert_matches_cpu(f, *args, got=lazy, rtol=2e-5, atol=2e-5)
@@ -96,10 +96,10 @@ def test_training_step_with_donation_matches_eager_copies():
     program = compile_module(import_module(text), SMALL)
     assert program.in_place and lazy_copies(program)
     lazy, eager = both(program, [w, b, x], frozenset({0, 1}))
-    for a, e in zip(lazy, eager):
+    for a, e in zip(lazy, eager, strict=True):
         same(a, e, exact=False)
     want = jax.jit(step)(w, b, x)
-    for a, e in zip(lazy, want):
+    for a, e in zip(lazy, want, strict=True):
         np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5)
 
 
@@ -136,7 +136,7 @@ def test_source_updated_in_place_before_the_read_keeps_the_copy():
     x = f32(6, 6)
     program = compile_fn(f, x)
     lazy, eager = both(program, [x])
-    for a, b in zip(lazy, eager):
+    for a, b in zip(lazy, eager, strict=True):
         np.testing.assert_array_equal(a, b)
     assert_matches_cpu(f, x, got=lazy, rtol=1e-6, atol=0)
 
@@ -150,7 +150,7 @@ def test_outputs_and_other_readers_keep_their_copies():
     outputs = {v.tensor.id for v in program.outputs}
     assert not outputs & set(skipped)
     lazy, eager = both(program, [x])
-    for a, b in zip(lazy, eager):
+    for a, b in zip(lazy, eager, strict=True):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(lazy[0], x.T)
 

@@ -14,12 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import SMALL, compile_fn
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Execute, leaves
-from jax_ipu.model.fast import blas, helper
-from jax_ipu.model.fast import fusion
 from jax_ipu.model.engine import Engine
-from helpers import SMALL, compile_fn
+from jax_ipu.model.fast import blas, fusion, helper
 
 
 def left_fold(parts: np.ndarray) -> np.ndarray:
@@ -66,7 +65,7 @@ def test_values_do_not_depend_on_the_helper_or_the_stacking(monkeypatch, batch, 
     monkeypatch.setattr(helper, "spinner", lambda: None)
     with concurrent.futures.ThreadPoolExecutor(1, initializer=helper.init_helper_thread) as pool:
         for p in (pool, None):                      # a thread pool's helper, then none
-            monkeypatch.setattr(helper, "helper_pool", lambda busy=False: p)
+            monkeypatch.setattr(helper, "helper_pool", lambda busy=False, p=p: p)
             results.append(combined())
     monkeypatch.setattr(blas, "STACKED_BYTES", 0)       # chunk after chunk, never stacked
     results.append(combined())

@@ -116,7 +116,7 @@ def test_other_chains_stay_on_numpy(ipu, case, axpy_calls):
     w, g = operands((257,), seed=4)
     w, g = w.astype(dtype), (g * 4).astype(dtype)
     want, got = on_cpu(fn, w, g), run_on(ipu, fn, w, g)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=2e-3 if dtype == np.float16 else 1e-6)
     assert axpy_calls == []
 
@@ -132,7 +132,7 @@ def test_mlp_sgd_step_matches_xla_cpu(ipu, axpy_calls):
     def update(params, grads):
         return jax.tree.map(lambda p, g: p - 0.05 * g, params, grads)
     want, got = on_cpu(update, params, grads), run_on(ipu, update, params, grads)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_max_ulp(a, b, maxulp=ULPS)
     assert len(axpy_calls) == 4
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.tensors import Tensor
@@ -48,7 +49,7 @@ def _views(draw):
             view = view.then("transpose", tuple(draw(st.permutations(range(len(cur))))))
         elif kind == "slice":
             starts = [draw(st.integers(0, n - 1)) for n in cur]
-            limits = [draw(st.integers(s + 1, n)) for s, n in zip(starts, cur)]
+            limits = [draw(st.integers(s + 1, n)) for s, n in zip(starts, cur, strict=True)]
             steps = [draw(st.integers(1, 2)) for _ in cur]
             view = view.then("slice", tuple(starts), tuple(limits), tuple(steps))
         elif kind == "broadcast":

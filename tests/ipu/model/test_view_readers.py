@@ -42,13 +42,13 @@ def test_strided_reads_equal_apply(shape, ops, dtype):
     for run in range(4):
         value = (rng.standard_normal(t.size) * 10).astype(dtype)
         state = [value.reshape(shape) if run % 2 else value]      # flat or shaped, as kernels leave them
-        got, want = read(state), view.apply(lambda x: state[x.id])
+        got, want = read(state), view.apply(lambda x, state=state: state[x.id])
         assert same(got, want)
         assert got.flags.writeable == want.flags.writeable
         if np.shares_memory(want, value):
             assert np.shares_memory(got, value)     # a view, as apply's, never a stale copy
         value[...] = 0
-        assert same(read(state), view.apply(lambda x: state[x.id]))
+        assert same(read(state), view.apply(lambda x, state=state: state[x.id]))
 
 
 @pytest.mark.parametrize("shape, ops", VIEWS[:6])
@@ -68,7 +68,7 @@ def test_strided_reader_takes_any_layout(shape, ops):
               base.reshape(shape).astype(np.float64)]
     for other in others:
         state[0] = other
-        assert same(read(state), view.apply(lambda x: state[x.id]))
+        assert same(read(state), view.apply(lambda x, state=state: state[x.id]))
     state[0] = base.copy().reshape(shape)
     assert same(read(state), view.apply(lambda x: state[x.id]))
 

@@ -7,7 +7,8 @@ import traceback
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 PLATFORM, N, OUT = os.environ["PLATFORM"], int(os.environ["N"]), os.environ["OUT"]
 devices = jax.devices(PLATFORM)[:N]
@@ -134,8 +135,9 @@ def cases():
         return np.array(seen, np.float32)
     yield "jit_sharded_debug_callback_only", only_effect
     # jax_ipu's feeds (portable: io_callback on cpu) on every IPU or once.
-    import jax_ipu
     import functools
+
+    import jax_ipu
 
     def pmap_infeed():
         q = jax_ipu.InfeedQueue(jax.ShapeDtypeStruct((), np.float32), timeout=30)

@@ -11,7 +11,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 B, S, D, H, V, HEADS = 2, 8, 64, 128, 64, 4
 HEAD = D // HEADS
@@ -51,7 +52,7 @@ def _zero1_step(w1, w2, m1, m2, v1, v2, x, y):
     gathered, as ZeRO-1 / Graphcore's replicated tensor sharding do)."""
     grads = jax.grad(lambda w1, w2: jnp.mean((_mlp(x, w1, w2) - y) ** 2), argnums=(0, 1))(w1, w2)
     out = []
-    for w, m, v, g in zip((w1, w2), (m1, m2), (v1, v2), grads):
+    for w, m, v, g in zip((w1, w2), (m1, m2), (v1, v2), grads, strict=True):
         m = 0.9 * m + 0.1 * g
         v = 0.999 * v + 0.001 * g * g
         out.append((w - 0.01 * m / (jnp.sqrt(v) + 1e-8), m, v))
@@ -106,7 +107,7 @@ def cases(n: int) -> dict[str, Case]:
 def run(case: Case, devices, specs=None):
     mesh = Mesh(np.array(devices), case.mesh_axes)
     specs = specs or case.specs
-    args = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(case.args, specs)]
+    args = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(case.args, specs, strict=True)]
     kw = {}
     if case.out_specs is not None and specs is case.specs:
         kw["out_shardings"] = jax.tree.map(lambda s: NamedSharding(mesh, s), case.out_specs,
@@ -125,7 +126,7 @@ def check(name: str, case: Case, ipus) -> dict:
     from jax_ipu.pjrt import client
     got, compiled = run(case, ipus)
     want, _ = run(case, jax.devices("cpu")[:1], [P()] * len(case.args))
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         # Partial sums are added in another order than on one CPU device.
         np.testing.assert_allclose(g, w, rtol=1e-3, atol=2e-4 * max(1.0, float(np.abs(w).max())), err_msg=name)
     n = len(ipus)
@@ -147,7 +148,7 @@ def check(name: str, case: Case, ipus) -> dict:
     whole = sum(a.nbytes for a in case.args)
     stats = compiled.memory_analysis()
     # Each IPU holds its shards: the split arguments' bytes over n.
-    local = sum(a.nbytes // n if any(s for s in spec) else a.nbytes for a, spec in zip(case.args, case.specs))
+    local = sum(a.nbytes // n if any(s for s in spec) else a.nbytes for a, spec in zip(case.args, case.specs, strict=True))
     assert stats.argument_size_in_bytes == local, (name, stats.argument_size_in_bytes, local)
     assert local < whole
     return {"collectives": kinds, "argument_bytes_per_ipu": local, "argument_bytes_whole": whole,

@@ -4,9 +4,9 @@ its shards, no split weight is ever whole on an IPU (cases in
 model_parallel_cases.py), on 2 IPUs here and on 4 in a subprocess."""
 import os
 
+import model_parallel_cases
 import pytest
 
-import model_parallel_cases
 from helpers import run_python
 
 CASES = model_parallel_cases.cases(2)

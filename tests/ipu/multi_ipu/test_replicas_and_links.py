@@ -121,7 +121,8 @@ def test_a_failing_host_callback_in_a_sharded_jit_fails_every_ipu_clearly(ipus):
     # caller, the other IPU does not wait for results that never come,
     # and the devices run the next program.
     from jax.experimental import io_callback
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
     mesh = Mesh(np.array(ipus), ("i",))
     x = jax.device_put(np.arange(8, dtype=np.float32), NamedSharding(mesh, P("i")))
     calls = []

@@ -71,7 +71,7 @@ def test_arithmetic_on_a_same_width_bitcast_leaves_its_operand_alone(dtype, as_b
     xd = jax.device_put(x, ipu)
     got = [np.asarray(v) for v in jax.jit(f)(xd)]
     want = [np.asarray(v) for v in jax.jit(f)(jax.device_put(x, jax.devices("cpu")[0]))]
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.tobytes() == w.tobytes()
     assert np.asarray(xd).tobytes() == x.tobytes()
 
@@ -87,5 +87,5 @@ def test_bit_tricks_next_to_other_uses(dtype):
         ipu, cpu = jax.devices("ipu")[0], jax.devices("cpu")[0]
         got = jax.jit(f)(jax.device_put(x, ipu))
         want = jax.jit(f)(jax.device_put(x, cpu))
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=True):
             assert np.asarray(g).tobytes() == np.asarray(w).tobytes()

@@ -6,12 +6,11 @@ import numpy as np
 import pytest
 from jax import lax
 
+from helpers import assert_matches_cpu, random_array
 from jax_ipu.compiler import compile_module
 from jax_ipu.graph.programs import If, Repeat, RepeatWhileTrue, Switch, leaves
-from jax_ipu.targets import get_target
 from jax_ipu.stablehlo import import_module
-
-from helpers import assert_matches_cpu, random_array
+from jax_ipu.targets import get_target
 
 # Tolerances by dtype (integers exact).
 TOL = {np.float32: 1e-5, np.float16: 2e-3}

@@ -13,7 +13,6 @@ from jax import lax
 
 from helpers import assert_matches_cpu
 
-
 F16_TOL = 2e-2
 
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from jax import lax
 
-from jax_ipu.compiler import compile_module
-from jax_ipu.ops import OPS, TRANSCENDENTAL
-from jax_ipu.model.engine import Engine
 from helpers import SMALL, assert_matches_cpu, compile_fn, lower, values
+from jax_ipu.compiler import compile_module
+from jax_ipu.model.engine import Engine
+from jax_ipu.ops import OPS, TRANSCENDENTAL
 
 FLOATS = [np.float32, np.float16]
 SIGNED = [np.int32, np.int16, np.int8]

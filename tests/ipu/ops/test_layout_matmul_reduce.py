@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from jax import lax
 
+from helpers import SMALL, assert_matches_cpu, compile_fn, run_ipu, values
 from jax_ipu.compiler.planners.matmul import plan_matmul
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Copy, Execute, leaves
 from jax_ipu.targets import get_target
-from helpers import SMALL, assert_matches_cpu, compile_fn, run_ipu, values
 
 
 def rand(shape, dtype=np.float32, seed=0):

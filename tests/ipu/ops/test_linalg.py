@@ -196,7 +196,7 @@ def test_svd_and_eigh_of_non_finite_matrices_give_nan_not_an_error(ipu, name, ba
     got = jax.tree.leaves(jax.jit(f)(jax.device_put(np.stack([x, np.eye(4, dtype=np.float32)]), ipu)))
     want = jax.tree.leaves(jax.jit(f)(jax.device_put(np.stack([x, np.eye(4, dtype=np.float32)]),
                                                     jax.devices("cpu")[0])))
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         g, w = np.asarray(g), np.asarray(w)
         assert g.shape == w.shape and g.dtype == w.dtype
         assert np.isnan(g[0]).any() and np.isfinite(g[1]).all()      # the bad matrix only

@@ -140,8 +140,8 @@ def test_64bit_rng_state_from_outside_is_a_clear_error():
     """A uint64 state made elsewhere than JAX's key packing still names the op."""
     from jax_ipu.compiler import compile_module
     from jax_ipu.errors import IpuUnimplementedError
-    from jax_ipu.targets import get_target
     from jax_ipu.stablehlo import import_module
+    from jax_ipu.targets import get_target
     text = """
 func.func public @main(%arg0: tensor<2xui64>) -> tensor<4xui32> {
   %s, %b = stablehlo.rng_bit_generator %arg0, algorithm = DEFAULT : (tensor<2xui64>) -> (tensor<2xui64>, tensor<4xui32>)

@@ -9,14 +9,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from helpers import SMALL, assert_matches_cpu, compile_fn
 from jax_ipu.compiler.lowering import reduce as reduce_rule
 from jax_ipu.graph import codelets
 from jax_ipu.graph.programs import Copy, Execute, leaves
 from jax_ipu.model.engine import Engine
 from jax_ipu.targets import get_target
-from helpers import SMALL, assert_matches_cpu, compile_fn
 
 rng = np.random.default_rng(0)
 IPU2 = get_target("ipu2")
@@ -123,7 +124,7 @@ def test_outer_reads_by_tile_cover_exactly_the_rows_of_each_tiles_partials(chunk
     all_intervals, offsets = _outer_reads_by_tile(mapping, chunks, size, kept)
     tiles = sorted(set(element_tiles.tolist()))        # Builder.by_tile's order
     assert len(offsets) == len(tiles) + 1 and offsets[-1] == len(all_intervals)
-    for tile, lo, hi in zip(tiles, offsets[:-1], offsets[1:]):
+    for tile, lo, hi in zip(tiles, offsets[:-1], offsets[1:], strict=True):
         intervals = all_intervals[lo:hi]
         assert (intervals[:, 0] < intervals[:, 1]).all() and (intervals[1:, 0] >= intervals[:-1, 1]).all()
         got = np.concatenate([np.arange(a, z) for a, z in intervals])

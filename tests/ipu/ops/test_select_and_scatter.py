@@ -104,7 +104,7 @@ def test_select_and_scatter_with_other_bodies(case):
         x = awkward((7, 8), np.float32, seed=3)
         x[np.isinf(x)] = 2.5      # (bodies other than GE need not see -inf)
     window, strides = (3, 2), (2, 1)
-    out = [(n + lo + hi - w) // s + 1 for n, (lo, hi), w, s in zip(x.shape, padding, window, strides)]
+    out = [(n + lo + hi - w) // s + 1 for n, (lo, hi), w, s in zip(x.shape, padding, window, strides, strict=True)]
     source = np.random.default_rng(4).standard_normal(out).astype(np.float32)
     assert_matches_cpu(lambda a, s: _select_and_scatter(a, select, window, strides, padding, s, np.float32(init),
                                                         scatter), x, source, exact="bits")
@@ -120,7 +120,7 @@ def test_random_windows_strides_and_padding(seed):
     rng = np.random.default_rng(seed)
     rank = int(rng.integers(2, 4))
     window = tuple(int(w) for w in rng.integers(1, 5, rank))
-    shape = tuple(max(int(n), w) for n, w in zip(rng.integers(1, 8, rank), window))   # a window or more
+    shape = tuple(max(int(n), w) for n, w in zip(rng.integers(1, 8, rank), window, strict=True))   # a window or more
     strides = tuple(int(s) for s in rng.integers(1, 4, rank))
     pads = tuple((int(rng.integers(0, w)), int(rng.integers(0, w))) for w in window)
     x = awkward(shape, np.float32, seed)

@@ -68,8 +68,8 @@ def test_merge_sort_with_arbitrary_comparator(n):
         a, b = lhs[0], rhs[0]
         return (np.abs(a) < np.abs(b)) | ((np.abs(a) == np.abs(b)) & (a < b))
     perm = merge_sort([rows], less)
-    for row, p in zip(rows, perm):
-        cmp = functools.cmp_to_key(lambda i, j: -1 if less([row[i]], [row[j]]) else
+    for row, p in zip(rows, perm, strict=True):
+        cmp = functools.cmp_to_key(lambda i, j, row=row: -1 if less([row[i]], [row[j]]) else
                                    (1 if less([row[j]], [row[i]]) else 0))
         assert list(p) == sorted(range(n), key=cmp)
 
@@ -77,8 +77,8 @@ def test_merge_sort_with_arbitrary_comparator(n):
 def test_key_and_merge_comparators_are_detected():
     from jax_ipu.compiler import compile_module
     from jax_ipu.graph.programs import Execute, leaves
-    from jax_ipu.targets import get_target
     from jax_ipu.stablehlo import import_module
+    from jax_ipu.targets import get_target
 
     def sorts(f, *args):
         program = compile_module(import_module(jax.jit(f).lower(*args).as_text()), get_target("ipu2"))
@@ -131,6 +131,6 @@ def test_a_comparator_that_is_no_order_still_permutes(ipu):
         return lax.sort_p.bind(x, jnp.broadcast_to(jnp.arange(200, dtype=jnp.int32), x.shape), dimension=1,
                                is_stable=True, num_keys=1)
     values, index = (np.asarray(a) for a in jax.jit(f)(jax.device_put(x, ipu)))
-    for row, v, i in zip(x, values, index):
+    for row, v, i in zip(x, values, index, strict=True):
         assert sorted(i.tolist()) == list(range(200))
         np.testing.assert_array_equal(v, row[i])

@@ -108,7 +108,7 @@ def test_merge_stages_exchange_only_partner_blocks():
     for cs in merges:
         reads = [sum(r.num_elements for r in v.reads) for v in cs.vertices]
         writes = [sum(r.num_elements for r in v.writes) for v in cs.vertices]
-        assert all(w <= r <= 2 * w for r, w in zip(reads, writes))
+        assert all(w <= r <= 2 * w for r, w in zip(reads, writes, strict=True))
         assert max(reads) > max(writes) and max(writes) < 3 * 3000 // 4
 
 

@@ -203,7 +203,7 @@ def test_window_index_combine_matches_per_axis_sums(narrow):
         per_axis = [rng.integers(-1, 6, [n if rng.random() < 0.5 else 1 for n in full])
                     for _ in range(rng.integers(1, 5))]
         strides = list(rng.integers(1, 50, len(per_axis)))
-        want = sum(np.maximum(a, 0) * s for a, s in zip(per_axis, strides)) + np.zeros(full, np.int64)
+        want = sum(np.maximum(a, 0) * s for a, s in zip(per_axis, strides, strict=True)) + np.zeros(full, np.int64)
         want[np.logical_or.reduce([np.broadcast_to(a < 0, want.shape) for a in per_axis])] = -1
         got = combine(per_axis, strides, narrow)
         assert got.dtype == (np.int32 if narrow else np.int64)

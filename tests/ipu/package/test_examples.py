@@ -48,7 +48,7 @@ def test_flax_optax_step_on_ipu_matches_cpu_and_donates(ipu, cpu):
             assert all(leaf.is_deleted() for leaf in jax.tree.leaves(state)), "state must be donated"
             state = (new_params, new_opt)
         results[device.platform] = (state[0], float(loss))
-    for got, want in zip(jax.tree.leaves(results["ipu"][0]), jax.tree.leaves(results["cpu"][0])):
+    for got, want in zip(jax.tree.leaves(results["ipu"][0]), jax.tree.leaves(results["cpu"][0]), strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
     assert abs(results["ipu"][1] - results["cpu"][1]) < 1e-4
 
@@ -92,13 +92,13 @@ def test_pipeline_training_matches_cpu_and_shows_the_bubble(capsys):
                                                  "--micro-batches", "4"])
     out = capsys.readouterr().out
     assert losses[-1] < losses[0]
-    assert max(abs(a - b) for a, b in zip(losses, cpu_losses)) < 1e-4 * losses[0], out
+    assert max(abs(a - b) for a, b in zip(losses, cpu_losses, strict=True)) < 1e-4 * losses[0], out
     assert report["time_breakdown"]["ipu_link"] > 0 and "pipeline bubble" in out and "ipu_link" in out
 
 
 def _gpt2_checks(result, ipus):
     losses, cpu = result["losses"], result["cpu_losses"]
-    assert max(abs(a - b) for a, b in zip(losses, cpu)) < 1e-4 * cpu[0], (losses, cpu)
+    assert max(abs(a - b) for a, b in zip(losses, cpu, strict=True)) < 1e-4 * cpu[0], (losses, cpu)
     assert all(b > 0 for b in result["streaming_bytes"])      # AdamW's moments
     assert result["tokens_per_second"] > 0
     assert result["time"]["ipu_link"] > 0 and result["time"]["streaming_memory"] > 0

@@ -3,7 +3,8 @@ kind "pinned_host"): run by test_streaming_memory.py here and, on four
 IPUs, in a subprocess."""
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 HOST = jax.memory.Space.Host
 DEVICE = jax.memory.Space.Device

@@ -2,9 +2,10 @@
 and the donated state never crosses the host link."""
 import jax
 import jax.numpy as jnp
-import jax_ipu
 import numpy as np
 import pytest
+
+import jax_ipu
 
 
 def step(params, batch):

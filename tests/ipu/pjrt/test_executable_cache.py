@@ -19,12 +19,11 @@ from jax._src.lib import _jax
 from jaxlib._jax import CompileOptions
 from jaxlib.mlir.dialects import stablehlo
 
-from helpers import run_python
+from helpers import rewrite_saved_program, run_python
 from jax_ipu import config as config_lib
 from jax_ipu.graph import serialize
 from jax_ipu.pjrt.cache import SUFFIX
 from jax_ipu.pjrt.client import Client
-from helpers import rewrite_saved_program
 
 _PROGRAM = """
 import jax, jax.numpy as jnp, numpy as np, jax_ipu.compiler

@@ -7,12 +7,13 @@ import pickle
 
 import jax
 import jax.numpy as jnp
-import jax_ipu
 import numpy as np
 from jax import lax
 from jax.experimental import serialize_executable as se
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
+import jax_ipu
 from helpers import on_cpu, run_python
 
 
@@ -39,7 +40,7 @@ def test_a_loaded_executable_gives_the_same_results_estimates_and_memory(ipu):
     loaded = _round_trip(compiled, [ipu])
     expected = compiled(w, x)
     got = loaded(w, x)
-    for e, g, c in zip(expected, got, on_cpu(step, *_data())):
+    for e, g, c in zip(expected, got, on_cpu(step, *_data()), strict=True):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(e))
         np.testing.assert_allclose(np.asarray(g), c, rtol=1e-5, atol=1e-6)
     assert loaded.cost_analysis() == compiled.cost_analysis()
@@ -67,8 +68,9 @@ def test_as_text_shows_the_program_and_what_it_compiled_to(ipu):
 def test_the_summary_is_an_mlir_string_literal():
     # What XLA parses at every compile and load: quotes and backslashes
     # escaped, every byte of what is not printable ASCII as \\XX.
-    from jax_ipu.pjrt.executable import _mlir_string
     from jaxlib.mlir import ir
+
+    from jax_ipu.pjrt.executable import _mlir_string
 
     cases = ["", "plain text", 'a "quoted" \\ path\\', "lines\nand\ttabs\x00\x7f", "caf\u00e9 \u2192 \U0001f600"]
     for text in cases:
@@ -129,7 +131,7 @@ def test_an_executable_over_two_ipus(ipus):
     loaded = _round_trip(compiled, list(ipus[:2]))
     got = loaded(w, x)
     assert got[0].sharding.device_set == set(ipus[:2])
-    for e, g in zip(compiled(w, x), got):
+    for e, g in zip(compiled(w, x), got, strict=True):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(e))
 
 

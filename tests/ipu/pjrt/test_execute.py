@@ -9,7 +9,6 @@ import pytest
 
 from helpers import IPU_DTYPES, assert_matches_cpu, random_array
 
-
 # float32 within 1e-6 (float16 within 2e-3, the default); integers exact.
 TOL = dict(rtol={np.float32: 1e-6}, atol={np.float32: 1e-6})
 

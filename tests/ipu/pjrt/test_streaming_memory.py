@@ -8,9 +8,10 @@ import jax
 import numpy as np
 import pytest
 from jax.sharding import SingleDeviceSharding
+from streaming_cases import adam_moment, shardings
 
 import jax_ipu
-from streaming_cases import adam_moment, shardings
+
 
 def test_each_ipu_lists_sram_and_streaming_memory(ipus):
     for ipu in ipus:
@@ -49,7 +50,7 @@ def test_moves_inside_jit_match_xla_cpu_and_are_charged(ipus):
         results[platform] = np.asarray(new_w), np.asarray(new_m)
         if platform == "ipu":
             stats = f.lower(*args).compile().memory_analysis()
-    for got, want in zip(results["ipu"], results["cpu"]):
+    for got, want in zip(results["ipu"], results["cpu"], strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     # SRAM holds w and g's shards; m's shard is in streaming memory.
     assert stats.argument_size_in_bytes == 2 * n * 4

@@ -1,9 +1,9 @@
 """Host <-> IPU and IPU <-> IPU transfers, for every dtype the IPU holds."""
 import jax
-import jax_ipu
 import numpy as np
 import pytest
 
+import jax_ipu
 from helpers import IPU_DTYPES, random_array
 
 SHAPES = [(), (1,), (7,), (3, 5), (2, 3, 4), (0,), (4, 0, 2), (1001,)]

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import jax_ipu
-from jax_ipu.profile import tracing, xspace
 from helpers import on_cpu, run_python
+from jax_ipu.profile import tracing, xspace
 
 
 def model(w, x):
@@ -182,7 +182,7 @@ def test_trace_read_by_jaxlib_and_perfetto_json(traced):
     dispatches = sorted(e["ts"] for e in trace if e.get("ph") == "X" and e["pid"] != ipu_pid
                         and e["name"] == "PjitFunction(model)")
     assert len(runs) == 2 and len(dispatches) >= 2
-    for run, dispatch in zip(runs, dispatches[::len(dispatches) // 2]):
+    for run, dispatch in zip(runs, dispatches[::len(dispatches) // 2], strict=True):
         assert dispatch <= run < dispatch + 10e6, (dispatch, run)
 
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import jax_ipu
-from jax_ipu import cli, config
 from helpers import run_python
+from jax_ipu import cli, config
 
 
 def mlp(w1, w2, x):
@@ -217,7 +217,7 @@ def test_timeline_is_valid_trace_events(tmp_path, ipu, mlp_args):
     steps = [e for e in _complete_events(trace) if e["cat"] in ("Execute", "Copy")]
     assert [(e["name"], e["args"]["cycles"]) for e in steps] == [(s["name"], s["cycles"]) for s in report["steps"]]
     # Back to back in estimated time, in microseconds at the target's clock.
-    for a, b in zip(steps, steps[1:]):
+    for a, b in zip(steps, steps[1:], strict=True):
         assert b["ts"] == pytest.approx(a["ts"] + a["dur"])
     assert sum(e["dur"] for e in steps) == pytest.approx(report["cycles"]["device"] / clock * 1e6)
     assert any(e["cat"] == "Execute" and e["name"].startswith("matmul") for e in steps)
@@ -332,6 +332,6 @@ def test_devices_command_lists_each_ipu_once(ipus, capsys):
     assert cli.main(["devices"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(ipus)
-    for device, line in zip(ipus, lines):
+    for device, line in zip(ipus, lines, strict=True):
         description = jax_ipu.target(device).describe()
         assert line == f"{device!r}: {description}" and line.count(description) == 1

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import jax_ipu
+from helpers import run_python
 from jax_ipu import cli
 from jax_ipu.graph.programs import Copy, Execute, leaves
-from helpers import run_python
 
 
 def mlp(w1, w2, x):
@@ -43,7 +43,7 @@ def test_liveness_adds_up_to_the_memory_plan(ipu, mlp_report):
     assert max(live["on_max_tile"]) == mem["per_tile"]["not_always_live_peak"][mem["max_tile"]]
     at = live["peak_step"]
     assert live["peak_bytes"] == live["not_always_live"][at] == max(live["not_always_live"]) > 0
-    assert all(0 <= e <= t for e, t in zip(live["exchange_buffers"], live["not_always_live"]))
+    assert all(0 <= e <= t for e, t in zip(live["exchange_buffers"], live["not_always_live"], strict=True))
     # What is live at the peak: the tensors listed (all of them here) and the exchange buffers.
     assert live["tensors_at_peak_not_listed"] == 0
     tensors = live["tensors_at_peak"]
@@ -281,7 +281,7 @@ def test_page_of_a_program_over_the_limit(tmp_path):
         assert f"<td class='num'>{o['tile']}</td>" in section
     data, _ = figures(page)["fig-tiles"]
     (marks,) = [d for d in data if d["name"] == "over the limit"]
-    assert sorted(zip(marks["y"], marks["x"])) == sorted(divmod(o["tile"], 4) for o in over)
+    assert sorted(zip(marks["y"], marks["x"], strict=True)) == sorted(divmod(o["tile"], 4) for o in over)
 
 
 def test_page_of_a_program_that_did_not_compile(tmp_path):

@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from run import fuzz     # tests/fuzz/run.py (tests/fuzz is on pytest's pythonpath)
+
+from run import fuzz  # tests/fuzz/run.py (tests/fuzz is on pytest's pythonpath)
 
 SHORT_RUN = 200
 
@@ -46,6 +47,7 @@ def test_a_difference_is_minimised_to_a_reproducer_that_shows_it(ipus, cpu):
     the product first (accepted; the generator never marks such a sum
     exact), here wrongly marked exact."""
     import numpy as np
+
     from compare import check
     from minimise import minimise
     from programs import Program, Var

@@ -577,7 +577,7 @@ def test_square_root_as_a_power_of_one_half(ipu, n):
     args = x, half, np.full((1, 1), half), np.full(n, half)
     # Its own comparison: values exact and zeros' signs as the CPU's, but a
     # NaN's sign free (assert_matches_cpu's exact="bits" would compare it).
-    for g, w in zip(run_on(ipu, f, *args), on_cpu(f, *args)):
+    for g, w in zip(run_on(ipu, f, *args), on_cpu(f, *args), strict=True):
         g, w = g.reshape(-1), w.reshape(-1)
         np.testing.assert_array_equal(g, w)                        # NaNs where the CPU's are (any sign)
         np.testing.assert_array_equal(np.signbit(g[~np.isnan(g)]), np.signbit(w[~np.isnan(w)]))
@@ -618,7 +618,7 @@ def test_keyless_rng_and_narrow_types_are_refused_with_what_to_do():
     line = _line_of('# rng here', test_keyless_rng_and_narrow_types_are_refused_with_what_to_do)
     assert f"test_models_and_training.py:{line}:" in message, message
     for narrow in (jnp.float8_e4m3fn, jnp.int4):
-        message = _error_of(lambda x: x.astype(narrow).astype(jnp.float32), normal(4))
+        message = _error_of(lambda x, narrow=narrow: x.astype(narrow).astype(jnp.float32), normal(4))
         assert "is not supported" in message and "Use float32" in message and "f16" in message, message
 
 

@@ -152,6 +152,7 @@ def _lower_donating(f, donate, *args):
     """f as the plugin receives it when jitted with donate_argnums."""
     from jax._src.lib import _jax
     from jaxlib.mlir.dialects import stablehlo
+
     from jax_ipu.stablehlo import import_module
     text = jax.jit(f, donate_argnums=donate).lower(*args).as_text(debug_info=True)
     return import_module(_jax.mlir.serialize_portable_artifact(text, stablehlo.get_current_version()))
@@ -199,5 +200,5 @@ def test_updates_of_donated_parameters_run_as_their_gradients_are_ready(ipu):
     cpu = jax.devices("cpu")[0]
     want = jax.jit(step, donate_argnums=(0, 1))(*jax.device_put(args, cpu))
     got = jax.jit(step, donate_argnums=(0, 1))(*jax.device_put(args, ipu))
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5)

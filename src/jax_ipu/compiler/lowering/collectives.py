@@ -13,9 +13,9 @@ import numpy as np
 from jax_ipu import ir
 from jax_ipu.compiler import cost
 from jax_ipu.compiler.builder import Builder
-from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.compiler.lowering.layout import copy_to_new, name_of
 from jax_ipu.compiler.lowering.reduce import single_op
+from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets_collectives as cc
 from jax_ipu.graph.compute import Region, Vertex
@@ -69,7 +69,7 @@ def _reduction(op: ir.Op) -> str:
 @register("all_reduce")
 def all_reduce(b: Builder, op: ir.Op) -> None:
     which, groups = _reduction(op), _groups(op)
-    for value, result in zip(op.operands, op.results):
+    for value, result in zip(op.operands, op.results, strict=True):
         src = _input(b, op, value)
         out = b.tensor(name_of(op), result.type.shape, result.type.dtype)
         n = _group_size(groups)
@@ -92,7 +92,7 @@ def reduce_scatter(b: Builder, op: ir.Op) -> None:
 @register("all_gather")
 def all_gather(b: Builder, op: ir.Op) -> None:
     groups, dim = _groups(op), int(op.attrs["all_gather_dim"])
-    for value, result in zip(op.operands, op.results):
+    for value, result in zip(op.operands, op.results, strict=True):
         src = _input(b, op, value)
         out = b.tensor(name_of(op), result.type.shape, result.type.dtype)
         _emit(b, op, cc.AllGather(src, dim, groups, out), src, out, "AllGather")
@@ -103,7 +103,7 @@ def all_gather(b: Builder, op: ir.Op) -> None:
 def all_to_all(b: Builder, op: ir.Op) -> None:
     groups = _groups(op)
     split, concat = int(op.attrs["split_dimension"]), int(op.attrs["concat_dimension"])
-    for value, result in zip(op.operands, op.results):
+    for value, result in zip(op.operands, op.results, strict=True):
         src = _input(b, op, value)
         out = b.tensor(name_of(op), result.type.shape, result.type.dtype)
         _emit(b, op, cc.AllToAll(src, split, concat, groups, out), src, out, "AllToAll")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from jax_ipu import ir
 from jax_ipu.compiler.builder import Builder
-from jax_ipu.compiler.lowering.registry import register_custom_call
 from jax_ipu.compiler.lowering.layout import name_of
+from jax_ipu.compiler.lowering.registry import register_custom_call
 from jax_ipu.graph.programs import HostCall
 from jax_ipu.graph.views import View
 
@@ -27,5 +27,5 @@ def host_callback(b: Builder, op: ir.Op) -> None:
     callback_id, partition = parse_config(str(op.attrs["backend_config"]))
     b.steps.append(HostCall(callback_id, inputs, outputs, host_bytes=host_bytes, partition=partition,
                             name=name_of(op)))
-    for result, t in zip(op.results, outputs):
+    for result, t in zip(op.results, outputs, strict=True):
         b.values[result] = View(t)

@@ -10,11 +10,11 @@ import numpy as np
 from jax_ipu import ir
 from jax_ipu.compiler import cost
 from jax_ipu.compiler.builder import Builder, Splat
-from jax_ipu.compiler.lowering.registry import register
-from jax_ipu.compiler.lowering.layout import copy_padded, copy_to_new, name_of
-from jax_ipu.compiler.planners.matmul import fits, plan_matmul
 from jax_ipu.compiler.lowering.elementwise import lower_cluster
+from jax_ipu.compiler.lowering.layout import copy_padded, copy_to_new, name_of
+from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.compiler.passes.fuse import Cluster
+from jax_ipu.compiler.planners.matmul import fits, plan_matmul
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
 from jax_ipu.graph.compute import VertexArray, compact

@@ -15,9 +15,9 @@ import numpy as np
 from jax_ipu import ir
 from jax_ipu.compiler import cost
 from jax_ipu.compiler.builder import Builder, ScalarBroadcast, Splat
-from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.compiler.lowering.elementwise import SEMANTIC_ATTRS
 from jax_ipu.compiler.lowering.layout import copy_padded, copy_to_new, name_of
+from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.compiler.planners.mapping import MIN_BYTES_PER_TILE, spread
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
@@ -192,7 +192,7 @@ def reduce(b: Builder, op: ir.Op) -> None:
     reduced = int(np.prod([x_t.shape[d] for d in dims], dtype=np.int64))
     inits = [b.values[v] for v in op.operands[n:]]
     if reduced == 0 or kept == 0:
-        for result, init in zip(op.results, inits):
+        for result, init in zip(op.results, inits, strict=True):
             b.values[result] = (Splat(init.value, result.type.shape) if isinstance(init, Splat)
                                 else ScalarBroadcast(_init_source(init), result.type.shape))
         return
@@ -208,7 +208,7 @@ def reduce(b: Builder, op: ir.Op) -> None:
     else:
         chunks, size, pad = _chunking(reduced, kept, b.target.num_tiles, min_chunk)
     xs = []
-    for value, init in zip(op.operands[:n], inits):
+    for value, init in zip(op.operands[:n], inits, strict=True):
         x = b.view(value, name_of(op))
         if outer:
             if pad:
@@ -279,7 +279,7 @@ def reduce(b: Builder, op: ir.Op) -> None:
                                   tuple(init_sources), tuple(outs)))
     b.execute(f"reduce {what} {name_of(op)}", kernel, vertices)
     b.flops += kept * reduced * per_element
-    for result, out in zip(op.results, outs):
+    for result, out in zip(op.results, outs, strict=True):
         b.values[result] = View(out).then("reshape", result.type.shape)
 
 

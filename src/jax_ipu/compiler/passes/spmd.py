@@ -144,7 +144,7 @@ class _Partitioner:
         replicated dimensions) or gathering (to replicated dimensions)."""
         if have.dims == want.dims:
             return value
-        for d, (h, w) in enumerate(zip(have.dims, want.dims)):
+        for d, (h, w) in enumerate(zip(have.dims, want.dims, strict=True)):
             if h == w:
                 continue
             if h:       # gathered whole (then split anew: moving between mesh axes)
@@ -215,9 +215,9 @@ class _Partitioner:
         where = f"program {self.module.name}"
         shardings = [self._annotation(s, a.type, f"argument {i} of {where}")
                      for i, (s, a) in enumerate(zip(main.arg_shardings or [None] * len(main.body.args),
-                                                    main.body.args))]
+                                                    main.body.args, strict=True))]
         args = []
-        for i, (arg, s) in enumerate(zip(main.body.args, shardings)):
+        for i, (arg, s) in enumerate(zip(main.body.args, shardings, strict=True)):
             local = ir.Value(ir.TensorType(s.local_shape(arg.type.shape, f"argument {i} of {where}"),
                                            arg.type.dtype)) if isinstance(arg.type, ir.TensorType) else arg
             self.env[arg] = local
@@ -228,7 +228,7 @@ class _Partitioner:
             self.op(op)
         results, wants = [], []
         result_shardings = main.result_shardings or [None] * len(main.body.results)
-        for i, (value, text) in enumerate(zip(main.body.results, result_shardings)):
+        for i, (value, text) in enumerate(zip(main.body.results, result_shardings, strict=True)):
             local = self.env[value]
             have = self.sharding_of(local)
             if not isinstance(value.type, ir.TensorType):   # a token (ordered effects): nothing to split
@@ -274,7 +274,7 @@ class _Partitioner:
             results = [ir.Value(r.type) for r in op.results]
             local = ir.Op(op.name, operands, results, op.attrs, self.regions_of(op), op.loc)
             self.ops.append(local)
-            self.env.update(zip(op.results, results))
+            self.env.update(zip(op.results, results, strict=True))
             if len(results) == 1:
                 self.producer[results[0]] = local
             return
@@ -285,12 +285,12 @@ class _Partitioner:
         its body partitioned in place, so that shards flow through it and
         slices of its whole results can be made from their parts."""
         body = self.functions[op.attrs["callee"]].body
-        self.env.update(zip(body.args, operands))
+        self.env.update(zip(body.args, operands, strict=True))
         for inner in body.ops:
             self.loc = inner.loc
             self.op(inner)
         self.loc = op.loc
-        self.env.update((r, self.env[v]) for r, v in zip(op.results, body.results))
+        self.env.update((r, self.env[v]) for r, v in zip(op.results, body.results, strict=True))
 
     def broadcast(self, value: ir.Value, shape, dims) -> ir.Value:
         return self.emit("broadcast_in_dim", [value], ir.TensorType(tuple(shape), value.type.dtype),
@@ -322,7 +322,7 @@ class _Partitioner:
                                         "left automatic) is not supported; map over all axes of the mesh")
         body = op.regions[0]
         operands = []
-        for i, (value, arg) in enumerate(zip(op.operands, body.args)):
+        for i, (value, arg) in enumerate(zip(op.operands, body.args, strict=True)):
             local = self.env[value]
             if not isinstance(value.type, ir.TensorType):    # a token: nothing to split
                 operands.append(local)
@@ -337,7 +337,7 @@ class _Partitioner:
         self.functions[name] = ir.Function(name, body, [None] * len(body.args), [False] * len(body.args))
         results = [ir.Value(r.type) for r in body.results]
         self.ops.append(ir.Op("call", operands, results, {"callee": name}, [], op.loc))
-        for i, (old, new) in enumerate(zip(op.results, results)):
+        for i, (old, new) in enumerate(zip(op.results, results, strict=True)):
             self.env[old] = new
             if i < len(outs) and isinstance(new.type, ir.TensorType):
                 self.sharding[new] = Sharding(self.mesh, outs[i].dims)
@@ -392,9 +392,9 @@ def _local_type(p: _Partitioner, t: ir.TensorType, s: Sharding, where: str) -> i
 
 def _emit_like(p: _Partitioner, op: ir.Op, operands: list, shardings: list[Sharding], attrs=None) -> None:
     """The op on local operands, its results sharded as given."""
-    results = [ir.Value(_local_type(p, r.type, s, f"{op.name} at {op.loc}")) for r, s in zip(op.results, shardings)]
+    results = [ir.Value(_local_type(p, r.type, s, f"{op.name} at {op.loc}")) for r, s in zip(op.results, shardings, strict=True)]
     p.ops.append(ir.Op(op.name, operands, results, attrs if attrs is not None else op.attrs, op.regions, op.loc))
-    for old, new, s in zip(op.results, results, shardings):
+    for old, new, s in zip(op.results, results, shardings, strict=True):
         p.env[old] = new
         p.sharding[new] = s
 
@@ -406,7 +406,7 @@ def _gathered(p: _Partitioner, op: ir.Op, operands: list) -> None:
                         f"operand {i} of {op.name} at {op.loc}") for i, v in enumerate(operands)]
     results = [ir.Value(r.type) for r in op.results]
     p.ops.append(ir.Op(op.name, whole, results, op.attrs, p.regions_of(op), op.loc))
-    p.env.update(zip(op.results, results))
+    p.env.update(zip(op.results, results, strict=True))
 
 
 def _elementwise(p: _Partitioner, op: ir.Op, operands: list) -> None:
@@ -454,8 +454,8 @@ def _dot_general(p: _Partitioner, op: ir.Op, operands: list) -> None:
     where = f"dot_general at {op.loc}"
     lhs, rhs = operands
     ls, rs = p.sharding_of(lhs), p.sharding_of(rhs)
-    pairs = list(zip(dn.lhs_batching_dimensions, dn.rhs_batching_dimensions)) + \
-        list(zip(dn.lhs_contracting_dimensions, dn.rhs_contracting_dimensions))
+    pairs = list(zip(dn.lhs_batching_dimensions, dn.rhs_batching_dimensions, strict=True)) + \
+        list(zip(dn.lhs_contracting_dimensions, dn.rhs_contracting_dimensions, strict=True))
     rdims = list(rs.dims)
     for l, r in pairs:                         # the rhs follows the lhs on shared dimensions
         rdims[r] = ls.dims[l]

@@ -12,10 +12,9 @@ import numpy as np
 
 from jax_ipu.graph import codelets_indexing as ci
 from jax_ipu.graph.views import View
-from jax_ipu.ops import total_order_key
-from jax_ipu.model.registry import reference
-from jax_ipu.ops import REDUCE_OPS
 from jax_ipu.model.executors.elementwise import instruction
+from jax_ipu.model.registry import reference
+from jax_ipu.ops import REDUCE_OPS, total_order_key
 
 
 def _window(starts, shape, sizes, read) -> Callable:
@@ -23,7 +22,7 @@ def _window(starts, shape, sizes, read) -> Callable:
     clamped so that the window fits (as XLA). Constant starts are clamped
     once, here; a start read from a tensor (a loop counter) on each run."""
     parts = []
-    for source, dim, size in zip(starts, shape, sizes):
+    for source, dim, size in zip(starts, shape, sizes, strict=True):
         if isinstance(source, View):
             parts.append((read(source), dim - size, size))
         else:
@@ -99,7 +98,7 @@ def gather(operand: np.ndarray, indices: np.ndarray, dn, slice_sizes) -> np.ndar
     starts = [np.zeros(batch, np.int64) for _ in range(rank)]
     for j, d in enumerate(dn.start_index_map):
         starts[d] = np.clip(idx[..., j], 0, operand.shape[d] - slice_sizes[d])
-    for od, idim in zip(dn.operand_batching_dims, dn.start_indices_batching_dims):
+    for od, idim in zip(dn.operand_batching_dims, dn.start_indices_batching_dims, strict=True):
         starts[od] = np.broadcast_to(_batch_index(batch, batch_dims.index(idim)), batch)
     index = []
     for d in range(rank):
@@ -142,12 +141,12 @@ def scatter_targets(shape, indices: np.ndarray, update_shape, dn) -> tuple[tuple
     nb, rank = len(batch), len(shape)
     window_axes = [d for d in range(rank) if d not in dn.inserted_window_dims and d not in dn.input_batching_dims]
     sizes = [1] * rank
-    for d, u in zip(window_axes, dn.update_window_dims):
+    for d, u in zip(window_axes, dn.update_window_dims, strict=True):
         sizes[d] = update_shape[u]
     starts = [np.zeros(batch, np.int64) for _ in range(rank)]
     for j, d in enumerate(dn.scatter_dims_to_operand_dims):
         starts[d] = idx[..., j]
-    for od, idim in zip(dn.input_batching_dims, dn.scatter_indices_batching_dims):
+    for od, idim in zip(dn.input_batching_dims, dn.scatter_indices_batching_dims, strict=True):
         starts[od] = np.broadcast_to(_batch_index(batch, batch_dims.index(idim)), batch)
     valid = np.ones(batch, bool)
     for d in range(rank):
@@ -179,8 +178,8 @@ def _build_scatter(k: ci.Scatter, read):
         return [regs[r] for r in k.results]
 
     # Per operand: written in place (the compiler made its tensor the output).
-    in_place = [x.tensor is t for x, t in zip(k.operands, k.outs)]
-    shapes = [(x.shape, t.shape) for x, t in zip(k.operands, k.outs)]
+    in_place = [x.tensor is t for x, t in zip(k.operands, k.outs, strict=True)]
+    shapes = [(x.shape, t.shape) for x, t in zip(k.operands, k.outs, strict=True)]
 
     def operand(state, i):
         target = state[outs[i]] if in_place[i] else None
@@ -196,7 +195,7 @@ def _build_scatter(k: ci.Scatter, read):
         flat_index = tuple(i[valid] for i in index)
         values = [u.transpose(order).reshape(full)[valid] for u in us]
         if k.combiner == "replace":
-            for x, v in zip(xs, values):
+            for x, v in zip(xs, values, strict=True):
                 x[flat_index] = v
         elif k.combiner is not None:
             REDUCE_OPS[k.combiner].at(xs[0], flat_index, values[0])
@@ -204,9 +203,9 @@ def _build_scatter(k: ci.Scatter, read):
             for e in range(len(values[0])):
                 at = tuple(i[e] for i in flat_index)
                 new = body([x[at] for x in xs] + [v[e] for v in values])
-                for x, n in zip(xs, new):
+                for x, n in zip(xs, new, strict=True):
                     x[at] = n
-        for tid, x, (_, shape) in zip(outs, xs, shapes):
+        for tid, x, (_, shape) in zip(outs, xs, shapes, strict=True):
             state[tid] = x.reshape(shape)
     return run
 
@@ -222,7 +221,7 @@ def _registers(operand_dtypes: list, body) -> Callable:
     steps = [(instruction(ins, dtypes)[0], ins.args) for ins in body]
 
     def registers(lhs: list, rhs: list) -> list:
-        regs = [x for pair in zip(lhs, rhs) for x in pair]
+        regs = [x for pair in zip(lhs, rhs, strict=True) for x in pair]
         for fn, a in steps:
             regs.append(fn(*[regs[r] for r in a]))
         return regs
@@ -296,7 +295,7 @@ def _build_sort(k: ci.Sort, read):
         else:
             perm = merge_sort(xs, lambda lhs, rhs: registers(lhs, rhs)[k.result])
         r = np.arange(xs[0].shape[0])[:, None]
-        for tid, x in zip(outs, xs):
+        for tid, x in zip(outs, xs, strict=True):
             state[tid] = x[r, perm]
     return run
 
@@ -330,7 +329,7 @@ def _build_block_sort(k: ci.BlockSort, read):
         position = np.broadcast_to(np.arange(width, dtype=np.int64), (rows, width))
         order = _block_order(padded, registers, k.key, position, n).reshape(rows * k.blocks, k.block)
         perm = np.argsort(order, axis=1)          # the keys are unique: any sort
-        for tid, x in zip(outs, padded):
+        for tid, x in zip(outs, padded, strict=True):
             state[tid] = np.take_along_axis(x.reshape(order.shape), perm, axis=1).reshape(rows, width)
         state[index] = np.take_along_axis(position.reshape(order.shape), perm, axis=1).astype(np.int32).reshape(
             rows, width)
@@ -349,7 +348,7 @@ def _build_merge_split(k: ci.MergeSplit, read):
         pairs = [np.concatenate([x[:, lo], x[:, hi]], axis=2) for x in blocks]
         order = _block_order(pairs[:-1], registers, k.key, pairs[-1].astype(np.int64), k.n)
         perm = np.argsort(order, axis=2, kind="stable")     # two sorted runs: one merge
-        for tid, x, both in zip(targets, blocks, pairs):
+        for tid, x, both in zip(targets, blocks, pairs, strict=True):
             merged = np.take_along_axis(both, perm, axis=2)
             out = x.copy()
             out[:, lo], out[:, hi] = merged[..., :s], merged[..., s:]

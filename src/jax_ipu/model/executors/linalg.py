@@ -16,7 +16,7 @@ def _batched(fn, *arrays):
     batch = arrays[0].shape[:-2]
     count = int(np.prod(batch, dtype=np.int64))
     flat = [a.reshape((count,) + a.shape[len(batch):]) for a in arrays]
-    return [fn(*parts) for parts in zip(*flat)], batch
+    return [fn(*parts) for parts in zip(*flat, strict=True)], batch
 
 
 def _cholesky(a, *, lower=True):

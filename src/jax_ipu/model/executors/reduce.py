@@ -106,12 +106,12 @@ def tree_reduce(k: codelets.TreeReduce, read):
             half = count // 2
             combined = body([x[0:2 * half:2] for x in xs] + [x[1:2 * half:2] for x in xs])
             combined = [np.broadcast_to(c, x[:half].shape).astype(x.dtype, copy=False)
-                        for c, x in zip(combined, xs)]
-            xs = [np.concatenate([c, x[2 * half:]]) if count % 2 else c for c, x in zip(combined, xs)]
+                        for c, x in zip(combined, xs, strict=True)]
+            xs = [np.concatenate([c, x[2 * half:]]) if count % 2 else c for c, x in zip(combined, xs, strict=True)]
         values = [x[0] for x in xs]
         if inits is not None:
             values = body([init(state) for init in inits] + values)
-        for (tid, dtype, shape), value in zip(outs, values):
+        for (tid, dtype, shape), value in zip(outs, values, strict=True):
             state[tid] = np.array(np.broadcast_to(value, shape), dtype=dtype)
     return run
 

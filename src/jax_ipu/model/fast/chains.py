@@ -16,7 +16,6 @@ from jax_ipu.model.executors.elementwise import instruction
 from jax_ipu.model.fast import blas, helper, xla_chains
 from jax_ipu.model.registry import fast
 
-
 # Elements of a large fused chain evaluated at a time (a multiple of any
 # SIMD width): 256 KiB of f32 per temporary, so that they stay in a core's
 # L2; smaller chunks cost more in numpy calls than they save.

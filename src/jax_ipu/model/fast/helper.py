@@ -27,8 +27,8 @@ import ctypes
 import os
 import threading
 import time
-from threading import get_ident
 from collections.abc import Callable
+from threading import get_ident
 
 import numpy as np
 

@@ -8,7 +8,6 @@ over more than eight elements, which is numpy's own in the reference
 window's."""
 from __future__ import annotations
 
-
 from jax_ipu.graph import codelets
 from jax_ipu.model.executors import reduce as reference
 from jax_ipu.model.fast import xla_chains

@@ -105,7 +105,7 @@ def straight_line(loaded, timed: bool = False):
         if i in rest:
             lines.append("    rest()")
     results = []
-    for j, (view, (get, copy)) in enumerate(zip(loaded.output_views, loaded.outputs)):
+    for j, (view, (get, copy)) in enumerate(zip(loaded.output_views, loaded.outputs, strict=True)):
         if view.is_whole_tensor and view.shape == view.tensor.shape:
             value = f"state[{view.tensor.id}]"
         else:

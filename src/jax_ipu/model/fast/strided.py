@@ -68,7 +68,7 @@ def _reshape(axes: list, shape) -> list:
 
 def _slice(axes: list, offset: int, starts, limits, steps) -> tuple[list, int]:
     out = []
-    for axis, a, b, c in zip(axes, starts, limits, steps):
+    for axis, a, b, c in zip(axes, starts, limits, steps, strict=True):
         size = math.prod(s for s, _ in axis)
         if (a, b, c) == (0, size, 1):
             out.append(axis)
@@ -149,7 +149,7 @@ def _windows(axes: list, offset: int, spec) -> tuple[list, int]:
     outs, windows = [], []
     sizes = [math.prod(s for s, _ in axis) for axis in spatial]
     counts = window_outputs(sizes, spec)
-    for axis, count, (window, stride, lo, hi, base, dilation, reverse) in zip(spatial, counts, spec):
+    for axis, count, (window, stride, lo, hi, base, dilation, reverse) in zip(spatial, counts, spec, strict=True):
         if (lo, hi, base) != (0, 0, 1):
             raise _Unplannable         # a _Pad comes first
         subs = _merged(axis)
@@ -171,7 +171,7 @@ class Plan:
     (size, stride in elements) from `offset`."""
 
     def __init__(self, view: View):
-        axes = [[(n, s)] for n, s in zip(view.tensor.shape, _c_strides(view.tensor.shape))]
+        axes = [[(n, s)] for n, s in zip(view.tensor.shape, _c_strides(view.tensor.shape), strict=True)]
         offset, pads = 0, []
         for op in view.ops:
             name = op[0]

@@ -33,8 +33,8 @@ import threading
 import numpy as np
 
 from jax_ipu.graph import codelets
-from jax_ipu.ops import FAST_IN_NUMPY, OPS, function_for, ufunc_for
 from jax_ipu.graph.views import View
+from jax_ipu.ops import FAST_IN_NUMPY, OPS, function_for, ufunc_for
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +288,7 @@ def build(k: codelets.ElementwiseChain, reader):
             args.append(put(aval, sharding, [value], devices, True, False, zero_copy))
         executable = variants.get(key) or executable_for(key)
         results = executable.execute_sharded(args + zero).disassemble_into_single_device_arrays()
-        for (tid, dtype), [result] in zip(outs, results):
+        for (tid, _), [result] in zip(outs, results, strict=True):
             value = np.asarray(result)          # XLA's buffer, read-only: never written in place
             target = state[tid]
             if target is not None and target.flags.writeable:   # a donated buffer, written in place
@@ -372,7 +372,7 @@ def _compile(k: codelets.ElementwiseChain, device, arg_regs: list[int], transpos
             # Immediates too: XLA turns a division by a constant into a
             # product with its reciprocal, which rounds differently.
             regs = [r if isinstance(r, View) else _rounded(jax, jax.numpy.asarray(r), zero) for r in regs]
-        for i, (reg, value) in enumerate(zip(arg_regs, args)):
+        for i, (reg, value) in enumerate(zip(arg_regs, args, strict=True)):
             if transposed >> i & 1:
                 value = jax.lax.transpose(value, tuple(range(value.ndim))[::-1])
             _, _, view_ops = _fed(k, reg)
