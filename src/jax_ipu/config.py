@@ -13,6 +13,9 @@ JAX_IPU_F64_AS_F32=1          run 64-bit types as 32-bit ones (f64 as f32, i64/u
 JAX_IPU_EXECUTABLE_CACHE=DIR  load compiled programs from DIR and save new ones there
                               (TF_POPLAR_FLAGS=--executable_cache_path=DIR, Poplar's spelling)
 JAX_IPU_MODEL_XLA_CHAINS=0    run all element-wise compute sets on numpy, none on XLA:CPU
+JAX_IPU_COLLECTIVE_TIMEOUT=S  seconds a collective waits for the other IPUs and processes (600)
+JAX_IPU_IPUS_PER_LINK_DOMAIN=N  IPUs joined by IPU-Links (64, an IPU-POD64); collectives
+                              between such domains go over GW-Links
 JAX_IPU_DUMP_TO=DIR           write each compiled program's IR after every compiler pass to DIR
                               (read by jax_ipu.model.fast.xla_chains when it is imported)
 POPLAR_ENGINE_OPTIONS='{"autoReport.all":"true","autoReport.directory":"./report",
@@ -41,6 +44,10 @@ class Config:
     f64_as_f32: bool = False
     dump_to: str | None = None
     executable_cache: str | None = None
+    # Seconds a collective waits for the other replicas (and processes).
+    collective_timeout: float = 600.0
+    # IPUs joined by IPU-Links: a POD64 (beyond, GW-Links between PODs).
+    ipus_per_link_domain: int = 64
 
 
 # The most IPUs one client models: an IPU-POD256, the largest Graphcore
@@ -122,4 +129,6 @@ def from_environment(env=None, overrides: dict | None = None) -> Config:
         f64_as_f32=_flag("JAX_IPU_F64_AS_F32", env.get("JAX_IPU_F64_AS_F32", "0")),
         dump_to=env.get("JAX_IPU_DUMP_TO") or None,
         executable_cache=env.get("JAX_IPU_EXECUTABLE_CACHE") or poplar.get("executable_cache_path") or None,
+        collective_timeout=float(_int("JAX_IPU_COLLECTIVE_TIMEOUT", env.get("JAX_IPU_COLLECTIVE_TIMEOUT", "600"), 1)),
+        ipus_per_link_domain=_int("JAX_IPU_IPUS_PER_LINK_DOMAIN", env.get("JAX_IPU_IPUS_PER_LINK_DOMAIN", "64"), 1),
     )

@@ -60,6 +60,13 @@ class Target:
     ipu_links_per_hop: int = 1
     ipu_link_latency_cycles: int = 1000     # per hop (unverified)
     ipu_sync_cycles: int = 2000             # sync across IPUs per collective (unverified)
+    # GW-Links between IPU-Link domains (IPU-PODs): each IPU-Machine's
+    # gateway has 2 x 100 Gbps (Bow-2000 datasheet, IPU-M2000 datasheet);
+    # a ring collective crossing PODs goes through one machine's two links
+    # per crossing (docs/ipu.md). The latency is unverified: a parameter.
+    gw_link_bytes_per_second: float = 12.5e9
+    gw_links_per_hop: int = 2
+    gw_link_latency_cycles: int = 10000     # per crossing, ~7.5 us at 1.33 GHz (unverified)
     # Streaming memory: the DRAM beside the IPUs (an IPU-M2000 ships with 128
     # GB in two 64 GB DIMMs behind its IPU-Gateway, up to 256 GB), reached only
     # by transfers to and from tile memory (Poplar's remote buffers). 3.2 GB/s

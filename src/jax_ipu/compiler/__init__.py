@@ -144,7 +144,7 @@ def _lower(c: Compilation) -> None:
 
 def _cost(c: Compilation) -> None:
     c.received = cost_steps(c.target, c.builder.steps)
-    collectives.charge_links(c.target, c.builder.steps, c.ranks)
+    collectives.charge_links(c.target, c.builder.steps, c.ranks, c.options.link_domains)
     streaming.charge_streaming(c.target, c.builder.steps)
 
 

@@ -19,3 +19,6 @@ class CompileOptions:
     # A directory to write the IR after every pass to (JAX_IPU_DUMP_TO), as
     # XLA's --xla_dump_to; None writes nothing.
     dump_to: str | None = None
+    # The IPU-Link domain (IPU-POD) of each rank's IPU: collectives over
+    # ranks of several domains cross GW-Links. Empty: all in one domain.
+    link_domains: tuple = ()

@@ -5,13 +5,19 @@ A Launch is shared by the runs of one execution (one per device). At a
 collective every replica posts its contribution, waits for the others
 (a barrier with a timeout), reads all contributions and waits again before
 the next collective may overwrite them. A replica that fails aborts the
-launch, so the others raise instead of waiting forever."""
+launch, so the others raise instead of waiting forever.
+
+With several processes (jax.distributed) a launch has replicas here and in
+other processes: the `remote` side (given by the PJRT layer) fills in the
+other processes' contributions once this process's replicas have posted,
+in one exchange per collective, so that every replica then reads all of
+them as in one process."""
 from __future__ import annotations
 
 import threading
 from typing import NamedTuple
 
-from jax_ipu.errors import IpuRuntimeError
+from jax_ipu.errors import IpuError, IpuRuntimeError
 from jax_ipu.model.fast import helper
 
 # Seconds a replica waits for the others at one collective: the replicas
@@ -20,35 +26,76 @@ RENDEZVOUS_TIMEOUT_SECONDS = 600.0
 
 
 class Launch:
-    def __init__(self, size: int, timeout: float = RENDEZVOUS_TIMEOUT_SECONDS):
+    """`size` replicas in all; this process runs `local_ranks` (all of them
+    without `remote`). `remote` has exchange(slots, step) filling the other
+    processes' slots, crosses(groups) and finish()."""
+
+    def __init__(self, size: int, timeout: float = RENDEZVOUS_TIMEOUT_SECONDS, local_ranks=None, remote=None):
         self.size = size
-        self._barrier = threading.Barrier(size, timeout=timeout)
+        self.remote = remote
+        parties = size if local_ranks is None else len(local_ranks)
+        self._barrier = threading.Barrier(parties, timeout=timeout)
+        self._posted = threading.Barrier(parties, action=self._across, timeout=timeout) if remote else self._barrier
         self._slots: list = [None] * size
+        self._step = 0                  # collectives so far (that went across processes)
+        self._crossing = False
+        self._ended = 0
+        self._parties = parties
+        self._end_lock = threading.Lock()
         self.failure: str | None = None
 
-    def exchange(self, rank: int, value, use):
+    def exchange(self, rank: int, value, use, crossing: bool = True):
         """use(every replica's `value`, by rank): called while the values are
-        still posted, so that no replica changes its own before all are done."""
+        still posted, so that no replica changes its own before all are done.
+        `crossing`: whether other processes' values are needed (the same in
+        every replica)."""
         self._slots[rank] = value
-        self._wait(rank)
+        self._crossing = crossing
+        self._wait(rank, self._posted)
         result = use(self._slots)
-        self._wait(rank)
+        self._wait(rank, self._barrier)
         return result
+
+    def crosses(self, groups) -> bool:
+        """Whether a collective over `groups` (() for all) needs other processes."""
+        return self.remote is not None and self.remote.crosses(groups)
+
+    def _across(self) -> None:
+        # Run by the last replica to post, while the others wait.
+        if self.remote is not None and self._crossing:
+            try:
+                self.remote.exchange(self._slots, self._step)
+            except BaseException as exc:
+                self.failure = str(exc)
+                raise
+            self._step += 1
 
     def abort(self, reason: str) -> None:
         if self.failure is None:
             self.failure = reason
         self._barrier.abort()
+        self._posted.abort()
 
-    def _wait(self, rank: int) -> None:
+    def end(self) -> None:
+        """A replica's run is over (well or not)."""
+        with self._end_lock:
+            self._ended += 1
+            last = self._ended == self._parties
+        if last and self.remote is not None:
+            self.remote.finish()
+
+    def _wait(self, rank: int, barrier) -> None:
         helper.end_session()      # the other replicas may need the helper's core
         try:
-            self._barrier.wait()
+            barrier.wait()
         except threading.BrokenBarrierError:
             why = self.failure or (f"a replica did not reach the collective within "
-                                   f"{self._barrier._timeout:.0f} s (replicas took different paths?)")
+                                   f"{barrier._timeout:.0f} s (replicas took different paths?)")
             self.failure = why
             raise IpuRuntimeError(f"replica {rank}: collective abandoned: {why}") from None
+        except IpuError:       # the exchange across processes, in the replica that ran it
+            self._barrier.abort()
+            raise
 
 
 class Replica(NamedTuple):
@@ -83,6 +130,9 @@ class _Running:
 
     def __exit__(self, kind, exc, tb):
         _current.replica = _SINGLE
-        if exc is not None and self.replica.launch is not None:
-            self.replica.launch.abort(f"replica {self.replica.rank} failed: {exc}")
+        launch = self.replica.launch
+        if launch is not None:
+            if exc is not None:
+                launch.abort(f"replica {self.replica.rank} failed: {exc}")
+            launch.end()
         return False

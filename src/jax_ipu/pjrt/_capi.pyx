@@ -15,7 +15,7 @@ from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.buffer cimport PyBUF_READ, PyBUF_WRITE
 from cpython.pycapsule cimport PyCapsule_New
 from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
-from libc.stdint cimport int64_t, uintptr_t
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memcpy, memset, strlen
 
@@ -137,6 +137,8 @@ cdef extern from "pjrt_decls.h" nogil:
         int64_t peak_bytes_in_use
         int64_t num_allocs
         int64_t bytes_limit
+        int process_index
+        int addressable
 
     ctypedef struct PJRT_Client:
         void* py
@@ -146,6 +148,9 @@ cdef extern from "pjrt_decls.h" nogil:
         size_t platform_version_size
         PJRT_Device** devices
         size_t num_devices
+        PJRT_Device** addressable_devices
+        size_t num_addressable_devices
+        int process_index
         PJRT_Memory** memories
         size_t num_memories
         PJRT_NamedValue* attributes
@@ -285,11 +290,64 @@ cdef extern from "pjrt_decls.h" nogil:
         int error_code
         const char* error_message
         size_t error_message_size
+    ctypedef PJRT_Error* (*PJRT_CallbackError)(int, const char*, size_t) noexcept nogil
+    ctypedef void (*PJRT_KeyValueDeleter)(char*) noexcept nogil
+    ctypedef struct PJRT_KeyValueGetCallback_Args:
+        size_t struct_size
+        void* extension_start
+        const char* key
+        size_t key_size
+        int timeout_in_ms
+        PJRT_CallbackError* callback_error
+        void* user_arg
+        char* value
+        size_t value_size
+        PJRT_KeyValueDeleter value_deleter_callback
+    ctypedef struct PJRT_KeyValueTryGetCallback_Args:
+        size_t struct_size
+        void* extension_start
+        const char* key
+        size_t key_size
+        PJRT_CallbackError* callback_error
+        void* user_arg
+        char* value
+        size_t value_size
+        PJRT_KeyValueDeleter value_deleter_callback
+    ctypedef struct PJRT_KeyValuePutCallback_Args:
+        size_t struct_size
+        void* extension_start
+        const char* key
+        size_t key_size
+        const char* value
+        size_t value_size
+        PJRT_CallbackError* callback_error
+        void* user_arg
+    ctypedef PJRT_Error* (*PJRT_KeyValueGetCallback)(PJRT_KeyValueGetCallback_Args*) noexcept nogil
+    ctypedef PJRT_Error* (*PJRT_KeyValueTryGetCallback)(PJRT_KeyValueTryGetCallback_Args*) noexcept nogil
+    ctypedef PJRT_Error* (*PJRT_KeyValuePutCallback)(PJRT_KeyValuePutCallback_Args*) noexcept nogil
     ctypedef struct PJRT_Client_Create_Args:
         size_t struct_size
         const PJRT_NamedValue* create_options
         size_t num_options
+        PJRT_KeyValueGetCallback kv_get_callback
+        void* kv_get_user_arg
+        PJRT_KeyValuePutCallback kv_put_callback
+        void* kv_put_user_arg
         PJRT_Client* client
+        PJRT_KeyValueTryGetCallback kv_try_get_callback
+        void* kv_try_get_user_arg
+    ctypedef struct PJRT_ProcessInfo:
+        size_t struct_size
+        int task_id
+        uint64_t incarnation_id
+        int state
+        int error_code
+        const char* error_message
+        size_t error_message_size
+    ctypedef struct PJRT_Client_UpdateGlobalProcessInfo_Args:
+        PJRT_Client* client
+        PJRT_ProcessInfo* process_infos
+        size_t num_process_infos
     ctypedef struct PJRT_Client_Args:
         PJRT_Client* client
     ctypedef struct PJRT_Client_String_Args:
@@ -458,6 +516,7 @@ cdef extern from "pjrt_decls.h" nogil:
         PJRT_LoadedExecutable* loaded_executable
         const char* overridden_serialized_compile_options
         size_t overridden_serialized_compile_options_size
+    int ipu_create_has_try_get(const PJRT_Client_Create_Args*)
     int ipu_has_compile_options_override(const PJRT_Executable_DeserializeAndLoad_Args*)
     ctypedef struct PJRT_Executable_OptimizedProgram_Args:
         PJRT_LoadedExecutable* executable
@@ -562,6 +621,7 @@ include "event.pxi"
 include "named_values.pxi"
 include "plugin.pxi"
 include "client.pxi"
+include "distributed.pxi"
 include "buffer.pxi"
 include "executable.pxi"
 include "profiler.pxi"

@@ -45,7 +45,7 @@ cdef PJRT_Client* build_client(object py_client) except NULL:
     `keepalive` list owns every string the structs point at."""
     cdef list keep = py_client.keepalive
     cdef PJRT_Client* c = <PJRT_Client*>calloc(1, sizeof(PJRT_Client))
-    cdef size_t n = len(py_client.devices), i
+    cdef size_t n = len(py_client.all_devices), i
     cdef PJRT_Device* d
     cdef PJRT_Memory* m
     Py_INCREF(py_client)
@@ -55,13 +55,20 @@ cdef PJRT_Client* build_client(object py_client) except NULL:
     c.num_devices = n
     c.devices = <PJRT_Device**>calloc(max(n, 1), sizeof(void*))
     cdef size_t kinds = len(py_client.devices[0].memories) if n else 1, k
-    c.num_memories = n * kinds
-    c.memories = <PJRT_Memory**>calloc(max(n * kinds, 1), sizeof(void*))
+    cdef size_t n_local = len(py_client.devices), j = 0
+    c.process_index = py_client.process_index
+    c.num_addressable_devices = n_local
+    c.addressable_devices = <PJRT_Device**>calloc(max(n_local, 1), sizeof(void*))
+    # The client's (addressable) memories are its own devices'.
+    c.num_memories = n_local * kinds
+    c.memories = <PJRT_Memory**>calloc(max(n_local * kinds, 1), sizeof(void*))
     for i in range(n):
-        dev = py_client.devices[i]
+        dev = py_client.all_devices[i]
         d = <PJRT_Device*>calloc(1, sizeof(PJRT_Device))
         d.id = dev.id
         d.local_hardware_id = dev.local_hardware_id
+        d.process_index = dev.process_index
+        d.addressable = dev.process_index == py_client.process_index
         d.kind = kept(keep, dev.kind, &d.kind_size)
         d.debug_string = kept(keep, dev.debug_string, &d.debug_string_size)
         d.to_string = kept(keep, dev.to_string, &d.to_string_size)
@@ -84,28 +91,34 @@ cdef PJRT_Client* build_client(object py_client) except NULL:
             m.device = d
             pthread_mutex_init(&m.user_data_lock, NULL)
             d.memories[k] = m
-            c.memories[k * n + i] = m
         d.memory = d.memories[0]
         c.devices[i] = d
+        if d.addressable:
+            for k in range(kinds):
+                c.memories[k * n_local + j] = d.memories[k]
+            c.addressable_devices[j] = d
+            j += 1
     return c
 
 cdef void free_client(PJRT_Client* c) noexcept nogil:
+    cdef size_t i, k
     cdef UserData* u
     cdef UserData* nxt
-    for i in range(c.num_memories):
-        u = c.memories[i].user_data
-        while u != NULL:
-            nxt = u.next
-            if u.dtor != NULL:
-                u.dtor(u.data)
-            free(u)
-            u = nxt
-        free(c.memories[i])
     for i in range(c.num_devices):
+        for k in range(c.devices[i].num_memories):
+            u = c.devices[i].memories[k].user_data
+            while u != NULL:
+                nxt = u.next
+                if u.dtor != NULL:
+                    u.dtor(u.data)
+                free(u)
+                u = nxt
+            free(c.devices[i].memories[k])
         free(c.devices[i].memories)
         free(c.devices[i].attributes)
         free(c.devices[i])
     free(c.devices)
+    free(c.addressable_devices)
     free(c.memories)
     py_release(c.py)
     free(c)
@@ -124,7 +137,7 @@ cdef PJRT_Error* e_client_create(PJRT_Client_Create_Args* a) noexcept nogil:
             drain_released_now()
             from jax_ipu.pjrt.client import create_client
             options = read_named_values(a.create_options, a.num_options)
-            a.client = build_client(create_client(options))
+            a.client = build_client(create_client(options, key_value_store(a)))
             return NULL
         except BaseException as exc:
             return error_from_exception(exc)
@@ -155,12 +168,28 @@ cdef PJRT_Error* e_client_platform_version(PJRT_Client_String_Args* a) noexcept 
     return NULL
 
 cdef PJRT_Error* e_client_process_index(PJRT_Client_ProcessIndex_Args* a) noexcept nogil:
-    a.process_index = 0
+    a.process_index = a.client.process_index
     return NULL
 
 cdef PJRT_Error* e_client_devices(PJRT_Client_Devices_Args* a) noexcept nogil:
     a.devices = a.client.devices
     a.num_devices = a.client.num_devices
+    return NULL
+
+cdef PJRT_Error* e_client_addressable_devices(PJRT_Client_Devices_Args* a) noexcept nogil:
+    a.devices = a.client.addressable_devices
+    a.num_devices = a.client.num_addressable_devices
+    return NULL
+
+cdef PJRT_Error* e_client_lookup_addressable_device(PJRT_Client_LookupDevice_Args* a) noexcept nogil:
+    # `id` is the local hardware id here: this process's IPU number.
+    cdef size_t i
+    a.device = NULL
+    for i in range(a.client.num_addressable_devices):
+        if a.client.addressable_devices[i].local_hardware_id == a.id:
+            a.device = a.client.addressable_devices[i]
+    if a.device == NULL:
+        return make_error(CODE_INVALID_ARGUMENT, b"no addressable IPU with that local hardware id", 46)
     return NULL
 
 cdef PJRT_Error* e_client_lookup_device(PJRT_Client_LookupDevice_Args* a) noexcept nogil:
@@ -190,7 +219,7 @@ cdef PJRT_Error* e_device_id(PJRT_Device_Int_Args* a) noexcept nogil:
     return NULL
 
 cdef PJRT_Error* e_device_process_index(PJRT_Device_Int_Args* a) noexcept nogil:
-    a.value = 0
+    a.value = a.device.process_index
     return NULL
 
 cdef PJRT_Error* e_device_local_hardware_id(PJRT_Device_Int_Args* a) noexcept nogil:
@@ -222,7 +251,7 @@ cdef PJRT_Error* e_device_get_description(PJRT_Device_GetDescription_Args* a) no
     return NULL
 
 cdef PJRT_Error* e_device_is_addressable(PJRT_Device_IsAddressable_Args* a) noexcept nogil:
-    a.is_addressable = True
+    a.is_addressable = a.device.addressable != 0
     return NULL
 
 cdef PJRT_Error* e_device_addressable_memories(PJRT_Device_AddressableMemories_Args* a) noexcept nogil:

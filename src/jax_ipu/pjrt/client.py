@@ -14,7 +14,7 @@ from jax_ipu.errors import (
 )
 from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer, check_ipu_dtype, to_device
 from jax_ipu.pjrt.cache import ExecutableCache
-from jax_ipu.pjrt.device import Device
+from jax_ipu.pjrt.device import Device, RemoteDevice
 from jax_ipu.pjrt.executable import Executable, device_assignment_ids, fingerprint
 from jax_ipu.targets import get_target
 from jax_ipu.version import __version__
@@ -26,11 +26,31 @@ CURRENT = None
 class Client:
     platform_name = "ipu"
 
-    def __init__(self, config: config_lib.Config):
+    def __init__(self, config: config_lib.Config, process_index: int = 0, process_count: int = 1, store=None):
         self.config = config
         self.target = get_target(config.target, num_tiles=config.num_tiles)
         self.platform_version = f"jax-ipu {__version__}, {self.target.describe()}"
-        self.devices = [Device(i, self.target) for i in range(config.device_count)]
+        self.process_index = process_index
+        self.processes = None     # distributed.Processes, with jax.distributed
+        count = config.device_count
+        if process_count > 1:
+            from jax_ipu.pjrt import distributed
+            if store is None:
+                raise IpuInvalidArgument(
+                    f"this is process {process_index} of {process_count} but JAX passed no key-value store to "
+                    "the ipu plugin: start the processes with jax.distributed.initialize(...)")
+            distributed.exchange_topology(store, process_index, process_count,
+                                          distributed.describe_local(config, self.target))
+            self.processes = distributed.Processes(store, process_index, process_count, count,
+                                                   config.collective_timeout)
+        # Every process's IPUs, ids numbered process by process; this
+        # process's are `devices` (the ones it runs), the others' only named.
+        first = process_index * count
+        self.devices = [Device(first + i, self.target, i, process_index, process_count) for i in range(count)]
+        self.all_devices = [self.devices[d - first] if d // count == process_index
+                            else RemoteDevice(d, self.target, d % count, d // count, process_count)
+                            for d in range(count * process_count)]
+        self._local = {d.id: d for d in self.devices}
         # Run 64-bit types as 32-bit ones (JAX_IPU_F64_AS_F32, jax_ipu.set_f64_as_f32).
         self.f64_as_f32 = config.f64_as_f32
         self.keepalive: list = []  # what the C structs point at
@@ -38,11 +58,26 @@ class Client:
         self.cache = ExecutableCache(config.executable_cache) if config.executable_cache else None
 
     def device(self, device_id: int) -> Device:
-        try:
-            return self.devices[device_id]
-        except IndexError:
-            raise IpuInvalidArgument(f"no IPU device {device_id}: {len(self.devices)} configured "
-                                     f"(JAX_IPU_DEVICE_COUNT)") from None
+        """One of this process's IPUs."""
+        device = self._local.get(device_id)
+        if device is None:
+            self.any_device(device_id)
+            raise IpuInvalidArgument(
+                f"IPU {device_id} belongs to process {self.all_devices[device_id].process_index}, not to this "
+                f"process ({self.process_index}), whose IPUs are {self.devices[0].id}-{self.devices[-1].id}")
+        return device
+
+    def any_device(self, device_id: int):
+        """An IPU of any process."""
+        if not 0 <= device_id < len(self.all_devices):
+            raise IpuInvalidArgument(f"no IPU device {device_id}: {len(self.all_devices)} configured "
+                                     f"(JAX_IPU_DEVICE_COUNT per process)")
+        return self.all_devices[device_id]
+
+    def update_process_info(self, infos: list) -> None:
+        """What the framework learnt of the processes (task id, state, error)."""
+        if self.processes is not None:
+            self.processes.update(infos)
 
     def compile(self, code: bytes, fmt: str, options: bytes) -> Executable:
         from jaxlib._jax import CompileOptions
@@ -54,11 +89,12 @@ class Client:
         assignment, serialized = _assignment(parsed)
         for row in assignment:
             for device_id in row:
-                self.device(device_id)
+                self.any_device(device_id)
         key = None
         if self.cache is not None:
             # Before the compiler is imported: a hit never needs it.
-            settings = (sorted(overrides.items()), self.config.allow_out_of_memory, self.f64_as_f32)
+            settings = (sorted(overrides.items()), self.config.allow_out_of_memory, self.f64_as_f32,
+                        self.config.ipus_per_link_domain)
             key = self.cache.key(fmt.encode() + b"\0" + code, settings, assignment, self.target)
             executable = self.cache.load(self, key)
             if executable is not None:
@@ -70,7 +106,8 @@ class Client:
         compile_options = _compile_options(
             overrides, IpuCompileOptions(allow_out_of_memory=self.config.allow_out_of_memory,
                                          f64_policy="as_f32" if self.f64_as_f32 else "error",
-                                         dump_to=self.config.dump_to))
+                                         dump_to=self.config.dump_to,
+                                         link_domains=_link_domains(assignment, self.config.ipus_per_link_domain)))
         module = import_module(code)
         try:
             program = compile_module(module, self.target, compile_options)
@@ -92,6 +129,9 @@ class Client:
         policy = b"f64_as_f32" if self.f64_as_f32 else b""
         executable = Executable(self, program, name, fingerprint(code + policy, options, self.target),
                                 assignment, serialized)
+        # What processes compare before they exchange: the program itself
+        # (the compile options hold process-specific fields).
+        executable.program_hash = fingerprint(code + policy, b"", self.target).decode()
         if key is not None:
             self.cache.store(key, executable)
         return executable
@@ -159,9 +199,16 @@ def _cancel_runs_on_interrupt() -> None:
     signal.signal(signal.SIGINT, on_interrupt)
 
 
-def create_client(options: dict) -> Client:
+def create_client(options: dict, store=None) -> Client:
+    """The client of PJRT_Client_Create: `options` are its create options
+    (with jax.distributed, JAX adds node_id and num_nodes), `store` the
+    key-value store JAX passes, or None."""
     global CURRENT
-    CURRENT = Client(config_lib.from_environment(overrides=options))
+    options = dict(options)
+    process_index = int(options.pop("node_id", 0))
+    process_count = int(options.pop("num_nodes", 1))
+    options.pop("partition_index", None)
+    CURRENT = Client(config_lib.from_environment(overrides=options), process_index, process_count, store)
     client = CURRENT
     profile.set_devices(lambda: client.devices)
     _cancel_runs_on_interrupt()
@@ -181,6 +228,13 @@ def _assignment(parsed) -> tuple[list[list[int]], bytes]:
     n_r, n_p = max(parsed.num_replicas, 1), max(parsed.num_partitions, 1)
     ids = np.arange(n_r * n_p, dtype=np.int32).reshape(n_r, n_p)
     return ids.tolist(), DeviceAssignment.create(ids).serialize()
+
+
+def _link_domains(assignment: list[list[int]], ipus_per_domain: int) -> tuple:
+    """The IPU-Link domain of each rank's IPU (rank = replica x partitions
+    + partition); () when they are all in one."""
+    domains = tuple(device_id // ipus_per_domain for row in assignment for device_id in row)
+    return domains if len(set(domains)) > 1 else ()
 
 
 def _compile_options(overrides: dict, options):

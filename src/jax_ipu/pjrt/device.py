@@ -143,16 +143,10 @@ class Device:
     # them): its tile SRAM, the default, and its streaming memory.
     memories = (("device", "tile SRAM"), (STREAMING_MEMORY_KIND, "streaming memory (off-chip DRAM)"))
 
-    def __init__(self, id: int, target: Target):
-        self.id = id
-        self.local_hardware_id = id
-        self.target = target
-        self.kind = f"IPU Model {target.name} ({target.num_tiles} tiles)"
-        self.to_string = f"IpuDevice(id={id}, IPU Model {target.name}, {target.num_tiles} tiles)"
-        self.debug_string = f"{self.to_string}: {target.describe()}"
-        self.attributes = {"target": target.name, "num_tiles": target.num_tiles,
-                           "bytes_per_tile": target.bytes_per_tile}
-        self.bytes_limit = target.num_tiles * target.bytes_per_tile
+    def __init__(self, id: int, target: Target, local_hardware_id: int | None = None, process_index: int = 0,
+                 process_count: int = 1):
+        _describe(self, id, target, id if local_hardware_id is None else local_hardware_id, process_index,
+                  process_count)
         self.transfers = TransferCounters()
         self.engine = Engine(target)
         self.worker = DeviceWorker(f"ipu{id}")
@@ -169,3 +163,28 @@ class Device:
             done.wait(timeout=600)
         drain_released()
         return sum(b.nbytes for b in list(self.streaming) if b.holds_data)
+
+
+def _describe(device, id: int, target: Target, local_hardware_id: int, process_index: int,
+              process_count: int) -> None:
+    """What PJRT tells of an IPU, local or another process's."""
+    device.id = id
+    device.local_hardware_id = local_hardware_id
+    device.process_index = process_index
+    device.target = target
+    device.kind = f"IPU Model {target.name} ({target.num_tiles} tiles)"
+    where = f"process {process_index}, " if process_count > 1 else ""
+    device.to_string = f"IpuDevice(id={id}, {where}IPU Model {target.name}, {target.num_tiles} tiles)"
+    device.debug_string = f"{device.to_string}: {target.describe()}"
+    device.attributes = {"target": target.name, "num_tiles": target.num_tiles,
+                         "bytes_per_tile": target.bytes_per_tile}
+    device.bytes_limit = target.num_tiles * target.bytes_per_tile
+
+
+class RemoteDevice:
+    """An IPU of another process (jax.distributed): listed, named in device
+    assignments, never run or transferred to here."""
+    memories = Device.memories
+
+    def __init__(self, id: int, target: Target, local_hardware_id: int, process_index: int, process_count: int):
+        _describe(self, id, target, local_hardware_id, process_index, process_count)

@@ -43,12 +43,13 @@ cdef PJRT_LoadedExecutable* build_executable(PJRT_Client* c, object py_exe) exce
     e.memory_kind_sizes = &kind_sizes[0]
     e.param_memory_kinds = <const char* const*>&kinds[e.num_outputs]
     e.param_memory_kind_sizes = &kind_sizes[e.num_outputs]
-    e.num_devices = len(py_exe.device_ids)
+    # This process's devices of the assignment (all of them, in one process).
+    e.num_devices = len(py_exe.local_device_ids)
     e.devices = <PJRT_Device**>calloc(max(e.num_devices, 1), sizeof(void*))
     e.logical_ids = <LogicalDeviceIds*>calloc(max(e.num_devices, 1), sizeof(LogicalDeviceIds))
     for i in range(e.num_devices):
-        e.devices[i] = device_by_id(c, py_exe.device_ids[i])
-        e.logical_ids[i].replica, e.logical_ids[i].partition = py_exe.logical_ids[i]
+        e.devices[i] = device_by_id(c, py_exe.local_device_ids[i])
+        e.logical_ids[i].replica, e.logical_ids[i].partition = py_exe.local_logical_ids[i]
     cost = list(py_exe.cost_analysis.items())
     e.cost = named_values(cost, keep)
     e.num_cost = len(cost)

@@ -63,6 +63,19 @@ class Executable:
         self.num_partitions = len(assignment[0])
         self.logical_ids = [(r, p) for r in range(self.num_replicas) for p in range(self.num_partitions)]
         self.device_ids = [assignment[r][p] for r, p in self.logical_ids]
+        # This process's share of the assignment (all of it in one process):
+        # JAX passes arguments for these devices only.
+        processes = client.processes
+        if processes is None:
+            self.local_ranks = list(range(len(self.device_ids)))
+            self.rank_process = None
+        else:
+            self.rank_process = [processes.process_of(d) for d in self.device_ids]
+            self.local_ranks = [r for r, p in enumerate(self.rank_process) if p == processes.index]
+            if len(set(self.rank_process)) == 1:
+                self.rank_process = None          # one process runs it all: no exchanges across
+        self.local_device_ids = [self.device_ids[r] for r in self.local_ranks]
+        self.local_logical_ids = [self.logical_ids[r] for r in self.local_ranks]
         self.serialized_device_assignment = serialized_assignment
         self.output_specs = [ArraySpec.of(t.dtype, t.shape) for t in program.output_types]
         self.output_types = [spec.pjrt_type for spec in self.output_specs]
@@ -83,6 +96,7 @@ class Executable:
         self.parameter_shardings, self.output_shardings = executable_shardings(
             program.shardings, self.num_params, len(self.output_specs))
         self.keepalive: list = []  # what the C structs point at
+        self.program_hash = fingerprint.decode()   # what processes compare (Client.compile narrows it)
         self.quick = is_quick(program, len(self.device_ids))
         # A run's completion event is its last output's, except for programs
         # that call the host: JAX keeps their completion events as runtime
@@ -123,7 +137,7 @@ class Executable:
         arguments, and the runs to hand to launch() once the caller is done
         with the outputs (so the device does not contend with it), or None
         when the run is quick and already queued (deferred, see DeviceWorker)."""
-        ids = [device_id] if device_id is not None else self.device_ids
+        ids = [device_id] if device_id is not None else self.local_device_ids
         if len(args) != len(ids):
             raise IpuInvalidArgument(f"{self.name} runs on {len(ids)} IPUs but got argument "
                                      f"lists for {len(args)}")
@@ -135,7 +149,8 @@ class Executable:
         if donated:
             for row in args:
                 _check_donations(row, donated_set)
-        if len(ids) == 1:    # the common case, kept lean: it is paid on every call
+        if len(ids) == 1 and (device_id is not None or len(self.device_ids) == 1):
+            # the common case, kept lean: it is paid on every call
             device = self.client.device(ids[0])
             worker = device.worker
             if worker._jobs:
@@ -163,8 +178,16 @@ class Executable:
                 return [outs], [done], donated, None
             return [outs], [done], donated, [run]
         outputs, events, runs = [], [], []
-        launch = links.Launch(len(ids)) if len(ids) > 1 else None   # the replicas' IPU-Links
-        for rank, (device_id, row) in enumerate(zip(ids, args, strict=True)):
+        launch = None
+        if self.rank_process is not None:     # replicas in other processes too
+            from jax_ipu.pjrt.distributed import ProcessLinks
+            remote = ProcessLinks(self.client.processes, self.program.name, self.program_hash, self.rank_process)
+            launch = links.Launch(len(self.device_ids), self.client.config.collective_timeout, self.local_ranks,
+                                  remote)
+        elif len(ids) > 1:
+            launch = links.Launch(len(ids), self.client.config.collective_timeout)   # the replicas' IPU-Links
+        ranks = self.local_ranks if device_id is None else [0]
+        for rank, device_id, row in zip(ranks, ids, args, strict=True):
             device = self.client.device(device_id)
             if device.worker.on_worker_thread():
                 raise IpuRuntimeError(
@@ -184,6 +207,13 @@ class Executable:
 
     @classmethod
     def launch(cls, runs: list) -> None:
+        replica = runs[0].replica
+        if replica is not None and replica.launch.remote is not None:
+            with cls._submitting:      # its turn among launches spanning processes: launch order
+                replica.launch.remote.ticket = replica.launch.remote.processes.ticket()
+                for run in runs:
+                    run.device.worker.submit(run)
+            return
         if len(runs) == 1:   # nothing to keep in step with
             run = runs[0]
             # Arguments still to come from this IPU's earlier runs are ready by
@@ -331,7 +361,7 @@ def from_bytes(client, data: bytes, options: bytes | None) -> Executable:
                     "(replicas x partitions), not on the devices given")
     for row in assignment:
         for device_id in row:
-            client.device(device_id)
+            client.any_device(device_id)
     return Executable(client, program, meta["name"], meta["fingerprint"], assignment, serialized)
 
 

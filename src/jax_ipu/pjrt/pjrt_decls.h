@@ -84,14 +84,18 @@ struct PJRT_Device {
   PJRT_Memory** memories; size_t num_memories;
   PJRT_NamedValue* attributes; size_t num_attributes;
   int64_t bytes_in_use; int64_t peak_bytes_in_use; int64_t num_allocs; int64_t bytes_limit;
+  int process_index; /* the process whose IPUs these are (jax.distributed) */
+  int addressable;   /* this process's own */
 };
 
 struct PJRT_Client {
   void* py; /* PyObject*: jax_ipu.pjrt.client.Client */
   const char* platform_name; size_t platform_name_size;
   const char* platform_version; size_t platform_version_size;
-  PJRT_Device** devices; size_t num_devices;
-  PJRT_Memory** memories; size_t num_memories;
+  PJRT_Device** devices; size_t num_devices; /* every process's */
+  PJRT_Device** addressable_devices; size_t num_addressable_devices; /* this process's */
+  int process_index;
+  PJRT_Memory** memories; size_t num_memories; /* this process's devices' */
   PJRT_NamedValue* attributes; size_t num_attributes; /* plugin attributes */
 };
 
@@ -203,11 +207,42 @@ typedef struct { ARGS_HEAD PJRT_Event* event; bool is_ready; } PJRT_Event_IsRead
 typedef struct { ARGS_HEAD PJRT_Event* event; OnReadyCallback callback; void* user_arg; } PJRT_Event_OnReady_Args;
 typedef struct { ARGS_HEAD PJRT_Event* event; int error_code; const char* error_message; size_t error_message_size; } PJRT_Event_Set_Args;
 
+/* The key-value store of jax.distributed, as the framework hands it to
+ * Client_Create: the plugin passes its own error maker (callback_error, a
+ * pointer to the function pointer) and reads the errors it makes; a value
+ * got is the framework's, freed by its deleter once copied. */
+typedef PJRT_Error* (*PJRT_CallbackError)(int code, const char* message, size_t message_size);
+typedef void (*PJRT_KeyValueDeleter)(char* value);
+typedef struct {
+  ARGS_HEAD const char* key; size_t key_size; int timeout_in_ms;
+  PJRT_CallbackError* callback_error; void* user_arg;
+  char* value; size_t value_size; PJRT_KeyValueDeleter value_deleter_callback; /* out */
+} PJRT_KeyValueGetCallback_Args;
+typedef struct {
+  ARGS_HEAD const char* key; size_t key_size;
+  PJRT_CallbackError* callback_error; void* user_arg;
+  char* value; size_t value_size; PJRT_KeyValueDeleter value_deleter_callback; /* out */
+} PJRT_KeyValueTryGetCallback_Args;
+typedef struct {
+  ARGS_HEAD const char* key; size_t key_size; const char* value; size_t value_size;
+  PJRT_CallbackError* callback_error; void* user_arg;
+} PJRT_KeyValuePutCallback_Args;
+typedef PJRT_Error* (*PJRT_KeyValueGetCallback)(PJRT_KeyValueGetCallback_Args*);
+typedef PJRT_Error* (*PJRT_KeyValueTryGetCallback)(PJRT_KeyValueTryGetCallback_Args*);
+typedef PJRT_Error* (*PJRT_KeyValuePutCallback)(PJRT_KeyValuePutCallback_Args*);
 typedef struct {
   ARGS_HEAD const PJRT_NamedValue* create_options; size_t num_options;
-  void* kv_get_callback; void* kv_get_user_arg; void* kv_put_callback; void* kv_put_user_arg;
-  PJRT_Client* client; void* kv_try_get_callback; void* kv_try_get_user_arg;
+  PJRT_KeyValueGetCallback kv_get_callback; void* kv_get_user_arg;
+  PJRT_KeyValuePutCallback kv_put_callback; void* kv_put_user_arg;
+  PJRT_Client* client; PJRT_KeyValueTryGetCallback kv_try_get_callback; void* kv_try_get_user_arg;
 } PJRT_Client_Create_Args;
+/* What the framework learns of the other processes from the coordination
+ * service (IFRT's WatchGlobalProcessInfo), pushed on every change. */
+typedef struct {
+  size_t struct_size; int task_id; uint64_t incarnation_id; int state; int error_code;
+  const char* error_message; size_t error_message_size;
+} PJRT_ProcessInfo;
+typedef struct { ARGS_HEAD PJRT_Client* client; PJRT_ProcessInfo* process_infos; size_t num_process_infos; } PJRT_Client_UpdateGlobalProcessInfo_Args;
 typedef struct { ARGS_HEAD PJRT_Client* client; } PJRT_Client_Args; /* Destroy */
 typedef struct { ARGS_HEAD PJRT_Client* client; const char* str; size_t str_size; } PJRT_Client_String_Args; /* PlatformName/Version */
 typedef struct { ARGS_HEAD PJRT_Client* client; int process_index; } PJRT_Client_ProcessIndex_Args;
@@ -294,6 +329,11 @@ typedef struct { ARGS_HEAD PJRT_LoadedExecutable* executable; PJRT_Program* prog
 /* Whether the caller's struct (of `struct_size` bytes) holds `field`. */
 #define IPU_HAS_FIELD(args, field) \
   ((args)->struct_size >= offsetof(__typeof__(*(args)), field) + sizeof((args)->field))
+/* Frameworks older than the try-get callback pass a shorter struct. */
+static inline int ipu_create_has_try_get(const PJRT_Client_Create_Args* a) {
+  return a->struct_size >= offsetof(PJRT_Client_Create_Args, kv_try_get_user_arg) + sizeof(void*)
+         && a->kv_try_get_callback != NULL;
+}
 static inline int ipu_has_compile_options_override(const PJRT_Executable_DeserializeAndLoad_Args* a) {
   return IPU_HAS_FIELD(a, overridden_serialized_compile_options_size) && a->overridden_serialized_compile_options != NULL;
 }

@@ -1,6 +1,7 @@
 """Where a run's time goes: its executed steps summed by kind of work
-(compute, on-chip exchange, sync, IPU-Link collectives, streaming memory
-transfers, host transfers and callbacks), in cycles of the modelled IPU."""
+(compute, on-chip exchange, sync, IPU-Link collectives, collectives over
+GW-Links between IPU-Link domains, streaming memory transfers, host
+transfers and callbacks), in cycles of the modelled IPU."""
 from __future__ import annotations
 
 from jax_ipu.graph.codelets_collectives import COLLECTIVES
@@ -9,6 +10,7 @@ from jax_ipu.graph.codelets_collectives import COLLECTIVES
 # lowering names them after their kernel).
 _LINK_PREFIXES = tuple(kind.__name__ for kind in COLLECTIVES)
 _STREAMING_PREFIX = "StreamingMemory"
+_GW_LINK_MARK = " (over GW-Links)"      # compiler.lowering.collectives.OVER_GW_LINKS
 
 
 def time_breakdown(steps, phases: dict) -> dict[str, int]:
@@ -16,10 +18,10 @@ def time_breakdown(steps, phases: dict) -> dict[str, int]:
     model.engine.RunRecord's); phases: (kind, name, cycles, bytes) -> (exchange,
     sync)
     cycles of the program's steps (profile.report._phases)."""
-    out = dict.fromkeys(("compute", "exchange", "sync", "ipu_link", "streaming_memory", "host"), 0)
+    out = dict.fromkeys(("compute", "exchange", "sync", "ipu_link", "gw_link", "streaming_memory", "host"), 0)
     for kind, name, cycles, nbytes in steps:
         if kind == "Execute" and name.startswith(_LINK_PREFIXES):
-            out["ipu_link"] += cycles
+            out["gw_link" if name.endswith(_GW_LINK_MARK) else "ipu_link"] += cycles
         elif name.startswith(_STREAMING_PREFIX):
             out["streaming_memory"] += cycles
         elif kind not in ("Execute", "Copy"):

@@ -34,7 +34,7 @@
                       is unknown at compile time, with cycles per iteration
     exchange_bytes    bytes moved between tiles in the last run
     time_breakdown    the last run's cycles by kind of work: compute, exchange,
-                      sync, ipu_link (collectives), streaming_memory, host
+                      sync, ipu_link (collectives), gw_link (collectives between IPU-Link domains), streaming_memory, host
     host_transfers    the program's argument and result streams: bytes, cycles
     cycles            device (the last run's steps), host (streams), total
     estimated_seconds device = cycles / clock, host_transfers = bytes / host link,

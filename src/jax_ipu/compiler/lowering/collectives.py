@@ -132,11 +132,17 @@ def _index(which: str):
 
 
 # -- cost over the IPU-Links --
-def link_cycles(target: Target, kernel, ranks: int) -> int:
+# What a collective's compute set name ends with when its group spans
+# IPU-Link domains (profiles count its cycles as GW-Link time).
+OVER_GW_LINKS = " (over GW-Links)"
+
+
+def link_cycles(target: Target, kernel, ranks: int, domains: tuple = ()) -> int:
     """A ring over the group's n IPUs: all_reduce moves 2(n-1)/n of the data
     through each IPU's links in 2(n-1) hops; all_gather, reduce_scatter and
     all_to_all (n-1)/n in n-1 hops; collective_permute all of it in one hop.
-    Plus one sync across the IPUs."""
+    Plus one sync across the IPUs. A ring over several IPU-Link domains
+    (`domains`: each rank's) runs at the pace of its GW-Link crossings."""
     groups = getattr(kernel, "groups", None)
     n = max((len(g) for g in groups), default=ranks) if groups is not None else 2
     if n <= 1:
@@ -149,15 +155,36 @@ def link_cycles(target: Target, kernel, ranks: int) -> int:
     else:
         volume, hops = (n - 1) / n * data, n - 1
     per_cycle = target.ipu_link_bytes_per_second * target.ipu_links_per_hop / target.clock_hz
-    return int(np.ceil(volume / per_cycle) + hops * target.ipu_link_latency_cycles + target.ipu_sync_cycles)
+    cycles = np.ceil(volume / per_cycle) + hops * target.ipu_link_latency_cycles + target.ipu_sync_cycles
+    crossings = domains_crossed(kernel, ranks, domains)
+    if crossings:
+        gw_per_cycle = target.gw_link_bytes_per_second * target.gw_links_per_hop / target.clock_hz
+        if gw_per_cycle < per_cycle:
+            cycles += np.ceil(volume / gw_per_cycle) - np.ceil(volume / per_cycle)
+        cycles += crossings * target.gw_link_latency_cycles
+    return int(cycles)
 
 
-def charge_links(target: Target, steps: list, ranks: int) -> None:
+def domains_crossed(kernel, ranks: int, domains: tuple) -> int:
+    """How many IPU-Link domains the widest group spans, less one (0: one)."""
+    if not domains:
+        return 0
+    if isinstance(kernel, cc.CollectivePermute):
+        groups = kernel.pairs
+    else:
+        groups = getattr(kernel, "groups", None) or (tuple(range(ranks)),)
+    return max((len({domains[r] for r in g if r < len(domains)}) - 1 for g in groups), default=0)
+
+
+def charge_links(target: Target, steps: list, ranks: int, domains: tuple = ()) -> None:
     """Adds link time and the sync across IPUs to each collective's cycles."""
     for step in steps:
         for leaf in leaves(step):
             if isinstance(leaf, Execute) and isinstance(leaf.compute_set.kernel, cc.COLLECTIVES):
-                leaf.cycles += link_cycles(target, leaf.compute_set.kernel, ranks)
+                kernel = leaf.compute_set.kernel
+                leaf.cycles += link_cycles(target, kernel, ranks, domains)
+                if domains_crossed(kernel, ranks, domains):
+                    leaf.compute_set.name += OVER_GW_LINKS
 
 
 def collective_cycles(program) -> int:

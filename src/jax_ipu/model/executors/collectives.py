@@ -1,6 +1,7 @@
 """Executors of the collective kernels (graph.codelets_collectives): each
 replica posts its input to the launch (model.links) and computes its result
-from its group's contributions, in group order."""
+from its group's contributions, in group order (also when some come from
+other processes: results equal one process's, bit for bit)."""
 from __future__ import annotations
 
 import numpy as np
@@ -32,7 +33,8 @@ def _with_group(get, groups, state, use):
                                   "program on all its devices")
         return use([value], 0)
     return me.launch.exchange(me.rank, value, lambda values: use([values[r] for r in group],
-                                                                 group.index(me.rank)))
+                                                                 group.index(me.rank)),
+                              me.launch.crosses(groups))
 
 
 def _reduce(values: list[np.ndarray], op: str, dtype) -> np.ndarray:
@@ -104,7 +106,8 @@ def _build_collective_permute(k: cc.CollectivePermute, read):
         if me.launch is None:
             state[tid] = receive([value], source)
         else:
-            state[tid] = me.launch.exchange(me.rank, value, lambda values: receive(values, source))
+            state[tid] = me.launch.exchange(me.rank, value, lambda values: receive(values, source),
+                                            me.launch.crosses(k.pairs))
     return run
 
 
