@@ -1,4 +1,4 @@
-"""One process of the multi-process tests (tests/ipu/test_distributed.py).
+"""One process of the multi-process tests (tests/ipu/multi_ipu/test_several_processes.py).
 
     python distributed_worker.py PROCESS_ID NUM_PROCESSES PORT OUT_DIR CASE[,CASE...]
 
@@ -30,7 +30,8 @@ if num_processes > 1:
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P
 
 results: dict = {}
 
@@ -59,7 +60,10 @@ def global_x():
     return jax.make_array_from_process_local_data(rows, local_rows(rows, x), x.shape)
 
 
-def shard_map(f, out=P("d")):
+SHARDED = P("d")
+
+
+def shard_map(f, out=SHARDED):
     return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("d"), out_specs=out, check_vma=False))
 
 
@@ -170,7 +174,7 @@ def case_link_domains():
     arr = global_x()
     out = {}
     for name, groups in (("all", None), ("pairs", [[0, 1], [2, 3]])):
-        f = shard_map(lambda v: lax.psum(v, "d", axis_index_groups=groups))
+        f = shard_map(lambda v, groups=groups: lax.psum(v, "d", axis_index_groups=groups))
         f(arr).block_until_ready()
         out[name] = jax_ipu.last_profile(jax.local_devices(backend="ipu")[0])["time_breakdown"]
     results["link_domains"] = out

@@ -186,7 +186,7 @@ def test_different_ipu_counts_are_refused(runs):
 def test_data_parallel_example_two_terminals_equals_one_process(tmp_path):
     """examples/data_parallel.py as two terminals would start it, and on one
     process with as many IPUs: the same losses."""
-    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "data_parallel.py")
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "data_parallel.py")
     port = _free_port()
 
     def start(argv, count):
