@@ -2,6 +2,7 @@
 the IPU Model, the ways to switch them on, and `jax-ipu report`."""
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -217,7 +218,7 @@ def test_timeline_is_valid_trace_events(tmp_path, ipu, mlp_args):
     steps = [e for e in _complete_events(trace) if e["cat"] in ("Execute", "Copy")]
     assert [(e["name"], e["args"]["cycles"]) for e in steps] == [(s["name"], s["cycles"]) for s in report["steps"]]
     # Back to back in estimated time, in microseconds at the target's clock.
-    for a, b in zip(steps, steps[1:], strict=True):
+    for a, b in itertools.pairwise(steps):
         assert b["ts"] == pytest.approx(a["ts"] + a["dur"])
     assert sum(e["dur"] for e in steps) == pytest.approx(report["cycles"]["device"] / clock * 1e6)
     assert any(e["cat"] == "Execute" and e["name"].startswith("matmul") for e in steps)

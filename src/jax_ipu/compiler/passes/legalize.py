@@ -88,7 +88,8 @@ def _inline(module, block: ir.Block, env: dict, out: list, depth: int, site: str
             env.update(zip(op.results, inner, strict=True))
         elif op.name in _IDENTITIES or (op.name == "custom_call"
                                         and op.attrs.get("call_target_name") in _IDENTITY_CUSTOM_CALLS):
-            env.update(zip(op.results, operands, strict=True))
+            # (A sink such as dce_sink has operands and no results.)
+            env.update(zip(op.results, operands, strict=False))
         elif op.name in _UNSUPPORTED_OPS:
             raise IpuUnimplementedError.for_op(op, *_UNSUPPORTED_OPS[op.name])
         else:
