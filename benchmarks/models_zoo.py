@@ -76,6 +76,7 @@ class ResNet50(nn.Module):
     num_classes: int = 1000
     dtype: Dtype = jnp.float32
     remat: bool = False     # recompute each bottleneck block's activations in the backward pass
+    width: int = 64         # the first stage's filters (each stage doubles them)
 
     @nn.compact
     def __call__(self, x, train: bool):
@@ -83,12 +84,12 @@ class ResNet50(nn.Module):
         # nn.remat of the block, `train` static. The backward pass keeps only
         # each block's input and recomputes the block's activations.
         block = nn.remat(Bottleneck, static_argnums=(2,)) if self.remat else Bottleneck
-        x = nn.Conv(64, (7, 7), (2, 2), padding=[(3, 3), (3, 3)], use_bias=False, dtype=self.dtype)(x)
+        x = nn.Conv(self.width, (7, 7), (2, 2), padding=[(3, 3), (3, 3)], use_bias=False, dtype=self.dtype)(x)
         x = nn.relu(nn.BatchNorm(use_running_average=not train, momentum=0.9, dtype=self.dtype)(x))
         x = nn.max_pool(x, (3, 3), (2, 2), padding="SAME")
         for i, blocks in enumerate(self.stages):
             for j in range(blocks):
-                x = block(64 * 2 ** i, 2 if i > 0 and j == 0 else 1, self.dtype)(x, train)
+                x = block(self.width * 2 ** i, 2 if i > 0 and j == 0 else 1, self.dtype)(x, train)
         x = jnp.mean(x, axis=(1, 2))
         return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
 
@@ -175,12 +176,15 @@ class Gpt2Small(nn.Module):
 LOSS_SCALE = 128.0   # static loss scale for float16 training (as Graphcore's examples use)
 
 
-def resnet50_train(batch: int, dtype, image: int = 224, classes: int = 1000, remat: bool = False):
-    """(step, args): one SGD-momentum step of ResNet-50 on a batch, the
-    parameters, batch statistics and optimiser state donated. With float16
-    compute the loss is scaled and the gradients (float32, of the float32
-    master weights) unscaled. remat: each bottleneck block under nn.remat."""
-    model = ResNet50(dtype=dtype, num_classes=classes, remat=remat)
+def resnet50_parts(batch: int, dtype, image: int = 224, classes: int = 1000, remat: bool = False,
+                   stages: Sequence[int] = (3, 4, 6, 3), width: int = 64):
+    """What a ResNet-50 training step is made of: (loss_fn(params, stats,
+    x, y) -> (scaled loss, (loss, new stats)), the optax optimiser, the loss
+    scale, the initial variables, a batch x, y). With float16 compute the
+    loss is scaled by LOSS_SCALE; the gradients are then of the scaled loss.
+    remat: each bottleneck block under nn.remat; stages, width: bottleneck
+    blocks per stage and the first stage's filters (fewer for quick runs)."""
+    model = ResNet50(stages=tuple(stages), dtype=dtype, num_classes=classes, remat=remat, width=width)
     tx = optax.sgd(0.1, momentum=0.9)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, image, image, 3)).astype(np.float32)
@@ -193,6 +197,17 @@ def resnet50_train(batch: int, dtype, image: int = 224, classes: int = 1000, rem
                                       mutable=["batch_stats"])
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
         return loss * scale, (loss, updates["batch_stats"])
+
+    return loss_fn, tx, scale, variables, x, y
+
+
+def resnet50_train(batch: int, dtype, image: int = 224, classes: int = 1000, remat: bool = False,
+                   stages: Sequence[int] = (3, 4, 6, 3), width: int = 64):
+    """(step, args): one SGD-momentum step of ResNet-50 on a batch, the
+    parameters, batch statistics and optimiser state donated. With float16
+    compute the loss is scaled and the gradients (float32, of the float32
+    master weights) unscaled. Arguments as resnet50_parts."""
+    loss_fn, tx, scale, variables, x, y = resnet50_parts(batch, dtype, image, classes, remat, stages, width)
 
     def step(params, stats, opt_state, x, y):
         (_, (loss, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, stats, x, y)

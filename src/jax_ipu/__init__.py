@@ -44,13 +44,25 @@ def estimated_seconds(cycles: float, device=None) -> float:
 def transfer_stats(device=None) -> dict[str, int]:
     """Bytes moved over the host link to and from an IPU device (all IPUs
     summed when `device` is None). Donated state that stays on the device
-    never appears here."""
+    never appears here; what went between processes (jax.distributed) is
+    transfers_between_processes()."""
     devices = _client().devices if device is None else [_client().device(device.id)]
     total = {"host_to_device_bytes": 0, "device_to_host_bytes": 0}
     for d in devices:
         for key, value in d.transfers.as_dict().items():
             total[key] += value
     return total
+
+
+def transfers_between_processes() -> dict:
+    """With jax.distributed: what this process has exchanged with the other
+    processes for collectives spanning them, since it started: exchanges,
+    bytes_sent, bytes_received, seconds (the transport's wall time, the
+    simulation's cost: on a POD these collectives run on the IPUs over
+    IPU-Links and GW-Links, which estimates charge). Zeros in one process.
+    Each run's share is its profile's `between_processes`."""
+    processes = _client().processes
+    return profile.no_exchanges() if processes is None else dict(processes.stats)
 
 
 def streaming_memory_in_use(device=None) -> int:

@@ -81,6 +81,19 @@ class ConvDimensionNumbers:
 
 
 @dataclasses.dataclass(frozen=True)
+class Mesh:
+    """A Shardy mesh: named axes with their sizes, major first, and the
+    partition at each position of the mesh (row-major); device_ids None:
+    positions and partitions in the same order."""
+    axes: tuple[tuple[str, int], ...]
+    device_ids: tuple[int, ...] | None = None
+
+    @property
+    def size(self) -> int:
+        return int(np.prod([s for _, s in self.axes], dtype=np.int64))
+
+
+@dataclasses.dataclass(frozen=True)
 class TensorType:
     shape: tuple[int, ...]
     dtype: np.dtype
@@ -171,8 +184,8 @@ class Module:
     num_partitions: int = 1
     entry: str = "main"
     name: str = "main"                 # the module's sym_name, e.g. jit_f
-    # Shardy meshes by name: ((axis name, size), ...) in mesh order.
-    meshes: dict[str, tuple[tuple[str, int], ...]] = dataclasses.field(default_factory=dict)
+    # Shardy meshes by name.
+    meshes: dict[str, Mesh] = dataclasses.field(default_factory=dict)
 
     @property
     def main(self) -> Function:

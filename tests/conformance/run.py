@@ -30,7 +30,15 @@ import xml.etree.ElementTree as ET
 HERE = pathlib.Path(__file__).resolve().parent
 DEFAULT_FILES = ["lax_test", "lax_numpy_test", "lax_numpy_reducers_test", "lax_numpy_indexing_test",
                  "lax_numpy_operators_test", "lax_control_flow_test", "lax_autodiff_test",
-                 "random_test", "linalg_test", "nn_test"]
+                 "random_test", "linalg_test", "nn_test",
+                 "shard_map_test", "pjit_test", "pmap_test", "array_test", "memories_test", "multi_device_test",
+                 "shard_alike_test", "layout_test"]
+# Files of multi-device tests run with 8 modelled IPUs (JAX's tests skip
+# their multi-device cases below 8 devices, or split over what they find);
+# the others with the default one.
+MULTI_DEVICE_FILES = {"shard_map_test", "pjit_test", "pmap_test", "array_test", "memories_test",
+                      "multi_device_test", "shard_alike_test", "layout_test"}
+MULTI_DEVICE_COUNT = 8
 
 
 def known_failures(path: pathlib.Path) -> list[tuple[str, str]]:
@@ -86,6 +94,8 @@ def run_file(jax_src: pathlib.Path, name: str, out: pathlib.Path, workers: int, 
     if workers > 1:
         command += ["-n", str(workers), "--max-worker-restart", "1000"]
     env = dict(os.environ, JAX_PLATFORMS=PLATFORMS)
+    if name in MULTI_DEVICE_FILES:
+        env.setdefault("JAX_IPU_DEVICE_COUNT", str(MULTI_DEVICE_COUNT))
     print("+", " ".join(command), flush=True)
     with open(out / f"{name}.log", "w") as log:
         subprocess.run(command, cwd=jax_src, env=env, stdout=log, stderr=subprocess.STDOUT)

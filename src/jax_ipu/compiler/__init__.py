@@ -92,7 +92,7 @@ def _partition(c: Compilation) -> None:
     """Several IPUs: the program each one runs, and the layout of its
     inputs and outputs."""
     c.ranks = c.module.num_replicas * c.module.num_partitions
-    c.module, c.layout = spmd.partition(c.module)
+    c.module, c.layout = spmd.partition(c.module, c.options.inspect_sharding)
 
 
 def _remove_tokens(c: Compilation) -> None:

@@ -3,6 +3,7 @@ names Graphcore's users know)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,3 +23,7 @@ class CompileOptions:
     # The IPU-Link domain (IPU-POD) of each rank's IPU: collectives over
     # ranks of several domains cross GW-Links. Empty: all in one domain.
     link_domains: tuple = ()
+    # Called with (a custom call's backend_config, the sharding layout of its
+    # operand) for each jax.debug.inspect_array_sharding the SPMD pass meets
+    # (the PJRT layer hands it to JAX's callback); None: they are dropped.
+    inspect_sharding: Callable | None = dataclasses.field(default=None, compare=False, repr=False)

@@ -3,8 +3,10 @@ estimates of its cycles, memory and work."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from jax_ipu import ir
+from jax_ipu.graph.codelets_collectives import COLLECTIVES
 from jax_ipu.graph.memory import MemoryReport
 from jax_ipu.graph.programs import Copy, Execute, Sequence, leaves
 from jax_ipu.graph.tensors import Tensor
@@ -91,6 +93,15 @@ class Program:
             f"{exchanged} B exchanged",
             self.memory.describe() if self.memory else "memory: not planned",
         ]
+        # Collectives by XLA's names (all-reduce, all-gather...), which
+        # readers of compiled.as_text() look for.
+        for step in compute_sets:
+            kernel = step.compute_set.kernel
+            if isinstance(kernel, COLLECTIVES):
+                name = re.sub(r"(?<!^)(?=[A-Z])", "-", type(kernel).__name__).lower()
+                groups = getattr(kernel, "groups", None) or getattr(kernel, "pairs", ())
+                lines.append(f"collective {name}({kernel.input.dtype}{list(kernel.input.shape)}) -> "
+                             f"{kernel.out.dtype}{list(kernel.out.shape)} over {[list(g) for g in groups]}")
         for step in steps:
             if isinstance(step, Execute):
                 cs = step.compute_set

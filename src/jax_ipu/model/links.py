@@ -28,7 +28,8 @@ RENDEZVOUS_TIMEOUT_SECONDS = 600.0
 class Launch:
     """`size` replicas in all; this process runs `local_ranks` (all of them
     without `remote`). `remote` has exchange(slots, step) filling the other
-    processes' slots, crosses(groups) and finish()."""
+    processes' slots, crosses(groups), failed(reason) (a replica here
+    failed) and finish()."""
 
     def __init__(self, size: int, timeout: float = RENDEZVOUS_TIMEOUT_SECONDS, local_ranks=None, remote=None):
         self.size = size
@@ -75,6 +76,8 @@ class Launch:
             self.failure = reason
         self._barrier.abort()
         self._posted.abort()
+        if self.remote is not None:      # the other processes may wait for this one
+            self.remote.failed(reason)
 
     def end(self) -> None:
         """A replica's run is over (well or not)."""

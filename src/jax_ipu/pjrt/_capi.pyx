@@ -433,6 +433,8 @@ cdef extern from "pjrt_decls.h" nogil:
         bint num_allocs_is_set
         int64_t bytes_limit
         bint bytes_limit_is_set
+        int64_t bytes_reservable_limit
+        bint bytes_reservable_limit_is_set
     ctypedef struct PJRT_Device_GetAttributes_Args:
         PJRT_Device* device
         const PJRT_NamedValue* attributes

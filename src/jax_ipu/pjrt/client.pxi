@@ -272,6 +272,9 @@ cdef PJRT_Error* e_device_memory_stats(PJRT_Device_MemoryStats_Args* a) noexcept
     a.num_allocs_is_set = True
     a.bytes_limit = a.device.bytes_limit
     a.bytes_limit_is_set = True
+    # All of the limit may be reserved (the Model has no allocator of its own).
+    a.bytes_reservable_limit = a.device.bytes_limit
+    a.bytes_reservable_limit_is_set = True
     return NULL
 
 cdef void no_device_attributes(void* p) noexcept nogil:

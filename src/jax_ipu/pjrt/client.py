@@ -16,6 +16,7 @@ from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer, check_ipu_dtype, to_dev
 from jax_ipu.pjrt.cache import ExecutableCache
 from jax_ipu.pjrt.device import Device, RemoteDevice
 from jax_ipu.pjrt.executable import Executable, device_assignment_ids, fingerprint
+from jax_ipu.pjrt.shardings import inspect_sharding
 from jax_ipu.targets import get_target
 from jax_ipu.version import __version__
 
@@ -107,7 +108,8 @@ class Client:
             overrides, IpuCompileOptions(allow_out_of_memory=self.config.allow_out_of_memory,
                                          f64_policy="as_f32" if self.f64_as_f32 else "error",
                                          dump_to=self.config.dump_to,
-                                         link_domains=_link_domains(assignment, self.config.ipus_per_link_domain)))
+                                         link_domains=_link_domains(assignment, self.config.ipus_per_link_domain),
+                                         inspect_sharding=inspect_sharding))
         module = import_module(code)
         try:
             program = compile_module(module, self.target, compile_options)

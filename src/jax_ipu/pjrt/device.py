@@ -151,6 +151,7 @@ class Device:
         self.engine = Engine(target)
         self.worker = DeviceWorker(f"ipu{id}")
         self.last_program = None   # for jax_ipu.last_profile, with engine.last_run
+        self.last_between_processes = None   # and its launch's exchanges with other processes
         self.streaming = weakref.WeakSet()    # live buffers in streaming memory
         self.streaming_limit = target.streaming_bytes
 

@@ -19,21 +19,37 @@ different programs fail naming both instead of mixing data; launches that
 span processes take turns in the order they were launched, the same order
 in every process (JAX's multi-controller contract), so that two of them
 never meet in opposite orders.
+
+A process whose own run fails (or whose Python exits) while the others
+may still wait for it in an exchange says so in the key-value store
+(`stopped/<process>`: how many exchanges it entered, and why); a process
+waiting in an exchange looks for such records while the transport waits,
+and fails naming the process that stopped and its reason instead of
+waiting for the collective timeout.
 """
 from __future__ import annotations
 
+import atexit
 import json
+import queue
 import threading
 import time
 
 import numpy as np
 
 from jax_ipu.errors import IpuError, IpuInvalidArgument, IpuRuntimeError
+from jax_ipu.profile.breakdown import no_exchanges
 
 # How long a process waits for the others to describe their IPUs.
 TOPOLOGY_TIMEOUT_SECONDS = 300.0
 # A header's fixed size: what every process sends first at an exchange.
 HEADER_BYTES = 1024
+# Seconds an exchange waits before it first looks for a stopped process,
+# and between looks: exchanges normally end within milliseconds.
+FIRST_LOOK_SECONDS = 0.05
+LOOK_EVERY_SECONDS = 0.1
+# At exit, how long to wait for a transport call given up on to end.
+EXIT_WAIT_SECONDS = 30.0
 # PJRT_ProcessState of UpdateGlobalProcessInfo (pjrt_c_api.h).
 _STATES = {0: "unspecified", 1: "uninitialized", 2: "disconnected", 3: "connected", 4: "error"}
 
@@ -101,8 +117,16 @@ class Processes:
         self._next_ticket = 0         # handed to launches spanning processes, in launch order
         self._serving = 0             # the ticket whose exchanges may run now
         self._ended: set[int] = set()
-        self.lost: str | None = None  # why another process is gone, once it is
-        self.stats = {"exchanges": 0, "bytes_sent": 0, "bytes_received": 0, "seconds": 0.0}
+        self.lost: str | None = None  # why the processes are out of step, once they are
+        self.stats = no_exchanges()
+        # Exchanges entered so far (the same sequence in every process), and
+        # whether this process has said it stopped; under _entering.
+        self._entering = threading.Lock()
+        self.entered = 0
+        self._stopped = False
+        self._runner: _Runner | None = None
+        self._abandoned: _Job | None = None   # a transport call given up on
+        atexit.register(self._at_exit)
 
     def process_of(self, device_id: int) -> int:
         return device_id // self.devices_per_process
@@ -119,6 +143,55 @@ class Processes:
             if self.lost is None:
                 self.lost = why
             self._turn.notify_all()
+
+    # -- this process stopping on its own --
+    def stop(self, why: str) -> None:
+        """This process will take part in no further exchange (its own run
+        failed, or it is exiting): tells the others, through the key-value
+        store, after how many exchanges, so that one waiting for it in a
+        later exchange fails now. Nothing when the processes are already
+        out of step for another reason (that one was told)."""
+        with self._entering:
+            if self._stopped or self.lost is not None:
+                return
+            self._stopped = True
+            entered = self.entered
+            self.lose(f"this process stopped taking part in collectives between processes ({why})")
+        try:
+            self.store.put(f"stopped/{self.index}", json.dumps({"exchanges": entered, "why": why}))
+        except Exception:    # the store is gone (jax.distributed shut down): nobody is left to tell
+            pass
+
+    def _at_exit(self) -> None:
+        self.stop("its Python interpreter exited")
+        job = self._abandoned
+        if job is not None and not job.done.is_set():
+            # A transport call given up on still waits for a process that
+            # stopped. It ends (an error) when that process exits, which it
+            # does once every process has reached jax.distributed's shutdown
+            # barrier: reach it now, not after JAX's own exit handler has
+            # cleared the backends, so that the call ends while the
+            # interpreter is whole (a thread coming back into a finalizing
+            # interpreter aborts the process).
+            try:
+                import jax
+                jax.distributed.shutdown()
+            except Exception:
+                pass
+            job.done.wait(EXIT_WAIT_SECONDS)
+
+    def _stopped_peer(self, number: int) -> str | None:
+        """Why a process that will not take part in exchange `number` stopped."""
+        for p in range(self.count):
+            if p == self.index:
+                continue
+            record = _peek(self.store, f"stopped/{p}")
+            if record is not None:
+                record = json.loads(record)
+                if record["exchanges"] <= number:
+                    return (f"process {p} stopped after {record['exchanges']} exchange(s) between processes "
+                            f"({record['why']}), and this is exchange {number + 1}")
+        return None
 
     # -- turns --
     def ticket(self) -> int:
@@ -156,38 +229,112 @@ class Processes:
                 self._transport = GlooOverCpuBackend(self.index, self.count, self.timeout)
             return self._transport
 
-    def exchange(self, header: dict, payload: bytes, what: str) -> list[tuple[dict, bytes]]:
+    def exchange(self, header: dict, payload: bytes, what: str, counts: dict | None = None
+                 ) -> list[tuple[dict, bytes]]:
         """Every process's (header, payload), by process index. Headers
         that differ in anything but the payload's size are refused, naming
-        both processes' programs."""
-        if self.lost is not None:
-            raise IpuRuntimeError(f"{what}: {self.lost}")
+        both processes' programs. The bytes sent and received, and the
+        seconds, are added to `stats` and to `counts` (one launch's)."""
+        with self._entering:
+            if self.lost is not None:
+                raise IpuRuntimeError(f"{what}: {self.lost}")
+            number = self.entered
+            self.entered += 1
+            if self._runner is None:
+                self._runner = _Runner()
         began = time.perf_counter()
         header = dict(header, nbytes=len(payload))
         text = json.dumps(header, sort_keys=True).encode()
         if len(text) > HEADER_BYTES:
             text = json.dumps(dict(header, program=header["program"][:200]), sort_keys=True).encode()
         transport = self.transport()
-        try:
+
+        def swap():
             rows = transport.all_gather(np.frombuffer(text.ljust(HEADER_BYTES, b" "), np.uint8))
             headers = [json.loads(bytes(row).decode()) for row in rows]
             _check_alike(headers, self.index)
             width = max(h["nbytes"] for h in headers)
             data = np.zeros(width, np.uint8)
             data[:len(payload)] = np.frombuffer(payload, np.uint8)
-            rows = transport.all_gather(data) if width else np.zeros((self.count, 0), np.uint8)
+            return headers, (transport.all_gather(data) if width else np.zeros((self.count, 0), np.uint8))
+
+        try:
+            headers, rows = self._wait(self._runner.run(swap), number, what)
         except IpuError:
             raise
         except Exception as exc:   # the transport's own failure: a peer gone, a timeout
             why = self.lost or f"{type(exc).__name__}: {exc}"
             self.lose(f"the transport between processes failed ({why})")
             raise IpuRuntimeError(f"{what}: collective between processes failed: {why}") from None
-        self.stats["exchanges"] += 1
-        self.stats["bytes_sent"] += len(payload)
-        self.stats["bytes_received"] += sum(h["nbytes"] for h in headers) - len(payload)
-        self.stats["seconds"] += time.perf_counter() - began
+        received = sum(h["nbytes"] for h in headers) - len(payload)
+        for c in (self.stats, counts) if counts is not None else (self.stats,):
+            c["exchanges"] += 1
+            c["bytes_sent"] += len(payload)
+            c["bytes_received"] += received
+            c["seconds"] += time.perf_counter() - began
         return [(h, bytes(rows[p][:h["nbytes"]])) for p, h in enumerate(headers)]
 
+    def _wait(self, job: _Job, number: int, what: str):
+        """The job's result; while it waits, looks for processes that will
+        not come (a stopped record, or the framework's report of a process
+        gone), and then gives up on it: the transport is left to the job."""
+        wait = FIRST_LOOK_SECONDS
+        while not job.done.wait(wait):
+            wait = LOOK_EVERY_SECONDS
+            why = self.lost or self._stopped_peer(number)
+            if why is not None and not job.done.is_set():
+                self._abandoned = job
+                self.lose(why)
+                raise IpuRuntimeError(f"{what}: collective between processes abandoned: {why}. A failure in "
+                                      "one process stops the collectives of all of them: restart every process")
+        return job.result()
+
+
+def _peek(store, key: str):
+    try:
+        return store.try_get(key)
+    except NotImplementedError:   # a jaxlib without kv_try_get
+        try:
+            return store.get(key, 0.001)
+        except KeyValueError:
+            return None
+
+
+class _Job:
+    def __init__(self, fn):
+        self.fn = fn
+        self.done = threading.Event()
+        self.value = self.error = None
+
+    def result(self):
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class _Runner:
+    """One thread that runs the transport's calls, so that the thread
+    waiting for one can look for stopped processes meanwhile. A daemon:
+    a call left waiting for a process that will not come does not keep
+    the interpreter from exiting."""
+
+    def __init__(self):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="jax-ipu processes", daemon=True).start()
+
+    def run(self, fn) -> _Job:
+        job = _Job(fn)
+        self._jobs.put(job)
+        return job
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                job.value = job.fn()
+            except BaseException as exc:
+                job.error = exc
+            job.done.set()
 
 
 def _check_alike(headers: list[dict], me: int) -> None:
@@ -274,6 +421,8 @@ class ProcessLinks:
         self.ticket: int | None = None     # set when launched
         self._turn_taken = False
         self._crosses: dict = {}
+        self.counts = no_exchanges()    # this launch's exchanges
+        self._exchange_failed = False      # an exchange raised: every process saw it fail
 
     def crosses(self, groups) -> bool:
         found = self._crosses.get(groups)
@@ -295,7 +444,11 @@ class ProcessLinks:
         dtype, shape = values[0].dtype, values[0].shape
         header = {"program": self.name, "fingerprint": self.fingerprint, "step": step,
                   "dtype": dtype.name, "shape": list(shape)}
-        rows = self.processes.exchange(header, b"".join(v.tobytes() for v in values), what)
+        try:
+            rows = self.processes.exchange(header, b"".join(v.tobytes() for v in values), what, self.counts)
+        except BaseException:
+            self._exchange_failed = True
+            raise
         for p, (_, payload) in enumerate(rows):
             if p == self.processes.index or p not in self.ranks_of:
                 continue
@@ -303,6 +456,13 @@ class ProcessLinks:
             theirs = np.frombuffer(payload, dtype).reshape((len(ranks),) + shape)
             for i, rank in enumerate(ranks):
                 slots[rank] = theirs[i, ...]   # a 0-d array, not a numpy scalar
+
+    def failed(self, reason: str) -> None:
+        """A replica of this launch failed here. Unless the failure came from
+        an exchange (which every process saw), the other processes may wait
+        for this one in exchanges it will not join: stop."""
+        if not self._exchange_failed:
+            self.processes.stop(f"its run of {self.name} failed: {reason}")
 
     def finish(self) -> None:
         if self.ticket is not None:

@@ -470,9 +470,14 @@ class _Run:
             if isinstance(exc, KeyboardInterrupt) and not self.device.worker.on_worker_thread():
                 raise    # Ctrl-C during a quick run on the user's thread interrupts the user
             return
-        self.device.last_program = self.program
+        device = self.device
+        device.last_program = self.program
+        # This launch's exchanges with other processes (None: it has none).
+        replica = self.replica
+        device.last_between_processes = between = (
+            None if replica is None or replica.launch.remote is None else replica.launch.remote.counts)
         if profile.ACTIVE is not None:
-            profile.ACTIVE.record(self.program, self.device, self.device.engine.last_run)
+            profile.ACTIVE.record(self.program, device, device.engine.last_run, between)
         if traced:
             tracing.record(self.program, self.device, self.device.engine.last_run, began)
         outputs = self.outputs

@@ -27,7 +27,10 @@ from __future__ import annotations
 import contextlib
 import threading
 
+from jax_ipu.profile.breakdown import BETWEEN_PROCESSES, no_exchanges
+
 ACTIVE = None      # the running Session, or None
+
 # fn() -> the IPU devices whose queued runs a session waits for; the PJRT
 # client installs it (set_devices) when it starts (profiles never import the client).
 _all_devices = None
@@ -43,20 +46,24 @@ class Session:
         self.failed: list = []     # (program, target, message) of compilations out of memory
         self._lock = threading.Lock()
 
-    def record(self, program, device, run) -> None:
-        """Called on the device's worker after each successful run."""
+    def record(self, program, device, run, between: dict | None = None) -> None:
+        """Called on the device's worker after each successful run; `between`:
+        its launch's exchanges with other processes (None: none)."""
         try:
             cycles = run.cycles
             with self._lock:
                 entry = self.entries.get((id(program), device.id))
                 if entry is None:
-                    self.entries[id(program), device.id] = [program, device, 1, cycles, cycles, cycles, run]
-                else:
-                    entry[2] += 1
-                    entry[3] += cycles
-                    entry[4] = min(entry[4], cycles)
-                    entry[5] = max(entry[5], cycles)
-                    entry[6] = run
+                    entry = self.entries[id(program), device.id] = [program, device, 0, 0, cycles, cycles, run,
+                                                                    None, no_exchanges()]
+                entry[2] += 1
+                entry[3] += cycles
+                entry[4] = min(entry[4], cycles)
+                entry[5] = max(entry[5], cycles)
+                entry[6] = run
+                entry[7] = dict(between) if between else None
+                for key in BETWEEN_PROCESSES if between else ():
+                    entry[8][key] += between[key]
         except Exception:   # a profile must never break a run
             pass
 
@@ -71,11 +78,11 @@ class Session:
             entries = [list(e) for e in self.entries.values()]
             failed = list(self.failed)
         out = [build_failed(program, target, message) for program, target, message in failed]
-        for program, device, runs, total, low, high, run in entries:
-            report = build(program, run, device)
+        for program, device, runs, total, low, high, run, between, between_total in entries:
+            report = build(program, run, device, between)
             report["runs"] = {"count": runs, "total_cycles": total, "min_cycles": low, "max_cycles": high,
                               "total_estimated_seconds": runs * report["estimated_seconds"]["host_transfers"]
-                              + total / device.target.clock_hz}
+                              + total / device.target.clock_hz, "between_processes": between_total}
             out.append(report)
         return out
 
@@ -204,4 +211,4 @@ def last(device) -> dict | None:
     if program is None or run is None:
         return None
     from jax_ipu.profile.report import build
-    return build(program, run, device)
+    return build(program, run, device, getattr(device, "last_between_processes", None))

@@ -1,7 +1,8 @@
 """Where a run's time goes: its executed steps summed by kind of work
 (compute, on-chip exchange, sync, IPU-Link collectives, collectives over
 GW-Links between IPU-Link domains, streaming memory transfers, host
-transfers and callbacks), in cycles of the modelled IPU."""
+transfers and callbacks), in cycles of the modelled IPU; and what its
+launch exchanged with other processes."""
 from __future__ import annotations
 
 from jax_ipu.graph.codelets_collectives import COLLECTIVES
@@ -11,6 +12,16 @@ from jax_ipu.graph.codelets_collectives import COLLECTIVES
 _LINK_PREFIXES = tuple(kind.__name__ for kind in COLLECTIVES)
 _STREAMING_PREFIX = "StreamingMemory"
 _GW_LINK_MARK = " (over GW-Links)"      # compiler.lowering.collectives.OVER_GW_LINKS
+# What a run's report counts of its launch's exchanges with other processes
+# (jax.distributed), as pjrt.distributed counts them.
+BETWEEN_PROCESSES = ("exchanges", "bytes_sent", "bytes_received", "seconds")
+
+
+def no_exchanges() -> dict:
+    """Exchanges between processes, the bytes this process sent and
+    received in them, and the seconds they took (the transport's wall
+    time): none yet."""
+    return {**dict.fromkeys(BETWEEN_PROCESSES, 0), "seconds": 0.0}
 
 
 def time_breakdown(steps, phases: dict) -> dict[str, int]:

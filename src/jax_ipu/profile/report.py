@@ -35,6 +35,13 @@
     exchange_bytes    bytes moved between tiles in the last run
     time_breakdown    the last run's cycles by kind of work: compute, exchange,
                       sync, ipu_link (collectives), gw_link (collectives between IPU-Link domains), streaming_memory, host
+    between_processes with jax.distributed, what this process exchanged with the
+                      others for the launch the run was part of (shared by its
+                      IPUs in this process): exchanges, bytes_sent,
+                      bytes_received, seconds (the transport's wall time: the
+                      simulation's cost; on a POD these collectives run over
+                      IPU-Links and GW-Links, charged in time_breakdown); zeros
+                      for a run that exchanged nothing with other processes
     host_transfers    the program's argument and result streams: bytes, cycles
     cycles            device (the last run's steps), host (streams), total
     estimated_seconds device = cycles / clock, host_transfers = bytes / host link,
@@ -53,7 +60,7 @@ import numpy as np
 
 from jax_ipu.graph import programs as p
 from jax_ipu.graph.compute import vertex_codelets
-from jax_ipu.profile.breakdown import time_breakdown
+from jax_ipu.profile.breakdown import no_exchanges, time_breakdown
 
 FORMAT = "jax-ipu-profile/1"
 MAX_STEPS = 10_000     # long loops: the first steps, and the count of the rest
@@ -290,9 +297,8 @@ def _step(kind: str, name: str, cycles: int, nbytes: int, phases: dict) -> dict:
 
 
 # A program's parts of its report that no run changes (memory plan, compute
-# sets, step phases): built once, as they cost more than the rest of a
-# small step's report, and last_profile is read after every step in
-# training loops.
+# sets, step phases): built once, as they took 10 ms of an MLP step's
+# report, and last_profile is read after every step in training loops.
 _STATIC: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -315,9 +321,10 @@ def _copy(x):
     return x
 
 
-def build(program, run, device) -> dict:
+def build(program, run, device, between: dict | None = None) -> dict:
     """The report of `program`'s run (a model.engine.RunRecord) on a pjrt
-    Device (or anything with .id and .target)."""
+    Device (or anything with .id and .target); `between`: the exchanges
+    with other processes of the launch the run was part of."""
     target = device.target
     memory_part, compute_part, phases, tree = _static(program)
     steps = [_step(kind, name, cycles, nbytes, phases) for kind, name, cycles, nbytes in run.steps[:MAX_STEPS]]
@@ -339,6 +346,7 @@ def build(program, run, device) -> dict:
         "program_tree": _copy(tree),
         "exchange_bytes": int(run.exchange_bytes),
         "time_breakdown": time_breakdown(run.steps, phases),
+        "between_processes": dict(between) if between else no_exchanges(),
         "host_transfers": host,
         "cycles": {"device": cycles, "host": int(program.host_cycles), "total": cycles + int(program.host_cycles)},
         "estimated_seconds": {"device": device_seconds, "host_transfers": host["seconds"],

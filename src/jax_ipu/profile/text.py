@@ -87,6 +87,11 @@ def summary(report: dict, top: int = 10) -> str:
         f"  estimated IPU time: {_seconds(seconds['total'])}",
         *_static(report),
     ]
+    between = report.get("between_processes")
+    if between and between["exchanges"]:
+        lines.append(f"  between processes: {between['exchanges']} exchange(s), {_bytes(between['bytes_sent'])} sent, "
+                     f"{_bytes(between['bytes_received'])} received in {_seconds(between['seconds'])} "
+                     "(the transport's wall time, not IPU time)")
     if report.get("trace_file"):
         lines.append(f"  timeline: {report['trace_file']} (open it in https://ui.perfetto.dev or chrome://tracing)")
     runs = report.get("runs")

@@ -16,7 +16,7 @@ from typing import Any
 from jaxlib.mlir import ir as mlir
 from jaxlib.mlir.dialects import stablehlo
 
-from jax_ipu.ir import ConvDimensionNumbers, DotDimensionNumbers, GatherDimensionNumbers, ScatterDimensionNumbers
+from jax_ipu.ir import ConvDimensionNumbers, DotDimensionNumbers, GatherDimensionNumbers, Mesh, ScatterDimensionNumbers
 from jax_ipu.stablehlo import constants
 
 # Our dataclass -> (its binding class, binding property names that differ
@@ -43,6 +43,15 @@ def _structured(ours: type, binding: type, renames: dict[str, str], attr) -> Any
     return ours(**values)
 
 
+def _string(attr) -> str | bytes:
+    """A string attribute's text, or its bytes when they are no UTF-8 (a
+    custom call's backend_config may hold a pointer: JAX's InspectSharding)."""
+    try:
+        return attr.value
+    except (RuntimeError, UnicodeDecodeError):
+        return attr.value_bytes
+
+
 def _dict(attr: mlir.DictAttr) -> dict[str, Any]:
     # Indexing, not NamedAttribute.attr: the latter aborts the process on a
     # complex constant instead of raising.
@@ -53,7 +62,7 @@ _BUILTIN: dict[type, Callable[[Any], Any]] = {
     mlir.BoolAttr: lambda a: a.value,
     mlir.IntegerAttr: lambda a: a.value,
     mlir.FloatAttr: lambda a: a.value,
-    mlir.StringAttr: lambda a: a.value,
+    mlir.StringAttr: lambda a: _string(a),
     mlir.FlatSymbolRefAttr: lambda a: a.value,
     mlir.UnitAttr: lambda a: True,
     mlir.ArrayAttr: lambda a: tuple(convert(x) for x in a),
@@ -78,3 +87,12 @@ def convert(attr) -> Any:
     text = str(attr)
     enum = _ENUM.fullmatch(text)
     return enum[1] if enum else text
+
+
+def mesh(text: str) -> Mesh:
+    """A Shardy mesh as printed: `<["x"=2, "y"=4]>`, `<["x"=2], device_ids=[1, 0]>`,
+    `<[], device_ids=[3]>` (one device), or `mesh<...>` inline in a sharding."""
+    axes, _, rest = text.partition("]")
+    ids = re.search(r"device_ids\s*=\s*\[([^\]]*)\]", rest)
+    return Mesh(tuple((axis, int(size)) for axis, size in re.findall(r'"([^"]+)"\s*=\s*(\d+)', axes)),
+                tuple(int(i) for i in re.findall(r"-?\d+", ids[1])) if ids else None)

@@ -34,8 +34,7 @@ def import_module(code: bytes) -> ir.Module:
             function = _FunctionImporter().run(op)
             functions[function.name] = function
         elif op.name == "sdy.mesh":
-            meshes[op.attributes["sym_name"].value] = tuple(
-                (axis, int(size)) for axis, size in re.findall(r'"([^"]+)"\s*=\s*(\d+)', str(op.attributes["mesh"])))
+            meshes[op.attributes["sym_name"].value] = attributes.mesh(str(op.attributes["mesh"]))
         elif op.name not in _DECLARATIONS:
             raise IpuUnimplementedError(
                 f"{op.name} at {locations.describe(str(op.location))}: module-level op not supported")

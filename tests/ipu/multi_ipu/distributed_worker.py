@@ -167,6 +167,76 @@ def case_killed_peer():
         results["killed_peer"] = {"error": str(exc), "seconds": time.monotonic() - began}
 
 
+def case_between_processes():
+    """What this process exchanged with the others: in the profile of a run
+    whose collective spans processes, none in runs of local programs, and
+    in all through jax_ipu.transfers_between_processes()."""
+    import jax_ipu
+    local = jax.local_devices(backend="ipu")
+    before = jax_ipu.transfers_between_processes()
+    total = shard_map(lambda v: lax.psum(v, "d"))
+    with jax_ipu.profiling() as session:         # twice: the session totals the runs'
+        for _ in range(2):
+            total(global_x()).block_until_ready()
+    sessions = [r["runs"]["between_processes"] for r in session.results]
+    across = [jax_ipu.last_profile(d)["between_processes"] for d in local]
+    from jax_ipu.profile.text import summary
+    text = summary(jax_ipu.last_profile(local[0]))
+    after_across = jax_ipu.transfers_between_processes()
+    here = Mesh(np.array(local), ("d",))
+    jax.jit(jax.shard_map(lambda v: lax.psum(v, "d"), mesh=here, in_specs=P("d"), out_specs=P("d")))(
+        jax.device_put(np.ones((len(local), 3), np.float32), NamedSharding(here, P("d")))).block_until_ready()
+    inside = [jax_ipu.last_profile(d)["between_processes"] for d in local]
+    jax.jit(lambda v: v + 1)(jax.device_put(np.ones(3, np.float32), local[0])).block_until_ready()
+    alone = jax_ipu.last_profile(local[0])["between_processes"]
+    results["between_processes"] = {"before": before, "across": across, "after_across": after_across,
+                                    "sessions": sessions,
+                                    "text": [line for line in text.splitlines() if "between processes" in line],
+                                    "inside": inside, "alone": alone,
+                                    "after": jax_ipu.transfers_between_processes()}
+
+
+def _failing_program():
+    """A psum after a host callback that raises on the last process only."""
+    def check(v):
+        if jax.process_index() == num_processes - 1:
+            raise ValueError(f"bad batch on process {jax.process_index()}")
+        return v
+    return shard_map(lambda v: lax.psum(jax.pure_callback(check, jax.ShapeDtypeStruct(v.shape, v.dtype), v),
+                                        "d"))
+
+
+def _timed_failure(f, arr) -> dict | None:
+    began = time.monotonic()
+    try:
+        f(arr).block_until_ready()
+        return None
+    except Exception as exc:
+        return {"error": str(exc), "seconds": time.monotonic() - began}
+
+
+def case_own_failure():
+    """One process's run fails on its own (its callback raises) while the
+    others wait for it in the psum that follows: they must fail at once,
+    naming it, and so must later collectives, everywhere."""
+    arr = global_x()
+    total = shard_map(lambda v: lax.psum(v, "d"))
+    total(arr).block_until_ready()              # the transport is up
+    results["own_failure"] = {"failure": _timed_failure(_failing_program(), arr),
+                              "later": _timed_failure(total, arr)}
+
+
+def case_exits():
+    """The last process leaves (an uncaught exception ends its script)
+    while the others wait for it in a collective."""
+    arr = global_x()
+    f = shard_map(lambda v: lax.psum(v, "d"))
+    f(arr).block_until_ready()
+    if jax.process_index() == num_processes - 1:
+        raise SystemExit("process leaves before the collective")
+    results["exits"] = _timed_failure(f, arr)
+
+
 def case_link_domains():
     """Where a collective's time goes when its IPUs are in one IPU-Link
     domain or in several (JAX_IPU_IPUS_PER_LINK_DOMAIN)."""

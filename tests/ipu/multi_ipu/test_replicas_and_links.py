@@ -81,23 +81,6 @@ except Exception as exc:
     assert "memory" in proc.stdout.lower() and "tile" in proc.stdout.lower(), proc.stdout
 
 
-def test_partly_manual_shard_map_fails_naming_the_pattern():
-    proc = run_python("""
-import jax, numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-mesh = Mesh(np.array(jax.devices("ipu")).reshape(2, 2), ("a", "b"))
-s = NamedSharding(mesh, P("a"))
-f = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, "a"), mesh=mesh, in_specs=P("a"), out_specs=P("a"),
-                          axis_names={"a"}), in_shardings=s, out_shardings=s)
-try:
-    f(np.ones((4, 4), np.float32))
-except Exception as exc:
-    print("ERROR", exc)
-""", JAX_IPU_DEVICE_COUNT="4", JAX_PLATFORMS="ipu")
-    assert "shard_map over some mesh axes only (axes b left automatic) is not supported" in proc.stdout, \
-        proc.stdout + proc.stderr[-2000:]
-
-
 def test_two_dimensional_mesh_collective_over_one_axis():
     proc = run_python("""
 import jax, numpy as np

@@ -20,7 +20,7 @@ import pytest
 
 WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")
 TIMEOUT_SECONDS = 300
-ALL = "devices,collectives,training,pmap,multihost,second_initialize"
+ALL = "devices,collectives,training,pmap,multihost,second_initialize,between_processes"
 
 # name: (processes, IPUs per process, cases)
 GROUPS = {
@@ -30,6 +30,8 @@ GROUPS = {
     "one_of_three": (1, 3, "devices,collectives,training"),
     "killed": (2, 1, "killed_peer"),
     "mismatch": (2, 1, "mismatch"),
+    "own_failure": (2, 1, "own_failure"),
+    "exits": (2, 1, "exits"),
     "uneven": (2, None, "devices"),      # process 0 models 1 IPU, process 1 two
     "pods_of_two": (1, 4, "link_domains", {"JAX_IPU_IPUS_PER_LINK_DOMAIN": "2"}),
     "one_pod": (1, 4, "link_domains"),
@@ -221,3 +223,61 @@ def test_collectives_between_link_domains_are_charged_as_gw_link_time(runs):
     assert whole["all"]["gw_link"] == 0 and whole["all"]["ipu_link"] > 0
     # The gateway's 25 GB/s and its latency make the crossing ring slower.
     assert split["all"]["gw_link"] > whole["all"]["ipu_link"]
+
+
+def test_profiles_count_the_bytes_moved_between_processes(runs):
+    """A run whose psum spans processes carries its launch's exchange in its
+    profile (2 local IPUs' [4, 3] float32 blocks sent, the other process's
+    received); programs inside one process exchange nothing; profiling
+    sessions total the runs'; the process's total (after the earlier
+    cases' exchanges) grows by the same."""
+    for r in results_of(runs, "two"):
+        b = r["between_processes"]
+        for run in b["across"]:
+            assert run["exchanges"] == 1
+            assert run["bytes_sent"] == run["bytes_received"] == 2 * 4 * 3 * 4
+            assert run["seconds"] > 0
+        for run in b["inside"] + [b["alone"]]:
+            assert run == {"exchanges": 0, "bytes_sent": 0, "bytes_received": 0, "seconds": 0.0}
+        (line,) = b["text"]                           # the report's summary says so
+        assert "between processes: 1 exchange(s), 96 B sent, 96 B received" in line
+        assert b["before"]["exchanges"] > 0          # the earlier cases' collectives
+        for key in ("exchanges", "bytes_sent", "bytes_received"):
+            assert b["after_across"][key] - b["before"][key] == 2 * b["across"][0][key]
+            assert b["after"][key] == b["after_across"][key]
+        # A profiling session's report of the program (one per local IPU) totals its two runs.
+        assert len(b["sessions"]) == 2
+        for runs_total in b["sessions"]:
+            assert (runs_total["exchanges"], runs_total["bytes_sent"], runs_total["bytes_received"]) == (2, 192, 192)
+
+
+def test_a_process_whose_run_fails_stops_the_others_at_once(runs):
+    """The last process's host callback raises before a psum: the other
+    process, waiting for it there, fails naming it and the error, long
+    before the collective timeout; later collectives fail at once in both."""
+    waiting, failed = results_of(runs, "own_failure")
+    failure = waiting["own_failure"]["failure"]
+    assert failure is not None, "the psum completed without the failed process"
+    assert "process 1 stopped" in failure["error"] and "bad batch on process 1" in failure["error"]
+    assert failure["seconds"] < 60
+    assert "bad batch on process 1" in failed["own_failure"]["failure"]["error"]
+    assert "process 1 stopped" in waiting["own_failure"]["later"]["error"]
+    assert "this process stopped taking part" in failed["own_failure"]["later"]["error"]
+    for r in (waiting, failed):
+        assert r["own_failure"]["later"]["seconds"] < 10
+    for log in runs["own_failure"][1]:
+        assert "terminate called" not in log        # the call given up on ended before the interpreter did
+
+
+def test_a_process_that_exits_stops_the_others_at_once(runs):
+    """The last process's script ends with an exception while the other
+    waits for it in a collective (its sockets stay open while JAX waits at
+    shutdown): the other fails at once, saying why."""
+    (waiting, left), logs = runs["exits"]
+    assert left is None and "process leaves before the collective" in logs[1]
+    assert waiting is not None, logs[0][-3000:]
+    failure = waiting["exits"]
+    assert failure is not None and "process 1 stopped" in failure["error"]
+    assert "interpreter exited" in failure["error"]
+    assert failure["seconds"] < 60
+    assert "terminate called" not in logs[0]

@@ -138,25 +138,35 @@ OVER_GW_LINKS = " (over GW-Links)"
 
 
 def link_cycles(target: Target, kernel, ranks: int, domains: tuple = ()) -> int:
-    """A ring over the group's n IPUs: all_reduce moves 2(n-1)/n of the data
-    through each IPU's links in 2(n-1) hops; all_gather, reduce_scatter and
-    all_to_all (n-1)/n in n-1 hops; collective_permute all of it in one hop.
-    Plus one sync across the IPUs. A ring over several IPU-Link domains
-    (`domains`: each rank's) runs at the pace of its GW-Link crossings."""
+    """What `kernel` (a collective over `ranks` IPUs) adds to its compute
+    set: ring_cycles for its group and bytes. A ring over several IPU-Link
+    domains (`domains`: each rank's) runs at the pace of its GW-Link
+    crossings."""
     groups = getattr(kernel, "groups", None)
     n = max((len(g) for g in groups), default=ranks) if groups is not None else 2
+    data = max(kernel.input.size * kernel.input.dtype.itemsize, kernel.out.nbytes)
+    kind = ("all_reduce" if isinstance(kernel, cc.AllReduce)
+            else "collective_permute" if isinstance(kernel, cc.CollectivePermute) else "all_gather")
+    return ring_cycles(target, kind, data, n, domains_crossed(kernel, ranks, domains) if n > 1 else 0)
+
+
+def ring_cycles(target: Target, kind: str, nbytes: int, n: int, crossings: int = 0) -> int:
+    """A ring over a group of n IPUs: all_reduce moves 2(n-1)/n of the data
+    through each IPU's links in 2(n-1) hops; all_gather, reduce_scatter and
+    all_to_all (n-1)/n in n-1 hops; collective_permute all of it in one hop.
+    Plus one sync across the IPUs. `crossings`: the IPU-Link domains the
+    ring spans, less one; it then moves at the GW-Link rate when that is
+    slower, plus a latency per crossing."""
     if n <= 1:
         return 0
-    data = max(kernel.input.size * kernel.input.dtype.itemsize, kernel.out.nbytes)
-    if isinstance(kernel, cc.AllReduce):
-        volume, hops = 2 * (n - 1) / n * data, 2 * (n - 1)
-    elif isinstance(kernel, cc.CollectivePermute):
-        volume, hops = data, 1
+    if kind == "all_reduce":
+        volume, hops = 2 * (n - 1) / n * nbytes, 2 * (n - 1)
+    elif kind == "collective_permute":
+        volume, hops = nbytes, 1
     else:
-        volume, hops = (n - 1) / n * data, n - 1
+        volume, hops = (n - 1) / n * nbytes, n - 1
     per_cycle = target.ipu_link_bytes_per_second * target.ipu_links_per_hop / target.clock_hz
     cycles = np.ceil(volume / per_cycle) + hops * target.ipu_link_latency_cycles + target.ipu_sync_cycles
-    crossings = domains_crossed(kernel, ranks, domains)
     if crossings:
         gw_per_cycle = target.gw_link_bytes_per_second * target.gw_links_per_hop / target.clock_hz
         if gw_per_cycle < per_cycle:

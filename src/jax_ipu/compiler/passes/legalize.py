@@ -16,7 +16,8 @@ from jax_ipu.errors import IpuCompileError, IpuUnimplementedError
 from jax_ipu.targets import IPU_DTYPES, USE_IPU_TYPES
 
 # Ops whose results are their operands, unchanged.
-_IDENTITIES = {"sdy.sharding_constraint", "sharding_constraint"}
+# (sdy.sharding_group, shard_alike's mark, has no results: it goes.)
+_IDENTITIES = {"sdy.sharding_constraint", "sharding_constraint", "sdy.sharding_group"}
 # dce_sink (lax.dce_sink, checkify) only keeps its operands alive: it has no results.
 _IDENTITY_CUSTOM_CALLS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "dce_sink"}
 # Products whose boolean form (an OR of ANDs) runs as an int32 count.
