@@ -224,7 +224,7 @@ def spd(shape, seed=0):
     return a @ np.swapaxes(a, -1, -2) + shape[-1] * np.eye(shape[-1], dtype=np.float32)
 
 
-def run_python(code: str, path=(), **env) -> subprocess.CompletedProcess:
+def run_python(code: str, path=(), timeout: float = 240, **env) -> subprocess.CompletedProcess:
     """Runs `code` in a fresh interpreter with extra environment variables;
     `path`: folders (say, of a test's case modules) put first on its
     PYTHONPATH."""
@@ -235,7 +235,7 @@ def run_python(code: str, path=(), **env) -> subprocess.CompletedProcess:
     full_env.update(env)
     # Run outside the source tree, so that the installed jax_ipu is imported.
     return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True,
-                          text=True, timeout=240, cwd=tempfile.gettempdir())
+                          text=True, timeout=timeout, cwd=tempfile.gettempdir())
 
 
 def rewrite_saved_program(data: bytes, edit, deferred=None) -> bytes:

@@ -1,7 +1,7 @@
 """Sharded programs that once gave wrong answers or were refused on several
 IPUs, each run on 8 IPUs and on 8 XLA:CPU devices with the same mesh, and
 compared: values, and the shardings of the results. Run as a script by
-test_sharding_regressions.py (it needs 8 devices of each platform, which
+test_sharded_programs_match_xla_cpu.py (it needs 8 devices of each platform, which
 only a fresh process can have): prints one JSON line per case.
 
 Each case is fn(devices) -> (results, expect) where `devices` are the

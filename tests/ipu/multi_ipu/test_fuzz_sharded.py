@@ -7,24 +7,19 @@ The default suite runs SHORT_RUN programs from seed 0 in a subprocess (it
 needs 8 devices of each platform); `pytest -m fuzz` runs
 JAX_IPU_FUZZ_PROGRAMS (default 2000) from JAX_IPU_FUZZ_SEED (default 0)."""
 import os
-import subprocess
-import sys
-import tempfile
+import pathlib
 
 import pytest
 
-FUZZ = os.path.join(os.path.dirname(__file__), "..", "fuzz")
+from helpers import run_python
+
+FUZZ = pathlib.Path(__file__).resolve().parents[2] / "fuzz"
 SHORT_RUN = 40
 
 
 def _fuzz(programs: int, seed: int, timeout: int):
-    code = (f"import sys; sys.path.insert(0, {os.path.abspath(FUZZ)!r}); import sharded; "
-            f"sys.exit(sharded.main(['--programs', '{programs}', '--seed', '{seed}']))")
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_IPU", "TF_POPLAR"))}
-    full.pop("JAX_PLATFORMS", None)
-    full.update(JAX_IPU_DEVICE_COUNT="8", JAX_NUM_CPU_DEVICES="8")
-    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=timeout,
-                          cwd=tempfile.gettempdir())
+    code = f"import sys, sharded; sys.exit(sharded.main(['--programs', '{programs}', '--seed', '{seed}']))"
+    return run_python(code, path=[FUZZ], timeout=timeout, JAX_IPU_DEVICE_COUNT="8", JAX_NUM_CPU_DEVICES="8")
 
 
 def test_a_short_run_of_sharded_programs_finds_no_difference():

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from conftest import run_python
+from helpers import run_python
 
 CASES = os.path.join(os.path.dirname(__file__), "sharding_cases.py")
 NAMES = ["matmul_output_split_along_another_axis", "matmul_with_one_axis_split_on_both_dimensions_of_an_operand",

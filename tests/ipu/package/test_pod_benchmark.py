@@ -15,7 +15,7 @@ import pytest
 
 from jax_ipu.targets import get_target
 
-POD = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "pod.py")
+POD = os.path.join(os.path.dirname(__file__), "..", "..", "..", "benchmarks", "pod.py")
 
 
 @pytest.fixture(scope="module")
