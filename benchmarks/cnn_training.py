@@ -19,9 +19,10 @@ import time
 
 import jax
 import jax.numpy as jnp
-import jax_ipu
 import numpy as np
 from jax import lax
+
+import jax_ipu
 
 BATCH = 32
 CHANNELS = (1, 16, 32)
@@ -32,7 +33,7 @@ LEARNING_RATE, B1, B2, EPS = 1e-3, 0.9, 0.999, 1e-8
 def init(seed=0):
     rng = np.random.default_rng(seed)
     params = [(rng.standard_normal((3, 3, a, b)).astype(np.float32) * np.sqrt(2 / (9 * a)), np.zeros(b, np.float32))
-              for a, b in zip(CHANNELS[:-1], CHANNELS[1:])]
+              for a, b in zip(CHANNELS[:-1], CHANNELS[1:], strict=True)]
     params.append((rng.standard_normal((DENSE_IN, 10)).astype(np.float32) * np.sqrt(1 / DENSE_IN),
                    np.zeros(10, np.float32)))
     zeros = jax.tree.map(np.zeros_like, params)

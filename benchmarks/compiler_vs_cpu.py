@@ -11,6 +11,7 @@ inputs already on each device, in one run:
 Goal (issue 3): the IPU Model's wall time at most 2x XLA:CPU's.
 """
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -44,7 +45,7 @@ def cases():
     rng = np.random.default_rng(0)
     f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
     sizes = [784, 512, 512, 10]
-    params = [(f32(m, n) * np.float32(m ** -0.5), f32(n) * 0) for m, n in zip(sizes, sizes[1:])]
+    params = [(f32(m, n) * np.float32(m ** -0.5), f32(n) * 0) for m, n in itertools.pairwise(sizes)]
     x, y = f32(128, 784), np.eye(10, dtype=np.float32)[rng.integers(0, 10, 128)]
     return {
         "elementwise": (elementwise, (f32(1 << 20),)),

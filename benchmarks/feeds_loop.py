@@ -11,14 +11,15 @@ transfers included), for an MNIST-shaped MLP (784-512-512-10, batch 128).
 import argparse
 import functools
 import json
-import runpy
 import pathlib
+import runpy
 import time
 
 import jax
 import jax.numpy as jnp
-import jax_ipu
 from jax import lax
+
+import jax_ipu
 
 training = runpy.run_path(str(pathlib.Path(__file__).with_name("training.py")))
 

@@ -120,14 +120,14 @@ def step_seconds(runs, args, steps: int) -> tuple[list[float], float]:
     arguments are put anew before each call, outside the timing."""
     times = [[] for _ in runs]
     for i in range(steps + 1):
-        for (f, device), got in zip(runs, times):
+        for (f, device), got in zip(runs, times, strict=True):
             put = jax.device_put(args, device)
             jax.block_until_ready(put)
             start = time.perf_counter()
             jax.block_until_ready(f(*put))
             if i:
                 got.append(time.perf_counter() - start)
-    ratio = statistics.median(a / b for a, b in zip(times[0], times[1]))
+    ratio = statistics.median(a / b for a, b in zip(times[0], times[1], strict=True))
     return [statistics.median(t) for t in times], ratio
 
 

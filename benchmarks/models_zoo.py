@@ -16,8 +16,8 @@ weights) and a static loss scale.
 from __future__ import annotations
 
 import functools
-from typing import Any
 from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax

@@ -10,6 +10,7 @@ latency and the sync across IPUs).
     python benchmarks/multi_ipu.py [--batch 512] [--repeats 10] [--json FILE]
 """
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -45,7 +46,7 @@ def measure(n: int, batch: int, repeats: int) -> dict:
     rng = np.random.default_rng(0)
     sizes = [784, 512, 512, 10]
     params = [(rng.standard_normal((m, k)).astype(np.float32) * np.float32(m ** -0.5), np.zeros(k, np.float32))
-              for m, k in zip(sizes, sizes[1:])]
+              for m, k in itertools.pairwise(sizes)]
     x = rng.standard_normal((n, batch // n, 784)).astype(np.float32)
     y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, (n, batch // n))]
     # Inputs on the devices once, split along the leading (per-IPU) axis.

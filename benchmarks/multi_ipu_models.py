@@ -55,7 +55,7 @@ def gpt2_row(model: str, batch: int, seq: int | None, steps: int, amp: float | N
     cpu = cpu_step_seconds(gpt2, cfg, batch, seq or (cfg.context if model == "tiny" else 128))
     result = gpt2["main"](argv)
     seq = seq or (cfg.context if model == "tiny" else 128)
-    diff = max(abs(a - b) for a, b in zip(result["losses"], result["cpu_losses"]))
+    diff = max(abs(a - b) for a, b in zip(result["losses"], result["cpu_losses"], strict=True))
     row = {"model": f"GPT-2 {model}", "ipus": result["ipus"], "params_millions": result["params"] / 1e6, "tokens": batch * seq,
            "loss_max_abs_diff_vs_cpu": diff,
            "sram_peak_mib": [r["memory"]["total_bytes"] / 2**20 for r in result["reports"]],
@@ -87,7 +87,7 @@ def pipeline_row() -> dict:
     time_ms = {k: v / clock * 1e3 for k, v in parts.items()}
     time_ms["pipeline_bubble"] = pipeline.bubble_fraction(stages, count) * staged / clock * 1e3
     return {"model": f"pipelined MLP, {stages} stages x {count} micro-batches",
-            "loss_max_abs_diff_vs_cpu": max(abs(a - b) for a, b in zip(losses, cpu_losses)),
+            "loss_max_abs_diff_vs_cpu": max(abs(a - b) for a, b in zip(losses, cpu_losses, strict=True)),
             "ipus": stages, "sram_peak_mib": [report["memory"]["total_bytes"] / 2**20], "streaming_mib": [0.0],
             "ipu_step_ms": total / clock * 1e3, "samples_per_second": batch / (total / clock),
             "time_ms": time_ms, "model_wall_s": wall}

@@ -23,8 +23,9 @@ allow_out_of_memory so that one that does not fit is still measured:
   compiled for one IPU: what each of the R IPUs runs A times per update;
 - the update over the R IPUs: jit of a shard_map in which each replica
   averages its accumulated gradients over the replicas (lax.pmean: an
-  all-reduce per gradient tensor, as JAX emits them), applies one
-  SGD-momentum step and zeroes the accumulators.
+  all-reduce per gradient tensor as JAX emits them, which the compiler
+  combines into one, as Graphcore's GCL and XLA's all-reduce combiner
+  do), applies one SGD-momentum step and zeroes the accumulators.
 
 The POD's step is A micro-batches plus the update, per replica; replicas
 run in step, so the POD's throughput is R times a replica's. Every figure
@@ -32,10 +33,7 @@ is the compiler's estimate from component figures: compute, exchange and
 syncs of each program, and each all-reduce charged by
 compiler/lowering/collectives.py (ring_cycles: 2(n-1)/n of the bytes
 through each IPU's links at the IPU-Link rate, 2(n-1) hop latencies and a
-sync across the IPUs) plus its on-tile reduction. Also printed: the
-all-reduces combined into one buffer (the same ring_cycles on the
-gradients' total bytes), as Graphcore's GCL and XLA's all-reduce combiner
-merge them. The whole step in one jit (a lax.scan over the micro-batches)
+sync across the IPUs) plus its on-tile reduction. The whole step in one jit (a lax.scan over the micro-batches)
 is what Graphcore ran on the device, with the same cycles; it is not
 compiled here because the memory plan counts every tensor of a loop's
 body as live for the whole loop (docs/multi-ipu.md).
@@ -128,7 +126,8 @@ def update_step(args, mesh):
     accumulators donated."""
     import jax
     import optax
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     _, tx, scale, variables, _, _ = parts_of(args)
     params = variables["params"]
@@ -196,7 +195,7 @@ def main(argv=None) -> dict:
         os.environ["JAX_IPU_MODEL_NUM_TILES"] = str(args.tiles)
     import jax
     import models
-    from jax_ipu.compiler.lowering.collectives import ring_cycles
+
     from jax_ipu.targets import get_target
 
     models.instrument()
@@ -240,10 +239,6 @@ def main(argv=None) -> dict:
            "gradient_tensors": len(jax.tree.leaves(params))}
     pod["images_per_s_per_ipu"] = images / pod["step_s"]
     pod["images_per_s"] = pod["images_per_s_per_ipu"] * args.replicas
-    # The same gradients in one all-reduce (a combined buffer), by the same ring_cycles.
-    combined = ring_cycles(target, "all_reduce", grad_bytes, args.replicas)
-    pod["combined_all_reduce_link_cycles"] = combined
-    pod["combined_images_per_s_per_ipu"] = images / ((cycles - update["all_reduce_link_cycles"] + combined) / clock)
 
     r = {"program": label, "target": target.describe(), "one_ipu": one, "accumulate": accumulate,
          "update": update, "pod": pod,
@@ -264,12 +259,10 @@ def main(argv=None) -> dict:
     print(f"    a micro-batch: {accumulate['cycles']:,} cycles = {ms(accumulate['cycles'])}; {fits(accumulate)}")
     print(f"    the update: {update['cycles']:,} cycles = {ms(update['cycles'])}, of which {update['all_reduces']} "
           f"all-reduces of {grad_bytes / 1e6:.1f} MB of gradients {ms(update['all_reduce_cycles'])} (IPU-Links "
-          f"{ms(update['all_reduce_link_cycles'])}; combined into one buffer they would take {ms(combined)}); "
-          f"{fits(update)}")
+          f"{ms(update['all_reduce_link_cycles'])}); {fits(update)}")
     print(f"    step {args.accumulate} x {ms(accumulate['cycles'])} + {ms(update['cycles'])} = "
           f"{pod['step_s'] * 1e3:.2f} ms: {pod['images_per_s_per_ipu']:,.0f} images/s per IPU, "
-          f"{pod['images_per_s']:,.0f} images/s on {args.replicas} IPUs ({pod['combined_images_per_s_per_ipu']:,.0f} per "
-          f"IPU with one combined all-reduce)")
+          f"{pod['images_per_s']:,.0f} images/s on {args.replicas} IPUs")
     print(f"  Graphcore, IPU-POD16, MLPerf Training v1.0 (micro-batch 20, 6 accumulated): about "
           f"{MLPERF_V1_0_IMAGES_PER_SECOND_PER_IPU:,} images/s per IPU; v1.1: about "
           f"{MLPERF_V1_1_IMAGES_PER_SECOND_POD16:,} images/s on a POD16")

@@ -99,7 +99,7 @@ def programs(device, count: int) -> Samples:
     x = jax.device_put(np.arange(32, dtype=np.float32), device)
     for i in range(1, count + 1):
         c = float(i)
-        f = jax.jit(lambda v: jnp.tanh(v * c)[::2] + jnp.max(v) - c)   # a new program each time
+        f = jax.jit(lambda v, c=c: jnp.tanh(v * c)[::2] + jnp.max(v) - c)   # a new program each time
         np.asarray(f(x))
         del f
         samples.tick(i)

@@ -17,8 +17,9 @@ import time
 
 import jax
 import jax.numpy as jnp
-import jax_ipu
 import numpy as np
+
+import jax_ipu
 
 SIZES = [784, 512, 512, 10]
 BATCH = 128
@@ -27,7 +28,7 @@ BATCH = 128
 def init(seed=0):
     rng = np.random.default_rng(seed)
     return [(rng.standard_normal((a, b)).astype(np.float32) * np.sqrt(2 / a), np.zeros(b, np.float32))
-            for a, b in zip(SIZES[:-1], SIZES[1:])]
+            for a, b in zip(SIZES[:-1], SIZES[1:], strict=True)]
 
 
 def loss_fn(params, x, y):
@@ -102,7 +103,7 @@ def main():
     s_cpu, s_ipu = seconds_per_step([cpu, ipu], args.steps, args.rounds)
     t_cpu, t_ipu = statistics.median(s_cpu), statistics.median(s_ipu)
     # Each round's IPU block against the CPU block next to it.
-    paired = sorted(i / c for i, c in zip(s_ipu, s_cpu))
+    paired = sorted(i / c for i, c in zip(s_ipu, s_cpu, strict=True))
     compiled = jax.jit(step, donate_argnums=0).lower(jax.device_put(init(), ipu), *batches(1)[0]).compile()
     est = jax_ipu.estimated_seconds(compiled.cost_analysis()["estimated_cycles"], ipu)
     result = {"host_bytes_per_step_donated": donated, "host_bytes_per_step_not_donated": kept,

@@ -1,5 +1,5 @@
 """Screenshots of a profile's report page, as in docs/images/ (headless
-chromium through Playwright, as tests/ipu/test_profile_browser.py runs it).
+chromium through Playwright, as tests/ipu/profile/test_report_in_browser.py runs it).
 
     python examples/profile_report.py --out profile
     python docs/screenshot.py profile/jit_train_step-0.html docs/images/profile-report

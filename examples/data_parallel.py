@@ -37,9 +37,10 @@ def main(argv=None) -> list[float]:
     elif "OMPI_COMM_WORLD_SIZE" in os.environ or "SLURM_NTASKS" in os.environ:
         jax.distributed.initialize()            # mpirun / srun: JAX reads rank and size itself
 
-    import numpy as np
     import jax.numpy as jnp
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     import jax_ipu
 
@@ -55,7 +56,7 @@ def main(argv=None) -> list[float]:
     rng = np.random.default_rng(0)
     sizes = [32, 64, 64, 10]
     params = [((rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32), np.zeros(b, np.float32))
-              for a, b in zip(sizes[:-1], sizes[1:])]
+              for a, b in zip(sizes[:-1], sizes[1:], strict=True)]
     params = jax.device_put(params, replicated)
     teacher = rng.standard_normal((32, 10)).astype(np.float32)
 

@@ -22,7 +22,8 @@ os.environ.setdefault("JAX_IPU_DEVICE_COUNT", "8")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P
 
 import jax_ipu  # noqa: E402
 
@@ -226,7 +227,7 @@ def main(argv=None) -> dict:
     seconds = cycles / clock
     tokens = args.batch * seq
     budget = jax_ipu.target(ipus[0]).num_tiles * jax_ipu.target(ipus[0]).bytes_per_tile
-    for d, r, b in zip(ipus, reports, streaming):
+    for d, r, b in zip(ipus, reports, streaming, strict=True):
         print(f"IPU {d.id}: SRAM peak {r['memory']['total_bytes'] / 2**20:8.1f} MiB of {budget / 2**20:.0f} "
               f"(busiest tile {r['memory']['max_bytes'] / 1024:.0f} KiB of {r['memory']['bytes_per_tile'] // 1024}),"
               f" streaming memory in use {b / 2**20:.1f} MiB")

@@ -13,15 +13,16 @@ import time
 
 import jax
 import jax.numpy as jnp
-import jax_ipu
 import numpy as np
 from sklearn.datasets import load_digits
 from tqdm import tqdm
 
+import jax_ipu
+
 
 def init_params(key, sizes):
     params = []
-    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+    for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
         key, sub = jax.random.split(key)
         params.append((jax.random.normal(sub, (fan_in, fan_out)) * np.sqrt(2.0 / fan_in),
                        jnp.zeros(fan_out)))

@@ -9,16 +9,17 @@ backend too (`--platform cpu`), through the feeds' portable fallback.
 """
 import argparse
 import functools
-import runpy
 import pathlib
+import runpy
 import time
 
 import jax
 import jax.numpy as jnp
-import jax_ipu
 import numpy as np
 from jax import lax
 from tqdm import tqdm
+
+import jax_ipu
 
 classifier = runpy.run_path(str(pathlib.Path(__file__).with_name("mnist_classifier.py")))
 

@@ -20,7 +20,8 @@ os.environ.setdefault("JAX_IPU_DEVICE_COUNT", "4")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P
 
 import jax_ipu  # noqa: E402
 from jax_ipu import pipeline  # noqa: E402
@@ -59,7 +60,7 @@ def reference_step(lr: float):
         def loss(params):
             h = x
             for k in range(params[0].shape[0]):
-                h = stage(jax.tree.map(lambda p: p[k], params), h)
+                h = stage(jax.tree.map(lambda p, k=k: p[k], params), h)
             return jnp.mean((h - y) ** 2)
         value, grads = jax.value_and_grad(loss)(params)
         return jax.tree.map(lambda p, g: p - lr * g, params, grads), value

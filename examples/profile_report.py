@@ -16,9 +16,10 @@ import os
 
 import flax.linen as nn
 import jax
-import jax_ipu
 import numpy as np
 import optax
+
+import jax_ipu
 
 
 class Block(nn.Module):

@@ -5,8 +5,9 @@ checked against the CPU backend.
 """
 import jax
 import jax.numpy as jnp
-import jax_ipu
 import numpy as np
+
+import jax_ipu
 
 
 def layer(params, x):

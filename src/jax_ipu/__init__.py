@@ -8,12 +8,17 @@ Install it and JAX finds the `ipu` platform by itself:
 
 This module holds the small public API; nothing heavy is imported here.
 """
-from jax_ipu.version import __version__  # noqa: F401
-
 from jax_ipu import profile  # noqa: F401  (light: start/stop/profiling)
-from jax_ipu.errors import (IpuCompileError, IpuError, IpuInvalidArgument,  # noqa: F401
-                            IpuOutOfMemoryError, IpuRuntimeError, IpuUnimplementedError)
+from jax_ipu.errors import (  # noqa: F401
+    IpuCompileError,
+    IpuError,
+    IpuInvalidArgument,
+    IpuOutOfMemoryError,
+    IpuRuntimeError,
+    IpuUnimplementedError,
+)
 from jax_ipu.profile import profiling  # noqa: F401
+from jax_ipu.version import __version__  # noqa: F401
 
 
 def _client():

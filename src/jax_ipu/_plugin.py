@@ -14,7 +14,7 @@ def initialize() -> None:
     from jax._src.interpreters import mlir
     from jaxlib.mlir.dialects import stablehlo
 
-    from jax_ipu import callbacks, lowerings
+    from jax_ipu.frontend import callbacks, jax_rules
     from jax_ipu.pjrt import _capi
 
     def version(text: str) -> tuple[int, ...]:
@@ -37,5 +37,5 @@ def initialize() -> None:
     # once registered here (profile/tracing.py).
     from jax._src.lib import _profiler
     _profiler.register_plugin_profiler(capsule)
-    lowerings.register()
+    jax_rules.register()
     callbacks.install()

@@ -14,7 +14,6 @@ import json
 import os
 import sys
 
-
 TRACE_SUFFIX = ".trace.json"
 
 
@@ -98,6 +97,7 @@ def _trace(args) -> int:
 
 def _devices(args) -> int:
     import jax
+
     import jax_ipu
     for device in jax.devices("ipu"):
         print(f"{device!r}: {jax_ipu.target(device).describe()}")

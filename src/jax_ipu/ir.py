@@ -32,7 +32,7 @@ ELEMENT_TYPES: dict[str, np.dtype] = {
 }
 TYPE_NAMES: dict[np.dtype, str] = {v: k for k, v in ELEMENT_TYPES.items()}
 
-# The custom_call target of host callbacks (jax_ipu.callbacks emits it, the
+# The custom_call target of host callbacks (jax_ipu.frontend.callbacks emits it, the
 # compiler lowers it to a HostCall).
 HOST_CALLBACK_TARGET = "jax_ipu.host_callback"
 

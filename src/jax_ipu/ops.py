@@ -18,8 +18,6 @@ from collections.abc import Callable
 import numpy as np
 
 
-
-
 def _unsigned(dtype: np.dtype) -> np.dtype:
     return np.dtype(f"u{dtype.itemsize}")
 
@@ -151,7 +149,7 @@ def _clamp(lo, x, hi, dtype, attrs):
 
 _BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 # From this many elements a select picks bits with masks: np.where branches
-# on each element and costs 5 ns an element on a random predicate.
+# on each element and mispredicts on a random predicate.
 MASKED_SELECT = 1024
 
 
@@ -163,7 +161,7 @@ def _select(pred, on_true, on_false, dtype, attrs):
     # f ^ ((t ^ f) * pred), in unsigned integers of the element's width: the
     # chosen operand's bits (pred's bytes are 0 or 1, widened inside the
     # multiply's loop: one pass, against two to make a mask of ones and a
-    # third to apply it, 42 -> 20 us for relu's gradient on 64K elements).
+    # third to apply it).
     bits = _BITS[dtype.itemsize]
     flag = p.view(np.uint8)
     # The result in an array of its own (base None), which a chain keeps
@@ -337,6 +335,13 @@ TRANSCENDENTAL = frozenset(name for name, op in OPS.items() if op.transcendental
 # Chains of these alone run at memory speed in numpy ("constant": a chain's
 # immediate, materialised once).
 FAST_IN_NUMPY = frozenset(name for name, op in OPS.items() if op.fast_in_numpy) | {"constant"}
+# The ops a reduction (or a collective's, or a scatter's combiner) applies
+# by itself, without a body program: each one's numpy ufunc, whose reduce
+# and accumulate the Model uses. A reduction whose body is one of these on
+# its two arguments is lowered to them (compiler/lowering/reduce.py).
+REDUCE_OPS: dict[str, np.ufunc] = {"add": np.add, "multiply": np.multiply, "maximum": np.maximum,
+                                   "minimum": np.minimum, "and": np.bitwise_and, "or": np.bitwise_or,
+                                   "xor": np.bitwise_xor}
 
 
 def ufunc_for(op: str, operand_dtype: np.dtype) -> np.ufunc | None:

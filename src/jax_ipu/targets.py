@@ -58,7 +58,7 @@ class Target:
     # assumed to use this many links per hop and direction (unverified).
     ipu_link_bytes_per_second: float = 32e9
     ipu_links_per_hop: int = 1
-    ipu_link_latency_cycles: int = 1000     # per hop, ~0.75 us at 1.33 GHz (unverified)
+    ipu_link_latency_cycles: int = 1000     # per hop (unverified)
     ipu_sync_cycles: int = 2000             # sync across IPUs per collective (unverified)
     # GW-Links between IPU-Link domains (IPU-PODs): each IPU-Machine's
     # gateway has 2 x 100 Gbps (Bow-2000 datasheet, IPU-M2000 datasheet);

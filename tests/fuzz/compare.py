@@ -141,7 +141,7 @@ def compare_results(program, got, want) -> Outcome:
             return Outcome("jax_error", f"{type(got).__name__}: {got}"[:300])
         return Outcome("ipu_error", f"{type(got).__name__}: {got}"[:2000])
     problems = []
-    for name, g, w in zip(program.outputs, got, want):
+    for name, g, w in zip(program.outputs, got, want, strict=True):
         var = program.vars[name]
         if g.shape != w.shape or g.dtype != w.dtype:
             problems.append(f"{name}: ipu {g.dtype}{list(g.shape)}, cpu {w.dtype}{list(w.shape)}")
@@ -194,7 +194,7 @@ def _f64_values(program, cpu) -> dict | None:
         with jax.enable_x64(True):
             args = [a.astype(np.float64) if a.dtype == np.float32 else a for a in program.inputs.values()]
             out = jax.jit(q.function())(*jax.device_put(args, cpu))
-            return {name: np.asarray(v) for name, v in zip(q.outputs, out)}
+            return {name: np.asarray(v) for name, v in zip(q.outputs, out, strict=True)}
     except Exception:   # noqa: BLE001
         return None
 
@@ -319,7 +319,7 @@ def _overflow_order(program, got, want, lines=None) -> bool:
         return False
     summed = _from_sums(program)
     values = None
-    for name, g, w in zip(program.outputs, got, want):
+    for name, g, w in zip(program.outputs, got, want, strict=True):
         if w.dtype.kind != "f":
             if not np.array_equal(g, w):
                 return False
@@ -365,7 +365,7 @@ def _line_values(program, ipus, cpu, inputs=None, cpu_program=None):
     got, want = run(q, ipus, cpu, inputs, cpu_program=r)
     if isinstance(got, Exception) or isinstance(want, Exception):
         return None
-    return dict(zip(q.outputs, got)), dict(zip(q.outputs, want))
+    return dict(zip(q.outputs, got, strict=True)), dict(zip(q.outputs, want, strict=True))
 
 
 def _with_sum_scales(program, cpu):
@@ -382,7 +382,7 @@ def _with_sum_scales(program, cpu):
     q.outputs = sorted(summed, key=lambda n: int(n[1:]))
     try:
         values = dict(zip(q.outputs, (np.asarray(v) for v in jax.jit(q.function())(
-            *jax.device_put(list(program.inputs.values()), cpu)))))
+            *jax.device_put(list(program.inputs.values()), cpu))), strict=True))
     except Exception:   # noqa: BLE001
         return None
     scales = {}
@@ -460,4 +460,4 @@ def _accepted(program, reference, got, want, ipus, cpu, outcome) -> str | None:
 def _differences(program, got, want) -> int:
     scales = getattr(program, "scales", {})
     return sum(int((_mismatch_floats(g, w, program.vars[n], scales.get(n, 0.0)) if w.dtype.kind == "f" else g != w)
-                   .sum()) for n, g, w in zip(program.outputs, got, want))
+                   .sum()) for n, g, w in zip(program.outputs, got, want, strict=True))

@@ -45,7 +45,7 @@ def _cpu_values(p, cpu) -> dict:
     f = q.function()
     args = jax.device_put(list(p.inputs.values()), cpu)
     out = jax.jit(jax.vmap(f, axis_name="i") if p.kind == "pmap" else f)(*args)
-    return {name: np.asarray(v) for name, v in zip(q.outputs, out)}
+    return {name: np.asarray(v) for name, v in zip(q.outputs, out, strict=True)}
 
 
 def minimise(program, ipus, cpu, status: str, budget: int = 60):
@@ -73,7 +73,7 @@ def minimise(program, ipus, cpu, status: str, budget: int = 60):
         values = _cpu_values(p, cpu)
     except Exception:   # noqa: BLE001
         values = {}
-    for name, expr, family in reversed(list(p.lines)):
+    for _, expr, _ in reversed(list(p.lines)):
         operands = [r for r in _reads(expr) if r in values]
         if not operands:
             continue

@@ -32,12 +32,22 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from values import (ARR_SOURCE, DTYPES, FLOATS, PERIOD, array_source, float_specials, int_specials, random_values,
-                    scalar_source)
-
-from jax_ipu.model.executors import elementwise as model_elementwise, reduce as model_reduce
+from jax_ipu.model.executors import elementwise as model_elementwise
+from jax_ipu.model.executors import reduce as model_reduce
 from jax_ipu.model.fast import blas, lanes, xla_chains
 from jax_ipu.pjrt.executable import QUICK_ELEMENTS
+from values import (
+    ARR_SOURCE,
+    DTYPES,
+    FLOATS,
+    PERIOD,
+    array_source,
+    float_specials,
+    int_specials,
+    random_values,
+    scalar_source,
+)
+
 
 def _ftz(x):
     """x with float32 subnormals made zeros of their sign (compare.py)."""
@@ -229,7 +239,7 @@ class Builder:
                    for v in self.vars.values()]
 
         def fn(*args):
-            return eval(expr, NAMESPACE, dict(zip(names, args)))
+            return eval(expr, NAMESPACE, dict(zip(names, args, strict=True)))
         try:
             out = jax.eval_shape(jax.vmap(fn, axis_name="i") if self.kind == "pmap" else fn, *structs)
         except Exception as e:     # an op JAX rejects (shapes, dtypes): propose another
@@ -474,7 +484,7 @@ def gen_structural(b: Builder):
         return b.add(f"jnp.flip({name}, axis={int(rng.integers(r))})", "structural", **flags)
     if choice == 6 and r >= 1:
         starts = [int(rng.integers(0, max(d, 1))) for d in v.shape]
-        limits = [int(rng.integers(s, d + 1)) for s, d in zip(starts, v.shape)]
+        limits = [int(rng.integers(s, d + 1)) for s, d in zip(starts, v.shape, strict=True)]
         strides = [int(rng.integers(1, 3)) for _ in v.shape]
         return b.add(f"lax.slice({name}, {starts}, {limits}, {strides})", "structural", **flags)
     if choice == 7 and r >= 1:

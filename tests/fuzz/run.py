@@ -5,7 +5,7 @@
 runs programs seed, seed+1, ... (programs.generate), each on ipu and on
 the CPU backend, compares them (compare.py) and minimises every failure to
 a reproducer printed as Python source. pytest runs the same loop
-(tests/ipu/test_fuzz.py). Needs two ipu devices for the collective
+(tests/ipu/user_programs/test_fuzz.py). Needs two ipu devices for the collective
 programs (JAX_IPU_DEVICE_COUNT=2, which this script sets if unset)."""
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import sys
 import time
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# (Its siblings compare, minimise and programs are imported from its own
+# folder: the script's, or pytest's pythonpath.)
 os.environ.setdefault("JAX_IPU_DEVICE_COUNT", "2")
 
 import jax  # noqa: E402

@@ -36,7 +36,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P
 
 RTOL = 1e-4
 MESHES = [(2,), (4,), (8,), (2, 2), (2, 4), (4, 2), (2, 2, 2)]
@@ -104,7 +105,7 @@ class Gen:
         self.rng = rng
         self.mesh_shape = MESHES[rng.integers(len(MESHES))]
         self.axes = NAMES[:len(self.mesh_shape)]
-        self.size = dict(zip(self.axes, self.mesh_shape))
+        self.size = dict(zip(self.axes, self.mesh_shape, strict=False))
         self.vars: dict[str, Var] = {}
         self.inputs: dict = {}
         self.in_specs: dict = {}
@@ -260,7 +261,7 @@ class Gen:
         if form == 4:
             d = int(self.rng.integers(r))
             other = self.pick(lambda w: w.dtype == v.dtype and len(w.shape) == r and all(
-                a == b for i, (a, b) in enumerate(zip(w.shape, v.shape)) if i != d))
+                a == b for i, (a, b) in enumerate(zip(w.shape, v.shape, strict=False)) if i != d))
             shape = v.shape[:d] + (v.shape[d] + self.vars[other].shape[d],) + v.shape[d + 1:]
             return self.add(f"jnp.concatenate([{n}, {other}], axis={d})", shape, v.dtype,
                             v.exact and self.vars[other].exact)
@@ -361,7 +362,7 @@ class Gen:
         args = list(dict.fromkeys(args))
         specs = [self.spec(self.vars[a].shape, manual) for a in args]
         body_vars = {}
-        for a, s in zip(args, specs):
+        for a, s in zip(args, specs, strict=False):
             local = list(self.vars[a].shape)
             vary = set()
             for d, axes in enumerate(s):
@@ -371,7 +372,7 @@ class Gen:
             body_vars[a] = Var(tuple(local), "f", self.vars[a].exact, frozenset(vary))
         fn = f"sm{self.count + 1}"
         params = [f"a{i}" for i in range(len(args))]
-        env = {p: body_vars[a] for p, a in zip(params, args)}
+        env = {p: body_vars[a] for p, a in zip(params, args, strict=False)}
         body = []
         count = 0
 
@@ -552,7 +553,7 @@ def compare(program: Program) -> tuple[str, str]:
         if not _differences(got, plain):
             return "xla_cpu_differs", "; ".join(problems)
     if program.out_specs is not None and not program.grad:
-        for i, (gs, ws) in enumerate(zip(got_specs, want_specs)):
+        for i, (gs, ws) in enumerate(zip(got_specs, want_specs, strict=False)):
             if gs != ws:
                 problems.append(f"output {i}: sharding {gs} != {ws}")
     return ("mismatch", "; ".join(problems)) if problems else ("ok", "")
@@ -560,7 +561,7 @@ def compare(program: Program) -> tuple[str, str]:
 
 def _differences(got, want) -> list[str]:
     problems = []
-    for i, (g, w) in enumerate(zip(got, want)):
+    for i, (g, w) in enumerate(zip(got, want, strict=False)):
         if g.shape != w.shape or g.dtype != w.dtype:
             problems.append(f"output {i}: {g.dtype}{g.shape} != {w.dtype}{w.shape}")
         elif w.dtype.kind in "iub":

@@ -17,15 +17,27 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
-from jax_ipu import gc_pause, ir
-# Importing the rule modules registers their lowering rules.
-from jax_ipu.compiler.lowering import (collectives, control, conv, host, indexing, layout, linalg,  # noqa: F401
-                                       matmul, reduce, sort, windows)
+from jax_ipu import ir
 from jax_ipu.compiler.builder import Builder
 from jax_ipu.compiler.cost import cost_steps, static_cycles
+
+# Importing the rule modules registers their lowering rules.
+from jax_ipu.compiler.lowering import (  # noqa: F401
+    collectives,
+    control,
+    conv,
+    host,
+    indexing,
+    layout,
+    linalg,
+    matmul,
+    reduce,
+    sort,
+    windows,
+)
 from jax_ipu.compiler.options import CompileOptions
 from jax_ipu.compiler.passes import spmd, streaming
 from jax_ipu.compiler.passes.demote import demote_64bit
@@ -42,6 +54,7 @@ from jax_ipu.graph.program import Program
 from jax_ipu.graph.views import View
 from jax_ipu.ir_printer import format_flat, format_module
 from jax_ipu.targets import Target
+from jax_ipu.utils import gc_pause
 
 __all__ = ["CompileOptions", "Compilation", "PASSES", "compile_module"]
 
@@ -220,7 +233,10 @@ def _dump(c: Compilation, index: int, name: str) -> None:
         f.write(text + "\n")
 
 
-def compile_module(module: ir.Module, target: Target, options: CompileOptions = CompileOptions()) -> Program:
+_DEFAULT_OPTIONS = CompileOptions()      # (frozen: one object serves every call)
+
+
+def compile_module(module: ir.Module, target: Target, options: CompileOptions = _DEFAULT_OPTIONS) -> Program:
     if options.f64_policy not in ("error", "as_f32"):
         raise IpuCompileError(f"f64_policy={options.f64_policy!r} is not supported; use 'error' or 'as_f32'")
     dumping = bool(options.dump_to) and (options.dump_module_re is None

@@ -17,8 +17,8 @@ import numpy as np
 
 from jax_ipu import ir
 from jax_ipu.compiler import cost
-from jax_ipu.compiler.planners import mapping
 from jax_ipu.compiler.options import CompileOptions
+from jax_ipu.compiler.planners import mapping
 from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.graph import codelets
 from jax_ipu.graph.compute import ComputeSet, VertexArray, compact, range_index, spans
@@ -198,7 +198,7 @@ class Builder:
     def pattern(self, key, make):
         """make() -> a tuple (of arrays) describing vertices, built once per
         key: the arrays are shared, never written, by every compute set
-        with that key (the same product in each of GPT-2's 12 layers), so
+        with that key (the same product in each layer of a transformer), so
         the cost pass also counts their exchange once (see
         cost.cost_steps). Keys name mappings by identity (they never
         change) and hold them, so an id is never reused while compiling."""

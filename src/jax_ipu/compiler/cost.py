@@ -13,7 +13,6 @@ from jax_ipu.ops import cycles_per_vector
 from jax_ipu.targets import Target
 
 
-
 def worker_cycles(target: Target, n: int, per_vector: float, vector_width: int) -> int:
     """Cycles for n elements split over the tile's workers: each worker
     issues once every `workers` cycles (round robin), so work on fewer than
@@ -175,8 +174,7 @@ COPY_CHUNK = 1 << 16
 
 def _bincount_chunked(values: np.ndarray, tiles: int) -> np.ndarray:
     """np.bincount in chunks that stay in cache (bincount widens its input
-    to intp): whole-array passes took 15 of the 18 s that a ResNet-50
-    step's 1.8G copied elements cost."""
+    to intp): whole-array passes cost most of a large program's costing."""
     counts = np.zeros(tiles, np.int64)
     for start in range(0, values.size, COPY_CHUNK):
         counts += np.bincount(values[start:start + COPY_CHUNK], minlength=tiles)
@@ -185,7 +183,7 @@ def _bincount_chunked(values: np.ndarray, tiles: int) -> np.ndarray:
 
 def cost_copy(target: Target, step: Copy) -> np.ndarray:
     # The per-element tiles made here are dropped afterwards: kept for
-    # every copied tensor, they took gigabytes of a ResNet-50 compile.
+    # every copied tensor, they took gigabytes of a large program's compile.
     mappings = [t.mapping for t in (step.dst, *step.src.tensors) if not t.mapping.holds_element_tiles]
     try:
         return _cost_copy(target, step)
@@ -203,12 +201,12 @@ def _kept_in_order(dst, parts: tuple, axis: int, tiles: int) -> np.ndarray | Non
     too short for that to pay (per element then)."""
     runs = sum(len(part.tensor.mapping.tiles) for part in parts)
     inner = [int(np.prod(part.shape[axis:], dtype=np.int64)) for part in parts]
-    if runs + sum(part.size // max(c, 1) for part, c in zip(parts, inner)) > dst.size // 8:
+    if runs + sum(part.size // max(c, 1) for part, c in zip(parts, inner, strict=True)) > dst.size // 8:
         return None
     row = int(np.prod(dst.shape[axis:], dtype=np.int64))
     kept = np.zeros(tiles, np.int64)
     offset = 0
-    for part, chunk in zip(parts, inner):
+    for part, chunk in zip(parts, inner, strict=True):
         m = part.tensor.mapping
         if chunk == 0 or not len(m.tiles):
             continue

@@ -15,7 +15,7 @@ class CompileOptions:
     allow_out_of_memory: bool = False
     # What to do with 64-bit types, which the IPU lacks: "error" (refuse
     # them, naming the op) or "as_f32" (run f64/i64/u64 as f32/i32/u32:
-    # JAX_IPU_F64_AS_F32, see compiler.demote).
+    # JAX_IPU_F64_AS_F32, see compiler.passes.demote).
     f64_policy: str = "error"
     # A directory to write the IR after every pass to (JAX_IPU_DUMP_TO), as
     # XLA's --xla_dump_to; None writes nothing. The regular expressions, when

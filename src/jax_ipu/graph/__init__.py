@@ -4,8 +4,18 @@ programs and host streams. It is the contract between compiler and machine."""
 from jax_ipu.graph.compute import ComputeSet, Vertex
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.program import Program
-from jax_ipu.graph.programs import (Call, Copy, DeviceToHost, Execute, HostToDevice, If, Repeat,
-                                    RepeatWhileTrue, Sequence, Switch)
+from jax_ipu.graph.programs import (
+    Call,
+    Copy,
+    DeviceToHost,
+    Execute,
+    HostToDevice,
+    If,
+    Repeat,
+    RepeatWhileTrue,
+    Sequence,
+    Switch,
+)
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import Concat, View
 

@@ -1,14 +1,18 @@
 """What the vertices of one compute set compute together. Each kernel is
-the vectorised equivalent of running every vertex of its compute set; the
-engine has one executor per kernel class (model.kernels)."""
+the vectorised equivalent of running every vertex of its compute set, and
+one record (graph/records.py): its fields say what the vertices read and
+write. The Model has a reference executor per kernel class
+(model/executors/), and may have a fast one beside it (model/fast/)."""
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
 
+from jax_ipu.graph.records import attribute, codelet, reads, writes
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View
+from jax_ipu.ops import REDUCE_OPS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,74 +25,76 @@ class Instruction:
     attrs: tuple = ()              # sorted (name, value) pairs
 
 
-@dataclasses.dataclass(eq=False)
+@codelet
 class ElementwiseChain:
     """A fused chain of element-wise ops. Inputs are views (read on each
     tile) or numpy scalars (immediates held in vertex state); every output
     has the chain's shape."""
-    inputs: tuple[View | np.ndarray, ...]
-    instructions: tuple[Instruction, ...]
-    outputs: tuple[tuple[int, Tensor], ...]   # (register, tensor written)
-    shape: tuple[int, ...]
+    inputs: tuple[View | np.ndarray, ...] = reads("*operand", through_views=True)
+    instructions: tuple[Instruction, ...] = attribute("*instruction")
+    outputs: tuple[tuple[int, Tensor], ...] = writes("*registered")   # (register, tensor written)
+    shape: tuple[int, ...] = attribute("*int")
 
 
-@dataclasses.dataclass(eq=False)
+@codelet
 class Fill:
-    out: Tensor
-    value: np.ndarray
+    """out = value everywhere."""
+    out: Tensor = writes()
+    value: np.ndarray = attribute("array")
 
 
-@dataclasses.dataclass(eq=False)
+@codelet
 class MatMulPartials:
     """out[k, b, m, n] = sum over the k-th K-chunk of lhs[b, m, :] rhs[b, :, n],
     accumulated in out.dtype (fp32 partials for fp16 inputs)."""
-    lhs: View                      # [B, M, K]
-    rhs: View                      # [B, K, N]
-    out: Tensor                    # [k_chunks, B, M, N]
+    lhs: View = reads(through_views=True)                   # [B, M, K]
+    rhs: View = reads(through_views=True)                   # [B, K, N]
+    # [k_chunks, B, M, N]; when only the matmul's own reduction reads it, a
+    # fast executor may leave the partials already summed (model/fast/fusion.py).
+    out: Tensor = writes(stand_in="the partials summed over the chunks in order, for the sum's reader")
 
 
-@dataclasses.dataclass(eq=False)
+@codelet
 class ReducePartials:
     """out[o, j] = op-reduction of input[o, j, :], accumulated in out.dtype;
     `outer`: out[j, o] = that of input[j, :, o] (reduced dims leading, as a
     batch sum's), the chunk's rows combined one after the other. With
     `init` (one chunk: a single-stage reduction), out[o] = init op that
     reduction: the reduction's result, with no combine stage."""
-    input: View                    # [O, chunks, chunk_size], or [chunks, chunk_size, O] if outer
-    op: str                        # "add" | "multiply" | "maximum" | "minimum" | "and" | "or"
-    out: Tensor                    # [O, chunks] ([chunks, O] if outer), or [O] with init
-    outer: bool = False
-    init: View | np.ndarray | None = None   # a scalar tensor or an immediate
+    input: View = reads()          # [O, chunks, chunk_size], or [chunks, chunk_size, O] if outer
+    op: str = attribute("str", choices=REDUCE_OPS)
+    out: Tensor = writes()         # [O, chunks] ([chunks, O] if outer), or [O] with init
+    outer: bool = attribute("bool", default=False)
+    init: View | np.ndarray | None = reads("?operand", default=None)   # a scalar tensor or an immediate
 
 
-@dataclasses.dataclass(eq=False)
+@codelet
 class ReduceCombine:
     """out = init op (partials reduced over `axis` in a fixed order),
     converted to out.dtype."""
-    partials: View
-    axis: int
-    op: str
-    init: View | np.ndarray | None   # a scalar tensor, an immediate, or None
-    out: Tensor
+    partials: View = reads()
+    axis: int = attribute("int")
+    op: str = attribute("str", choices=REDUCE_OPS)
+    init: View | np.ndarray | None = reads("?operand")   # a scalar tensor, an immediate, or None
+    out: Tensor = writes()
 
 
-@dataclasses.dataclass(eq=False)
+@codelet
 class TreeReduce:
     """Reduces `inputs` (one per operand of a variadic reduce, e.g. values
     and indices for argmax) along `axis` by applying `body` pairwise in a
     tree, then, when `init` is given, body(init..., result...). Body
     registers: the accumulators, the new values, then instruction results;
     an instruction "constant" holds its value in attrs."""
-    inputs: tuple[View, ...]
-    axis: int
-    body: tuple[Instruction, ...]
-    results: tuple[int, ...]
-    init: tuple[View | np.ndarray, ...] | None
-    outs: tuple[Tensor, ...]
+    inputs: tuple[View, ...] = reads("*view")
+    axis: int = attribute("int")
+    body: tuple[Instruction, ...] = attribute("*instruction")
+    results: tuple[int, ...] = attribute("*int")
+    init: tuple[View | np.ndarray, ...] | None = reads("?*operand")
+    outs: tuple[Tensor, ...] = writes("*tensor")
 
 
-
-@dataclasses.dataclass(eq=False)
+@codelet
 class WindowSelect:
     """select_and_scatter's select, scanning each window as XLA does: per
     output (a column of `values`, [window, outputs], rows in window
@@ -100,8 +106,8 @@ class WindowSelect:
     is register `result`. `padding` ([window, outputs] bool, or None when
     there is none) marks positions that are never picked while the window
     has an element; a window of padding alone picks a padding position."""
-    values: View
-    padding: View | None
-    select: tuple[Instruction, ...]
-    result: int
-    out: Tensor                    # [outputs], uint8 (int32 for windows of 255 or more)
+    values: View = reads()
+    padding: View | None = reads("?view")
+    select: tuple[Instruction, ...] = attribute("*instruction")
+    result: int = attribute("int")
+    out: Tensor = writes()         # [outputs], uint8 (int32 for windows of 255 or more)

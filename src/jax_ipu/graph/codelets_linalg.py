@@ -4,18 +4,20 @@ matrices on its tile (Poplar has no planned multi-tile factorisation; one
 matrix a tile is how poplin-free IPU code runs small factorisations)."""
 from __future__ import annotations
 
-import dataclasses
-
+from jax_ipu.graph.records import attribute, codelet, reads, writes
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View
 
+# The factorisations Factorize computes.
+FACTORIZATIONS = ("cholesky", "triangular_solve", "lu", "qr", "householder", "tridiagonal", "eigh", "svd")
 
-@dataclasses.dataclass(eq=False)
+
+@codelet
 class Factorize:
     """outs = `op`(inputs) per matrix of the leading batch dimensions, in
     the inputs' dtype as LAPACK computes it; `attrs` are sorted (name,
     value) pairs of the op's options."""
-    op: str                        # "cholesky" | "triangular_solve" | "lu" | "qr" | "householder" | "eigh" | "svd"
-    inputs: tuple[View, ...]
-    outs: tuple[Tensor, ...]
-    attrs: tuple = ()
+    op: str = attribute("str", choices=FACTORIZATIONS)
+    inputs: tuple[View, ...] = reads("*view")
+    outs: tuple[Tensor, ...] = writes("*tensor")
+    attrs: tuple = attribute("any", default=())

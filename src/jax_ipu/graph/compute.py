@@ -58,8 +58,8 @@ class ComputeSet:
 
 
 def compact(intervals) -> np.ndarray:
-    """An interval array as int32 where it fits: a ResNet-50 step's
-    intervals took 1 GB as int64. (An int32 array is itself.)"""
+    """An interval array as int32 where it fits: a large convolutional
+    network's intervals take gigabytes as int64. (An int32 array is itself.)"""
     intervals = np.asarray(intervals)
     small = intervals.dtype != np.int32 and intervals.size and intervals.max() < 2 ** 31 \
         and intervals.min() >= 0
@@ -88,10 +88,11 @@ class VertexArray(Sequence):
     read, offsets [v, 2] (vertex i's are intervals[offsets[i, 0]:offsets[i, 1]],
     ranges that several vertices may name: a matmul's row block is read by
     every vertex of its column blocks, and listing it once per reader took
-    17M intervals in a GPT-2 forward pass).
+    tens of millions of intervals in a transformer's forward pass).
     The compiler's passes read the arrays; indexing or iterating makes
-    Vertex objects (validation, profiles). A compiled ResNet-50 holds
-    millions of vertices: as Python objects they cost most of its compile."""
+    Vertex objects (validation, profiles). A compiled convolutional
+    network holds millions of vertices: as Python objects they would cost
+    most of its compile."""
 
     def __init__(self, codelet: str, tiles: np.ndarray, cycles: np.ndarray,
                  reads: tuple = (), writes: tuple = ()):

@@ -45,20 +45,24 @@ import zlib
 import ml_dtypes
 import numpy as np
 
-from jax_ipu import gc_pause, ir
-from jax_ipu.graph import codelets, codelets_collectives, codelets_indexing, codelets_linalg
+from jax_ipu import ir
+
+# The kernel classes register their records (graph.records.RECORDS) when imported.
+from jax_ipu.graph import codelets, codelets_collectives, codelets_indexing, codelets_linalg  # noqa: F401
 from jax_ipu.graph import programs as p
 from jax_ipu.graph.compute import ComputeSet, DataDependentExchange, Region, Vertex, VertexArray
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.memory import MemoryReport
 from jax_ipu.graph.program import Program
+from jax_ipu.graph.records import RECORDS, is_immediate
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import _SHAPE, Concat, View
+from jax_ipu.utils import gc_pause
 
 MAGIC = b"JAXIPUPG"
 FORMAT_VERSION = 2
 _MARK = struct.Struct("<8sI")
-_PREFIX = struct.Struct("<8sIQQQQ32s")
+PREFIX = struct.Struct("<8sIQQQQ32s")
 _ALIGN = 64
 
 
@@ -181,7 +185,7 @@ class _Writer:
                 and not (array.dtype == np.uint64 and int(flat.max()) > np.iinfo(np.int64).max):
             low, high = int(flat.min()), int(flat.max())
             # Differences of values within half int32's range fit in int32:
-            # large index arrays are never widened (a ResNet's hold 10^8).
+            # large index arrays (10^8 elements in large networks) are never widened.
             half = 1 << 30
             values = flat.astype(np.int32 if -half <= low and high < half else np.int64, copy=False)
             plain = _width(low, high) * flat.size
@@ -230,8 +234,9 @@ class _Writer:
 
 class _Section:
     """The deferred section's bytes, inflated when an array in it is first
-    read (a ResNet-50 step's vertex regions and intervals and its tensors'
-    tile mappings: 75 of its 87 MB, read only by profiles and validation)."""
+    read (the vertices' regions and intervals and the tensors' tile
+    mappings: most of a large program's bytes, read only by profiles and
+    validation)."""
 
     def __init__(self, packed: memoryview, size: int):
         self._packed, self.size, self._body = packed, size, None
@@ -382,8 +387,10 @@ def _decoder(entry, spans, dtype, shape, size, where, buffer):
 # Concat), "seq" (a Sequence), "step" (a program step), "computeset",
 # "kernel" (a graph.codelets* kernel), "instruction", "dimensions" (gather
 # or scatter dimension numbers), "type" (ir.TensorType), "memory",
-# "exchange", "any" (plain data: numbers, strings, tuples, dicts, arrays,
-# dtypes, objects here); "?x": x or None; "*x": a tuple of x; "[x": a list.
+# "exchange", "operand" (a view or an immediate), "registered" (a
+# (register, tensor) pair), "any" (plain data: numbers, strings, tuples,
+# dicts, arrays, dtypes, objects here); "?x": x or None; "*x": a tuple of
+# x; "[x": a list. The kernels' entries come from their records.
 
 _SCHEMA: dict[type, dict[str, str]] = {
     p.Sequence: {"steps": "[step"},
@@ -409,37 +416,8 @@ _SCHEMA: dict[type, dict[str, str]] = {
                    "liveness_on_max_tile": "array", "live_at_peak": "*int", "streaming_bytes": "int"},
     ir.TensorType: {"shape": "*int", "dtype": "dtype"},
     codelets.Instruction: {"op": "str", "args": "*int", "dtype": "dtype", "attrs": "any"},
-    codelets.ElementwiseChain: {"inputs": "any", "instructions": "*instruction", "outputs": "any", "shape": "*int"},
-    codelets.Fill: {"out": "tensor", "value": "array"},
-    codelets.MatMulPartials: {"lhs": "view", "rhs": "view", "out": "tensor"},
-    codelets.ReducePartials: {"input": "view", "op": "str", "out": "tensor", "outer": "bool", "init": "any"},
-    codelets.ReduceCombine: {"partials": "view", "axis": "int", "op": "str", "init": "any", "out": "tensor"},
-    codelets.TreeReduce: {"inputs": "*view", "axis": "int", "body": "*instruction", "results": "*int", "init": "any",
-                          "outs": "*tensor"},
-    codelets.WindowSelect: {"values": "view", "padding": "?view", "select": "*instruction", "result": "int",
-                            "out": "tensor"},
-    codelets_collectives.AllReduce: {"input": "view", "op": "str", "groups": "any", "out": "tensor"},
-    codelets_collectives.ReduceScatter: {"input": "view", "op": "str", "dim": "int", "groups": "any",
-                                         "out": "tensor"},
-    codelets_collectives.AllGather: {"input": "view", "dim": "int", "groups": "any", "out": "tensor"},
-    codelets_collectives.AllToAll: {"input": "view", "split_dim": "int", "concat_dim": "int", "groups": "any",
-                                    "out": "tensor"},
-    codelets_collectives.CollectivePermute: {"input": "view", "pairs": "any", "out": "tensor"},
-    codelets_collectives.ReplicaIndex: {"which": "str", "out": "tensor"},
-    codelets_indexing.DynamicSlice: {"operand": "view", "starts": "any", "out": "tensor"},
-    codelets_indexing.DynamicUpdateSlice: {"operand": "view", "update": "view", "starts": "any", "out": "tensor"},
-    codelets_indexing.Gather: {"operand": "view", "indices": "view", "dimension_numbers": "dimensions",
-                               "slice_sizes": "*int", "out": "tensor"},
-    codelets_indexing.Scatter: {"operands": "*view", "indices": "view", "updates": "*view",
-                                "dimension_numbers": "dimensions", "combiner": "?str", "body": "*instruction",
-                                "results": "*int", "outs": "*tensor"},
-    codelets_indexing.Sort: {"inputs": "*view", "body": "*instruction", "result": "int", "key": "any", "outs": "*tensor"},
-    codelets_indexing.BlockSort: {"inputs": "*view", "body": "*instruction", "key": "any", "blocks": "int", "block": "int",
-                                  "outs": "*tensor", "index": "tensor"},
-    codelets_indexing.MergeSplit: {"sources": "*tensor", "targets": "*tensor", "body": "*instruction", "key": "any",
-                                   "n": "int", "block": "int", "lo": "*int", "hi": "*int"},
-    codelets_indexing.TopK: {"input": "view", "values": "tensor", "indices": "tensor"},
-    codelets_linalg.Factorize: {"op": "str", "inputs": "*view", "outs": "*tensor", "attrs": "any"},
+    # Every kernel as its record declares it (graph/records.py).
+    **{kind: record.schema() for kind, record in RECORDS.items()},
 }
 # Records of the IR whose objects kernels hold (dimension numbers of gathers
 # and scatters), by name.
@@ -447,13 +425,12 @@ _LATE = {cls.__name__: cls for cls in (ir.GatherDimensionNumbers, ir.ScatterDime
 _BY_NAME = {cls.__name__: cls for cls in _SCHEMA}
 _STEPS = (p.Sequence, p.Execute, p.Copy, p.Repeat, p.RepeatWhileTrue, p.If, p.Switch, p.Call, p.HostToDevice,
           p.DeviceToHost, p.HostCall)
-_KERNELS = tuple(cls for cls in _SCHEMA if cls.__module__ in (
-    codelets.__name__, codelets_collectives.__name__, codelets_indexing.__name__, codelets_linalg.__name__)
-    and cls is not codelets.Instruction)
+_KERNELS = tuple(RECORDS)
 # The fields written by the vertex table, not the tree.
 _COMPUTE_SET_FIELDS = {"name": "str", "kernel": "kernel", "exchange": "?exchange"}
-# Values of string fields that select behaviour: anything else is refused.
-_CHOICES = {(codelets_collectives.ReplicaIndex, "which"): ("replica", "partition")}
+# Values of string fields that select behaviour, as the kernels' records
+# declare them: anything else is refused.
+_CHOICES = {(kind, f.name): f.choices for kind, record in RECORDS.items() for f in record.fields if f.choices}
 
 
 def _late_class(name: str):
@@ -562,8 +539,8 @@ class _Encoder:
     def add_vertex_array(self, vertices: VertexArray) -> None:
         """The columns the loop over its Vertex objects would give, from
         its arrays: each vertex's regions are its reads' then its writes'
-        parts, each interval slice a block of its own (a ResNet-50 step
-        has 1.3M such vertices: one at a time, they took 20 s to save)."""
+        parts, each interval slice a block of its own (a large program has
+        millions of such vertices: one at a time, saving took seconds)."""
         count = len(vertices)
         parts = vertices.listed("reads") + vertices.listed("writes")
         for tensor, _, _ in parts:
@@ -592,7 +569,7 @@ class _Encoder:
             # intervals for a vertex goes among all of them.
             firsts = (np.cumsum(lengths.reshape(-1)) - lengths.reshape(-1)).reshape(count, len(parts))
             out = np.empty((int(lengths.sum()), 2), np.int64)
-            for j, ((_, intervals, _), off) in enumerate(zip(parts, offsets)):
+            for j, ((_, intervals, _), off) in enumerate(zip(parts, offsets, strict=True)):
                 owner = np.repeat(np.arange(count), lengths[:, j])
                 places = firsts[owner, j] + np.arange(len(owner)) - (off[owner] - off[0])
                 out[places] = np.asarray(intervals[off[0]:off[-1]], np.int64).reshape(-1, 2)
@@ -669,8 +646,8 @@ def dumps(program: Program, meta: dict | None = None) -> bytes:
     header["arrays"] = enc.arrays.table
     text = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
     pad = -len(text) % _ALIGN
-    # Level 1: the runs still repeat (image rows, tiles); 7x smaller for a
-    # CNN step at 30 ms to inflate. Compressed part by part, never joined;
+    # Level 1: the runs still repeat (image rows, tiles), and it inflates
+    # fast (docs/performance.md). Compressed part by part, never joined;
     # the deferred section as a stream of its own, inflated when first read.
     body, deferred = enc.arrays.parts
     packed = _deflate([text + b" " * pad] + body)
@@ -678,7 +655,7 @@ def dumps(program: Program, meta: dict | None = None) -> bytes:
     packed += _deflate(deferred)
     packed = b"".join(packed)
     body_size = len(text) + pad + enc.arrays.sizes[0]
-    return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(text) + pad, body_size, packed_size, enc.arrays.sizes[1],
+    return PREFIX.pack(MAGIC, FORMAT_VERSION, len(text) + pad, body_size, packed_size, enc.arrays.sizes[1],
                         hashlib.sha256(packed).digest()) + packed
 
 
@@ -749,6 +726,8 @@ _CHECKS = {"int": lambda y: type(y) is int, "float": lambda y: type(y) in (int, 
            "computeset": lambda y: type(y) is LoadedComputeSet,
            "dimensions": lambda y: type(y).__name__ in _LATE, "type": lambda y: type(y) is ir.TensorType,
            "memory": lambda y: type(y) is MemoryReport, "exchange": lambda y: type(y) is DataDependentExchange,
+           "operand": lambda y: type(y) is View or is_immediate(y),
+           "registered": lambda y: type(y) is tuple and len(y) == 2 and type(y[0]) is int and type(y[1]) is Tensor,
            "any": lambda y: True}
 
 
@@ -898,7 +877,7 @@ class _Decoder:
             result = cls(**values)
         else:
             for f, allowed in choices.items():
-                if values[f] not in allowed:
+                if values[f] is not None and values[f] not in allowed:
                     _fail(f"{_at(where)}.{f}: {values[f]!r} is not one of {allowed}")
             if cls is View:
                 _check_view(values["tensor"], values["ops"], values["shape"], where)
@@ -971,12 +950,12 @@ def _check_view(tensor: Tensor, ops, shape, where) -> None:
                                         and sorted(args[0]) == list(range(len(current)))):
             _fail(f"{_at(where)}: transpose {args!r:.60} of {current}")
         if kind == "slice" and not (len(args) == 3 and all(_ints(a) and len(a) == len(current) for a in args)
-                                    and all(0 <= a <= b <= d and c > 0 for a, b, c, d in zip(*args, current))):
+                                    and all(0 <= a <= b <= d and c > 0 for a, b, c, d in zip(*args, current, strict=True))):
             _fail(f"{_at(where)}: slice {args!r:.60} of {current}")
         if kind == "broadcast":
             if not (len(args) == 2 and _ints(args[0]) and _ints(args[1]) and len(args[1]) == len(current)
                     and all(0 <= d < len(args[0]) for d in args[1])
-                    and all(n in (1, args[0][d]) for n, d in zip(current, args[1]))):
+                    and all(n in (1, args[0][d]) for n, d in zip(current, args[1], strict=True))):
                 _fail(f"{_at(where)}: broadcast {args!r:.60} of {current}")
         if kind == "gather":
             if not (len(args) == 2 and type(args[0]) is np.ndarray and args[0].dtype in (np.int32, np.intp)):
@@ -1091,8 +1070,8 @@ def _vertex_builder(header, arrays, tensors, where="vertices"):
 
 
 class _MappingColumns:
-    """The tensors' mapping columns (tiles and starts of every run, 9.9M
-    runs in a ResNet-50 step), decoded when a mapping is first read:
+    """The tensors' mapping columns (tiles and starts of every run,
+    millions in a large program), decoded when a mapping is first read:
     running a loaded program reads none (profiles and reports do)."""
 
     def __init__(self, tiles, starts):
@@ -1189,10 +1168,10 @@ def _loads(data: bytes) -> tuple[Program, dict]:
         _fail("it does not start with the jax-ipu program mark")
     if version != FORMAT_VERSION:
         _fail(f"program format {version}, this jax-ipu reads format {FORMAT_VERSION}")
-    if len(data) < _PREFIX.size:
+    if len(data) < PREFIX.size:
         _fail(f"{len(data)} bytes are too few")
-    _, _, header_size, body_size, packed_size, deferred_size, digest = _PREFIX.unpack_from(data)
-    packed = data[_PREFIX.size:]
+    _, _, header_size, body_size, packed_size, deferred_size, digest = PREFIX.unpack_from(data)
+    packed = data[PREFIX.size:]
     # Over both sections: a truncated or corrupted entry is refused here,
     # not when its deferred section is first read.
     if hashlib.sha256(packed).digest() != digest:

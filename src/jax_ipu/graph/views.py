@@ -98,7 +98,7 @@ def apply_ops(array: np.ndarray, ops: tuple) -> np.ndarray:
 def window_outputs(sizes, spec) -> tuple[int, ...]:
     """Output positions along each windowed axis (the StableHLO formula)."""
     outs = []
-    for n, (window, stride, lo, hi, base, dilation, _) in zip(sizes, spec):
+    for n, (window, stride, lo, hi, base, dilation, _) in zip(sizes, spec, strict=True):
         padded = (n - 1) * base + 1 + lo + hi if n else lo + hi
         span = (window - 1) * dilation + 1
         outs.append(max(0, (padded - span) // stride + 1) if padded >= span else 0)
@@ -124,7 +124,7 @@ def _windows(array: np.ndarray, spec, fill) -> np.ndarray:
     lead, sizes = array.shape[:array.ndim - rank], array.shape[array.ndim - rank:]
     padded_shape, source, target = list(lead), [slice(None)] * len(lead), [slice(None)] * len(lead)
     reshaped = False
-    for n, (window, stride, lo, hi, base, dilation, _) in zip(sizes, spec):
+    for n, (_, _, lo, hi, base, _, _) in zip(sizes, spec, strict=True):
         extent, kept, at = padded_axis(n, lo, hi, base)
         source.append(kept)
         target.append(at)
@@ -138,8 +138,8 @@ def _windows(array: np.ndarray, spec, fill) -> np.ndarray:
     outs = window_outputs(sizes, spec)
     axis_strides = padded.strides[len(lead):]
     shape = (*lead, *outs, *(w for w, *_ in spec))
-    strides = (*padded.strides[:len(lead)], *(st * a for (_, st, *_), a in zip(spec, axis_strides)),
-               *(d * a for (*_, d, _), a in zip(spec, axis_strides)))
+    strides = (*padded.strides[:len(lead)], *(st * a for (_, st, *_), a in zip(spec, axis_strides, strict=True)),
+               *(d * a for (*_, d, _), a in zip(spec, axis_strides, strict=True)))
     out = np.lib.stride_tricks.as_strided(padded, shape, strides, writeable=False)
     flips = tuple(slice(None, None, -1) if spec[d][6] else slice(None) for d in range(rank))
     return out[(Ellipsis, *flips)] if any(r for *_, r in spec) else out
@@ -157,8 +157,8 @@ def _gather_op(size: int, indices, fill) -> tuple:
     read so far, as int32 where they fit (intp otherwise), padding
     (indices < 0) as `size`, the position of the `fill` element _gather
     appends; fill is None when nothing is padding. One compact array per
-    view: an int64 array, a padding-free copy and a mask held a ResNet-18
-    step's im2col indices three times over (4 GB)."""
+    view: an int64 array, a padding-free copy and a mask held a
+    convolutional network's im2col indices three times over."""
     dtype = np.int32 if size < np.iinfo(np.int32).max else np.intp
     indices = np.array(indices, dtype=dtype, order="C")      # a copy: written below
     padding = indices < 0
@@ -173,8 +173,7 @@ def _gather_op(size: int, indices, fill) -> tuple:
 
 # Indices taken per np.take call: each chunk is widened to intp in a buffer
 # that stays in cache, and its values are written while the output chunk is
-# in cache too (9.2 ms for 9.4M im2col indices, 11.2 ms taking all at once
-# from an intp array).
+# in cache too (faster than taking all at once from an intp array).
 GATHER_CHUNK = 1 << 18
 
 
@@ -212,7 +211,7 @@ _SHAPE = {
     "reshape": lambda shape, new: tuple(new),
     "transpose": lambda shape, perm: tuple(shape[p] for p in perm),
     "slice": lambda shape, starts, limits, strides: tuple(
-        len(range(a, b, c)) for a, b, c in zip(starts, limits, strides)),
+        len(range(a, b, c)) for a, b, c in zip(starts, limits, strides, strict=True)),
     "broadcast": lambda shape, new, dims: tuple(new),
     "gather": lambda shape, indices, fill: tuple(indices.shape),
     "windows": lambda shape, spec, fill: (*shape[:len(shape) - len(spec)],
@@ -237,8 +236,8 @@ def source_tiles(view: View | Concat) -> np.ndarray:
     """For each element a view reads, in the view's (flattened) order, the
     tile that holds it: the view's ops applied to its tensors' per-element
     tiles (uint16), to cost the exchange a Copy needs. Padding is charged
-    as a read of the tensor's last element. (Through flat int64 indices
-    first, this took 3 s of a ResNet-18 step's compile.)"""
+    as a read of the tensor's last element. (Not through flat int64
+    indices first: those took seconds of a convolutional network's compile.)"""
     def tiles(tensor):
         return tensor.mapping.element_tiles()
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from jax_ipu.errors import IpuInvalidArgument
-from jax_ipu.targets import AS_32, IPU_DTYPES
 from jax_ipu.model.fast.xla_chains import aligned_copy
 from jax_ipu.pjrt._capi import Event
+from jax_ipu.targets import AS_32, IPU_DTYPES
 
 # PJRT_Buffer_Type codes <-> numpy dtypes (codes from the PJRT C API enum).
 _PJRT_TYPES = {1: np.bool_, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64,

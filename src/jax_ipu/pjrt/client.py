@@ -3,17 +3,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from jax_ipu import config as config_lib, profile
-from jax_ipu.errors import (IpuError, IpuInternalCompilerError, IpuInvalidArgument, IpuOutOfMemoryError,
-                            IpuResourceExhausted)
-from jax_ipu.targets import get_target
-from jax_ipu.version import __version__
-from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer, check_ipu_dtype, to_device
+from jax_ipu import config as config_lib
+from jax_ipu import profile
+from jax_ipu.errors import (
+    IpuError,
+    IpuInternalCompilerError,
+    IpuInvalidArgument,
+    IpuOutOfMemoryError,
+    IpuResourceExhausted,
+)
 from jax_ipu.pjrt import compile_options
+from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer, check_ipu_dtype, to_device
 from jax_ipu.pjrt.cache import ExecutableCache
 from jax_ipu.pjrt.device import Device, RemoteDevice
 from jax_ipu.pjrt.executable import Executable, device_assignment_ids, fingerprint
 from jax_ipu.pjrt.shardings import inspect_sharding
+from jax_ipu.targets import get_target
+from jax_ipu.version import __version__
 
 # The live client, for jax_ipu's public helpers (transfer counters, profiles).
 CURRENT = None
@@ -101,7 +107,8 @@ class Client:
             executable = self.cache.load(self, key)
             if executable is not None:
                 return executable
-        from jax_ipu.compiler import CompileOptions as IpuCompileOptions, compile_module
+        from jax_ipu.compiler import CompileOptions as IpuCompileOptions
+        from jax_ipu.compiler import compile_module
         from jax_ipu.stablehlo import import_module, module_text
 
         defaults = dict(allow_out_of_memory=self.config.allow_out_of_memory,

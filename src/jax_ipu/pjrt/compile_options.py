@@ -29,8 +29,8 @@ import re
 import struct
 import warnings
 
-from jax_ipu import protowire
 from jax_ipu.errors import IpuInvalidArgument
+from jax_ipu.utils import protowire
 
 # jax-ipu's own options: name -> what it takes.
 OWN = {

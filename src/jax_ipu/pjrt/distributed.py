@@ -133,7 +133,7 @@ class Processes:
 
     # -- what the framework tells of the others (PJRT_Client_UpdateGlobalProcessInfo) --
     def update(self, infos: list[tuple[int, int, int, str]]) -> None:
-        for task, state, code, message in infos:
+        for task, state, _, message in infos:
             if task != self.index and _STATES.get(state) in ("disconnected", "error"):
                 why = f"process {task} is {_STATES[state]} (jax.distributed's coordination service"
                 self.lose(why + (f": {message})" if message else ")"))
@@ -361,7 +361,8 @@ class GlooOverCpuBackend:
 
     def __init__(self, process_index: int, process_count: int, timeout: float):
         import jax
-        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        from jax.sharding import Mesh, NamedSharding
+        from jax.sharding import PartitionSpec as P
 
         try:
             cpus = jax.devices("cpu")

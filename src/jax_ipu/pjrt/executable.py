@@ -2,23 +2,24 @@
 from __future__ import annotations
 
 import hashlib
-import uuid
 import re
 import threading
 import time
+import uuid
 from threading import get_ident
 
 import numpy as np
 
-from jax_ipu import profile, protowire
-from jax_ipu.graph import programs as p
+from jax_ipu import profile
 from jax_ipu.errors import IpuInvalidArgument, IpuRuntimeError
+from jax_ipu.graph import programs as p
 from jax_ipu.model import links
-from jax_ipu.profile import tracing
 from jax_ipu.pjrt._capi import Event
 from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer
 from jax_ipu.pjrt.device import Device
 from jax_ipu.pjrt.shardings import executable_shardings
+from jax_ipu.profile import tracing
+from jax_ipu.utils import protowire
 
 
 def device_assignment_ids(serialized: bytes) -> list[list[int]]:
@@ -27,12 +28,12 @@ def device_assignment_ids(serialized: bytes) -> list[list[int]]:
     computation_count (2), computation_devices (3, each a list of device ids
     per replica)."""
     replicas, columns = 0, []
-    for field, wire, value in protowire.fields(serialized):
+    for field, _, value in protowire.fields(serialized):
         if field == 1:
             replicas = value
         elif field == 3:
             ids = []
-            for f, w, v in protowire.fields(value):
+            for _, w, v in protowire.fields(value):
                 if w == 2:  # packed
                     pos = 0
                     while pos < len(v):
@@ -197,7 +198,7 @@ class Executable:
         elif len(ids) > 1:
             launch = links.Launch(len(ids), self.client.config.collective_timeout)   # the replicas' IPU-Links
         ranks = self.local_ranks if device_id is None else [0]
-        for rank, device_id, row in zip(ranks, ids, args):
+        for rank, device_id, row in zip(ranks, ids, args, strict=True):
             device = self.client.device(device_id)
             if device.worker.on_worker_thread():
                 raise IpuRuntimeError(
@@ -238,7 +239,7 @@ class Executable:
     def _outputs(self, device) -> list[DeviceBuffer]:
         specs = self.output_specs
         if self.streaming_outputs:
-            return [DeviceBuffer(device, spec, memory=m) for spec, m in zip(specs, self.output_memories)]
+            return [DeviceBuffer(device, spec, memory=m) for spec, m in zip(specs, self.output_memories, strict=True)]
         if len(specs) == 1:      # (the common case, paid on every call)
             return [DeviceBuffer(device, specs[0])]
         return [DeviceBuffer(device, spec) for spec in specs]
@@ -247,7 +248,7 @@ class Executable:
         specs = self.input_specs
         if len(row) != len(specs):
             raise IpuInvalidArgument(f"{self.name} takes {len(specs)} arguments, got {len(row)}")
-        for i, (buf, expected) in enumerate(zip(row, specs)):
+        for i, (buf, expected) in enumerate(zip(row, specs, strict=True)):
             spec = buf.spec
             if spec.shape != expected.shape or spec.dtype != expected.dtype:
                 raise IpuInvalidArgument(f"argument {i} of {self.name}: expected "
@@ -287,8 +288,8 @@ _UNPRINTABLE = re.compile(r"[^ -~]+")
 
 
 def _mlir_string(text: str) -> str:
-    # Not character by character in Python: the summary of a ResNet-50
-    # step, made at every load, is half a million characters (and lines).
+    # Not character by character in Python: the summary of a large
+    # program, made at every load, is half a million characters (and lines).
     text = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\0A")
     if _UNPRINTABLE.search(text):
         text = _UNPRINTABLE.sub(lambda m: "".join(f"\\{b:02X}" for b in m.group().encode()), text)
@@ -423,7 +424,7 @@ class _Run:
         self.waits_elsewhere = False    # for an argument another IPU has still to produce
         if len(args) != executable.num_params:
             executable._argument_error(args, device)
-        for buf, expected, memory in zip(args, executable.input_specs, executable.input_memories):
+        for buf, expected, memory in zip(args, executable.input_specs, executable.input_memories, strict=True):
             if buf.spec is not expected or buf.device is not device or buf.memory != memory:  # (specs are interned)
                 executable._argument_error(args, device)
             array = buf._array
@@ -439,7 +440,7 @@ class _Run:
     def _run(self) -> list:
         args = self.args
         inputs = self.held if self.all_held else []
-        for buf, held in zip(args, self.held) if not self.all_held else ():
+        for buf, held in zip(args, self.held, strict=True) if not self.all_held else ():
             if held is None:
                 if buf.device is not self.device:
                     buf.device.worker.urge()
@@ -495,7 +496,7 @@ class _Run:
             tracing.record(self.program, self.device, self.device.engine.last_run, began)
         outputs = self.outputs
         if outputs:         # the last output's event is the run's completion
-            for out, result in zip(outputs, results):
+            for out, result in zip(outputs, results, strict=True):
                 out.fulfil(result)
             if self.executable.own_completion:
                 self.done.set()

@@ -48,7 +48,7 @@ def op_sharding(entry) -> bytes:
     assignment = np.empty(shape, dtype=np.int64)
     all_names = [a for a, _ in axes]
     for coords in np.ndindex(*ids.shape):
-        at = dict(zip(all_names, coords))
+        at = dict(zip(all_names, coords, strict=False))
         assignment[tuple(int(np.ravel_multi_index([at[a] for a in g], [sizes[a] for a in g])) if g else 0
                          for g in groups)] = ids[coords]
     proto.type = xc.OpSharding.Type.OTHER

@@ -92,9 +92,10 @@ class Session:
         returns the reports' paths."""
         if not self.directory:
             return []
+        import os
+
         from jax_ipu.profile.report import write_json
         from jax_ipu.profile.trace import write_trace
-        import os
         os.makedirs(self.directory, exist_ok=True)
         paths = []
         for n, report in enumerate(self.reports() if reports is None else reports):

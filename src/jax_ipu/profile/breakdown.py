@@ -5,9 +5,11 @@ transfers and callbacks), in cycles of the modelled IPU; and what its
 launch exchanged with other processes."""
 from __future__ import annotations
 
-# Compute sets whose cycles are mostly link transfers (compiler.collectives
-# names them after their kernel).
-_LINK_PREFIXES = ("AllReduce", "ReduceScatter", "AllGather", "AllToAll", "CollectivePermute")
+from jax_ipu.graph.codelets_collectives import COLLECTIVES
+
+# Compute sets whose cycles are mostly link transfers (the collectives'
+# lowering names them after their kernel).
+_LINK_PREFIXES = tuple(kind.__name__ for kind in COLLECTIVES)
 _STREAMING_PREFIX = "StreamingMemory"
 _GW_LINK_MARK = " (over GW-Links)"      # compiler.lowering.collectives.OVER_GW_LINKS
 # What a run's report counts of its launch's exchanges with other processes

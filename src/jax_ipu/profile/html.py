@@ -205,7 +205,7 @@ def _liveness(go, make_subplots, report: dict):
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12, row_heights=[0.6, 0.4],
                         subplot_titles=("not-always-live memory, all tiles",
                                         f"tile {max_tile} (the busiest): always-live + not-always-live"))
-    fig.add_trace(go.Scatter(x=x, y=[(a - b) / divisor for a, b in zip(total, exchange)], name="tensors",
+    fig.add_trace(go.Scatter(x=x, y=[(a - b) / divisor for a, b in zip(total, exchange, strict=True)], name="tensors",
                              stackgroup="all", line=dict(width=0.5, color="#4c78a8"), customdata=names,
                              hovertemplate=f"%{{customdata}}<br>tensors %{{y:.2f}} {unit}<extra></extra>"), 1, 1)
     fig.add_trace(go.Scatter(x=x, y=[b / divisor for b in exchange], name="exchange buffers", stackgroup="all",

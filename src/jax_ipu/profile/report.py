@@ -58,9 +58,8 @@ import weakref
 
 import numpy as np
 
+from jax_ipu.graph import programs as p
 from jax_ipu.graph.compute import vertex_codelets
-from jax_ipu.graph.programs import (Call, Copy, DeviceToHost, Execute, HostCall, HostToDevice, If, Repeat,
-                                    RepeatWhileTrue, Sequence, Switch, children, leaves)
 from jax_ipu.profile.breakdown import no_exchanges, time_breakdown
 
 FORMAT = "jax-ipu-profile/1"
@@ -137,21 +136,21 @@ def memory(program) -> dict:
 
 
 def _name(step) -> str:
-    if isinstance(step, Execute):
+    if isinstance(step, p.Execute):
         return step.compute_set.name
-    if isinstance(step, Copy):
+    if isinstance(step, p.Copy):
         return step.dst.name
-    if isinstance(step, (Repeat, RepeatWhileTrue, Call)):
+    if isinstance(step, (p.Repeat, p.RepeatWhileTrue, p.Call)):
         return step.name or type(step).__name__
-    if isinstance(step, If):
+    if isinstance(step, p.If):
         return step.predicate.name
-    if isinstance(step, Switch):
+    if isinstance(step, p.Switch):
         return step.control.name
-    if isinstance(step, HostCall):
+    if isinstance(step, p.HostCall):
         return f"host callback {step.callback_id}"
-    if isinstance(step, HostToDevice):
+    if isinstance(step, p.HostToDevice):
         return f"argument {step.index}"
-    if isinstance(step, DeviceToHost):
+    if isinstance(step, p.DeviceToHost):
         return f"result {step.index}"
     return type(step).__name__
 
@@ -205,30 +204,30 @@ def program_tree(program) -> dict:
     def tree(step) -> dict:
         budget[0] -= 1
         node = {"kind": type(step).__name__, "name": _name(step)}
-        if isinstance(step, Sequence):
+        if isinstance(step, p.Sequence):
             node["children"], node["cycles"] = nodes(step.steps)
-        elif isinstance(step, Repeat):
+        elif isinstance(step, p.Repeat):
             body = sequence("body", step.body)
             node.update(count=step.count, cycles=step.count * body["cycles"], children=body["children"])
-        elif isinstance(step, RepeatWhileTrue):
+        elif isinstance(step, p.RepeatWhileTrue):
             condition, body = sequence("condition", step.condition), sequence("body", step.body)
             node.update(cycles=condition["cycles"], cycles_per_iteration=condition["cycles"] + body["cycles"],
                         children=[condition, body])
-        elif isinstance(step, If):
+        elif isinstance(step, p.If):
             branches = [sequence("then", step.then_body), sequence("else", step.else_body)]
             node.update(cycles=max(b["cycles"] for b in branches), children=branches)
-        elif isinstance(step, Switch):
+        elif isinstance(step, p.Switch):
             branches = [sequence(f"case {k}", c) for k, c in step.cases.items()]
             branches.append(sequence("default", step.default))
             node.update(cycles=max(b["cycles"] for b in branches), children=branches)
-        elif isinstance(step, Call):
+        elif isinstance(step, p.Call):
             node["children"], node["cycles"] = nodes(step.function.steps)
         else:
-            if isinstance(step, (HostToDevice, DeviceToHost)):     # host link time, not the IPU's
+            if isinstance(step, (p.HostToDevice, p.DeviceToHost)):     # host link time, not the IPU's
                 node.update(cycles=0, host_cycles=int(step.cycles))
             else:
                 node["cycles"] = int(getattr(step, "cycles", 0))
-            if isinstance(step, (Execute, Copy)):
+            if isinstance(step, (p.Execute, p.Copy)):
                 node["exchange_bytes"] = int(step.exchange_bytes)
         return node
 
@@ -239,25 +238,25 @@ def _cycles(steps) -> int:
     """Static cycles of steps left out of the tree (as program_tree counts)."""
     total = 0
     for step in steps:
-        if isinstance(step, Sequence):
+        if isinstance(step, p.Sequence):
             total += _cycles(step.steps)
-        elif isinstance(step, Repeat):
+        elif isinstance(step, p.Repeat):
             total += step.count * _cycles(step.body.steps)
-        elif isinstance(step, RepeatWhileTrue):
+        elif isinstance(step, p.RepeatWhileTrue):
             total += _cycles(step.condition.steps)
-        elif isinstance(step, (If, Switch)):
-            total += max(_cycles(b.steps) for b in children(step))
-        elif isinstance(step, Call):
+        elif isinstance(step, (p.If, p.Switch)):
+            total += max(_cycles(b.steps) for b in p.children(step))
+        elif isinstance(step, p.Call):
             total += _cycles(step.function.steps)
-        elif not isinstance(step, (HostToDevice, DeviceToHost)):
+        elif not isinstance(step, (p.HostToDevice, p.DeviceToHost)):
             total += int(getattr(step, "cycles", 0))
     return total
 
 
 def compute_sets(program) -> list[dict]:
     out = []
-    for step in leaves(program.body):
-        if isinstance(step, Execute):
+    for step in p.leaves(program.body):
+        if isinstance(step, p.Execute):
             cs = step.compute_set
             codelets = collections.Counter(vertex_codelets(cs.vertices))
             out.append({"name": cs.name, "vertices": len(cs.vertices), "tiles": len(cs.tiles()),
@@ -266,11 +265,11 @@ def compute_sets(program) -> list[dict]:
 
 
 def host_transfers(program, target) -> dict:
-    streams = [s for s in leaves(program.body) if isinstance(s, (HostToDevice, DeviceToHost))]
+    streams = [s for s in p.leaves(program.body) if isinstance(s, (p.HostToDevice, p.DeviceToHost))]
     to_device = [{"argument": s.index, "bytes": s.tensor.nbytes, "cycles": s.cycles}
-                 for s in streams if isinstance(s, HostToDevice)]
+                 for s in streams if isinstance(s, p.HostToDevice)]
     to_host = [{"result": s.index, "bytes": s.src.size * s.src.dtype.itemsize, "cycles": s.cycles}
-               for s in streams if isinstance(s, DeviceToHost)]
+               for s in streams if isinstance(s, p.DeviceToHost)]
     nbytes = sum(s["bytes"] for s in to_device + to_host)
     return {"host_to_device": to_device, "device_to_host": to_host, "bytes": nbytes,
             "cycles": program.host_cycles, "seconds": nbytes / target.host_link_bytes_per_second}
@@ -281,9 +280,9 @@ def _phases(program) -> dict:
     program's steps: a run records only the first four, and steps may share
     a name (a function traced twice at one source line)."""
     found = {}
-    for step in leaves(program.body):
-        if isinstance(step, (Execute, Copy)):
-            name = step.compute_set.name if isinstance(step, Execute) else step.dst.name
+    for step in p.leaves(program.body):
+        if isinstance(step, (p.Execute, p.Copy)):
+            name = step.compute_set.name if isinstance(step, p.Execute) else step.dst.name
             found.setdefault((type(step).__name__, name, int(step.cycles), int(step.exchange_bytes)),
                              (step.exchange_cycles, step.sync_cycles))
     return found

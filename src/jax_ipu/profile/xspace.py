@@ -233,7 +233,7 @@ def build(runs: list, start_ns: int, hostname: str = ""):
             plane = planes[device.id] = _Plane(space, device.id, device.target.describe(), start_ns)
         scale = 1e12 / device.target.clock_hz
 
-        def ps(cycles: int) -> int:
+        def ps(cycles: int, scale=scale) -> int:
             return round(cycles * scale)
 
         begin = max((at_ns - start_ns) * 1000, ends.get(device.id, 0))

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 from jaxlib.mlir import ir as mlir
 from jaxlib.mlir.dialects import stablehlo
 
 from jax_ipu.ir import ConvDimensionNumbers, DotDimensionNumbers, GatherDimensionNumbers, Mesh, ScatterDimensionNumbers
 from jax_ipu.stablehlo import constants
-
 
 # Our dataclass -> (its binding class, binding property names that differ
 # from the spec's).

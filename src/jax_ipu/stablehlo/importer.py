@@ -13,8 +13,8 @@ from jaxlib.mlir.dialects import stablehlo
 
 from jax_ipu import ir
 from jax_ipu.errors import IpuCompileError, IpuUnimplementedError
-from jax_ipu.targets import USE_IPU_TYPES
 from jax_ipu.stablehlo import attributes, constants, deserialize, locations
+from jax_ipu.targets import USE_IPU_TYPES
 
 # Terminators: their operands become the enclosing Block's results.
 _RETURNS = {"func.return", "stablehlo.return", "sdy.return"}

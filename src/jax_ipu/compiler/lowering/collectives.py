@@ -13,14 +13,15 @@ import numpy as np
 from jax_ipu import ir
 from jax_ipu.compiler import cost
 from jax_ipu.compiler.builder import Builder
-from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.compiler.lowering.layout import copy_to_new, name_of
 from jax_ipu.compiler.lowering.reduce import single_op
+from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets_collectives as cc
 from jax_ipu.graph.compute import Region, Vertex
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.graph.views import View
+from jax_ipu.ops import REDUCE_OPS
 from jax_ipu.targets import Target
 
 
@@ -60,15 +61,15 @@ def _group_size(groups) -> int:
 def _reduction(op: ir.Op) -> str:
     which = single_op(op.regions[0])
     if which is None:
-        raise IpuUnimplementedError.for_op(op, "a collective reduction other than add, multiply, maximum, "
-                                               "minimum, and, or, xor is not supported", "File an issue")
+        raise IpuUnimplementedError.for_op(op, f"a collective reduction other than {', '.join(REDUCE_OPS)} "
+                                               "is not supported", "File an issue")
     return which
 
 
 @register("all_reduce")
 def all_reduce(b: Builder, op: ir.Op) -> None:
     which, groups = _reduction(op), _groups(op)
-    for value, result in zip(op.operands, op.results):
+    for value, result in zip(op.operands, op.results, strict=True):
         src = _input(b, op, value)
         out = b.tensor(name_of(op), result.type.shape, result.type.dtype)
         n = _group_size(groups)
@@ -91,7 +92,7 @@ def reduce_scatter(b: Builder, op: ir.Op) -> None:
 @register("all_gather")
 def all_gather(b: Builder, op: ir.Op) -> None:
     groups, dim = _groups(op), int(op.attrs["all_gather_dim"])
-    for value, result in zip(op.operands, op.results):
+    for value, result in zip(op.operands, op.results, strict=True):
         src = _input(b, op, value)
         out = b.tensor(name_of(op), result.type.shape, result.type.dtype)
         _emit(b, op, cc.AllGather(src, dim, groups, out), src, out, "AllGather")
@@ -102,7 +103,7 @@ def all_gather(b: Builder, op: ir.Op) -> None:
 def all_to_all(b: Builder, op: ir.Op) -> None:
     groups = _groups(op)
     split, concat = int(op.attrs["split_dimension"]), int(op.attrs["concat_dimension"])
-    for value, result in zip(op.operands, op.results):
+    for value, result in zip(op.operands, op.results, strict=True):
         src = _input(b, op, value)
         out = b.tensor(name_of(op), result.type.shape, result.type.dtype)
         _emit(b, op, cc.AllToAll(src, split, concat, groups, out), src, out, "AllToAll")

@@ -16,9 +16,9 @@ import numpy as np
 
 from jax_ipu import ir
 from jax_ipu.compiler.builder import Builder, Lowered, Splat
+from jax_ipu.compiler.lowering.layout import copy_to_new, name_of
 from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.compiler.passes.fuse import fuse
-from jax_ipu.compiler.lowering.layout import copy_to_new, name_of
 from jax_ipu.compiler.passes.legalize import FlatFunction
 from jax_ipu.compiler.passes.lower import lower
 from jax_ipu.graph.programs import If, Repeat, RepeatWhileTrue, Sequence, Switch
@@ -42,7 +42,7 @@ def collecting(b: Builder):
 def lower_block(b: Builder, block: ir.Block, args: list[Lowered], carried: list[Tensor] = ()) -> None:
     """`carried`: the loop's carried tensors when the block is its body,
     which the body's ops may then update in place."""
-    for arg, value in zip(block.args, args):
+    for arg, value in zip(block.args, args, strict=True):
         b.values[arg] = value
     lower(b, FlatFunction(block.args, block.ops, block.results), fuse(block.ops),
           frozenset(t.id for t in carried))
@@ -60,7 +60,7 @@ def _write_results(b: Builder, op: ir.Op, results: list[ir.Value], targets: list
     """targets[i] = results[i], as if at once: results that are views of a
     target tensor are staged first (a loop body may swap carried values)."""
     sources = []
-    for value, target in zip(results, targets):
+    for value, target in zip(results, targets, strict=True):
         lowered = b.values[value]
         if isinstance(lowered, View) and lowered.tensor is target and lowered.is_whole_tensor:
             sources.append(None)                   # unchanged
@@ -68,7 +68,7 @@ def _write_results(b: Builder, op: ir.Op, results: list[ir.Value], targets: list
         sources.append(b.view(value, name_of(op)))
     ids = {t.id for t in targets}
     sources = [copy_to_new(b, op, s) if s is not None and s.tensor.id in ids else s for s in sources]
-    for source, target in zip(sources, targets):
+    for source, target in zip(sources, targets, strict=True):
         if source is not None:
             b.copy(source.then("reshape", target.shape), target)
 
@@ -119,7 +119,7 @@ def optimization_barrier(b: Builder, op: ir.Op) -> None:
     results starts anew (it is no element-wise op), so no fusion joins the
     recomputation jax.checkpoint puts after a barrier with the forward ops
     it repeats, and nothing computed after it is computed before it."""
-    for operand, result in zip(op.operands, op.results):
+    for operand, result in zip(op.operands, op.results, strict=True):
         b.values[result] = b.values[operand]
 
 
@@ -147,7 +147,7 @@ def while_(b: Builder, op: ir.Op) -> None:
         b.steps.append(RepeatWhileTrue(condition, predicate, loop_body, name_of(op)))
     else:
         b.steps.append(Repeat(count, loop_body, name_of(op)))
-    for result, t in zip(op.results, carried):
+    for result, t in zip(op.results, carried, strict=True):
         b.values[result] = View(t)
 
 
@@ -167,7 +167,7 @@ def if_(b: Builder, op: ir.Op) -> None:
     predicate = scalar_tensor(b, op, op.operands[0])
     (then_body, else_body), outs = _branches(b, op)
     b.steps.append(If(predicate, then_body, else_body))
-    for result, t in zip(op.results, outs):
+    for result, t in zip(op.results, outs, strict=True):
         b.values[result] = View(t)
 
 
@@ -177,5 +177,5 @@ def case(b: Builder, op: ir.Op) -> None:
     index = scalar_tensor(b, op, op.operands[0])
     sequences, outs = _branches(b, op)
     b.steps.append(Switch(index, dict(enumerate(sequences[:-1])), sequences[-1]))
-    for result, t in zip(op.results, outs):
+    for result, t in zip(op.results, outs, strict=True):
         b.values[result] = View(t)

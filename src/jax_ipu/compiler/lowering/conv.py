@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from jax_ipu import ir
-from jax_ipu.compiler.lowering import matmul
 from jax_ipu.compiler.builder import Builder, Splat
-from jax_ipu.compiler.lowering.registry import register
+from jax_ipu.compiler.lowering import matmul
 from jax_ipu.compiler.lowering.layout import copy_to_new, name_of
+from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.compiler.planners.windows import attr, out_size, padding
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph.views import View

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from jax_ipu import ir
+from jax_ipu import ir, ops
 from jax_ipu.compiler import cost
 from jax_ipu.compiler.builder import Broadcast, Builder, ScalarBroadcast, Splat
 from jax_ipu.compiler.passes.fuse import Cluster
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
 from jax_ipu.graph.views import View
-from jax_ipu import ops
 
 # Attributes an element-wise op's semantics depend on.
 SEMANTIC_ATTRS = ("comparison_direction", "compare_type", "exponent_bits", "mantissa_bits")

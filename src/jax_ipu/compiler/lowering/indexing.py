@@ -1,6 +1,6 @@
 """Rules for data-dependent indexing: dynamic_slice, dynamic_update_slice,
 gather and scatter. Each is one compute set planned as popops multiSlice /
-multiUpdate (compiler.plan_slice): the table stays where it lives, the
+multiUpdate (compiler.planners.slice.plan_slice): the table stays where it lives, the
 indices are broadcast to its tiles, a vertex on each tile handles the
 elements it holds, and a data-dependent exchange moves the slices to the
 output or the updates to the table, in rounds of bounded buffers. XLA's
@@ -13,13 +13,14 @@ import numpy as np
 from jax_ipu import ir
 from jax_ipu.compiler import cost
 from jax_ipu.compiler.builder import Builder, ScalarBroadcast, Splat
-from jax_ipu.compiler.lowering.registry import register
-from jax_ipu.compiler.lowering.layout import copy_to_new, name_of
 from jax_ipu.compiler.lowering.elementwise import SEMANTIC_ATTRS
-from jax_ipu.compiler.planners.slice import plan_slice, plan_update
+from jax_ipu.compiler.lowering.layout import copy_to_new, name_of
 from jax_ipu.compiler.lowering.reduce import SINGLE_OP
+from jax_ipu.compiler.lowering.registry import register
+from jax_ipu.compiler.planners.slice import plan_slice, plan_update
 from jax_ipu.errors import IpuUnimplementedError
-from jax_ipu.graph import codelets, codelets_indexing as ci
+from jax_ipu.graph import codelets
+from jax_ipu.graph import codelets_indexing as ci
 from jax_ipu.graph.compute import Region, Vertex
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View
@@ -86,7 +87,7 @@ def _update(b: Builder, op: ir.Op, what: str, kernel, xs: list[View], outs: list
     cycles = np.array([t.supervisor_cycles * exchange.rounds + cost.worker_cycles(t, windows, 2, 1)
                        + cost.worker_cycles(t, int(h), len(xs), t.vector_width(outs[0].dtype))
                        + cost.worker_cycles(t, int(n), per_element, 1) if h else 0
-                       for h, n in zip(held, applied)])
+                       for h, n in zip(held, applied, strict=True)])
     vertices = _vertices(b, f"{what}<{outs[0].dtype.name}>", [x.tensor for x in xs], outs,
                          [*indices, *updates], cycles)
     b.execute(f"{what} {name_of(op)}", kernel, vertices, exchange)
@@ -194,7 +195,7 @@ def scatter(b: Builder, op: ir.Op) -> None:
     n = (len(op.operands) - 1) // 2
     types = [r.type for r in op.results]
     if types[0].size == 0 or op.operands[n + 1].type.size == 0:
-        for r, v in zip(op.results, op.operands[:n]):
+        for r, v in zip(op.results, op.operands[:n], strict=True):
             b.values[r] = b.values[v]
         return
     body = op.regions[0]
@@ -204,7 +205,7 @@ def scatter(b: Builder, op: ir.Op) -> None:
     indices = whole(b, op, op.operands[n])
     updates = tuple(whole(b, op, v) for v in op.operands[n + 1:])
     outs = []
-    for t, x in zip(types, xs):      # in place as dynamic_update_slice; one output per tensor
+    for t, x in zip(types, xs, strict=True):      # in place as dynamic_update_slice; one output per tensor
         in_place = b.writable_in_place(x, op) and x.tensor not in outs
         outs.append(x.tensor if in_place else b.tensor(name_of(op), t.shape, t.dtype, x.tensor.mapping))
     outs = tuple(outs)
@@ -213,5 +214,5 @@ def scatter(b: Builder, op: ir.Op) -> None:
     kernel = ci.Scatter(xs, indices, updates, dn, combiner, program, results, outs)
     _update(b, op, f"Scatter[{combiner or 'body'}]", kernel, list(xs), list(outs), window, [indices],
             list(updates), per_element=2 + len(program))
-    for r, out, t in zip(op.results, outs, types):
+    for r, out, t in zip(op.results, outs, types, strict=True):
         b.values[r] = View(out) if out.shape == t.shape else View(out).then("reshape", t.shape)

@@ -1,6 +1,6 @@
 """Dense linear algebra: stablehlo.cholesky and triangular_solve, and the
 custom_calls JAX's generic lowerings emit (geqrf's "Qr",
-"ProductOfElementaryHouseholderReflectors") or jax_ipu.lowerings registers
+"ProductOfElementaryHouseholderReflectors") or jax_ipu.frontend.jax_rules registers
 for the ipu platform ("jax_ipu.lu", "jax_ipu.eigh", "jax_ipu.svd",
 "jax_ipu.tridiagonal"). Each
 becomes one compute set (a Factorize kernel): small matrices whole on a
@@ -16,8 +16,8 @@ import numpy as np
 from jax_ipu import ir
 from jax_ipu.compiler import cost
 from jax_ipu.compiler.builder import Builder
-from jax_ipu.compiler.lowering.registry import register, register_custom_call
 from jax_ipu.compiler.lowering.layout import name_of
+from jax_ipu.compiler.lowering.registry import register, register_custom_call
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph.codelets_linalg import Factorize
 from jax_ipu.graph.compute import DataDependentExchange, Region, Vertex
@@ -59,17 +59,17 @@ def _factorize(b: Builder, op: ir.Op, kind: str, attrs: dict, flops_per_matrix: 
         last = min(count, first + per_tile)
         tile = (first // per_tile) % tiles
 
-        def region(t, e):
+        def region(t, e, first=first, last=last):
             return Region(t, np.array([[first * e, last * e]]))
         cycles = cost.worker_cycles(b.target, int(flops_per_matrix * (last - first)), 1,
                                     b.target.vector_width(np.dtype(np.float32)))
-        vertices.append(Vertex(f"{kind}<float>", int(tile), tuple(region(v.tensor, e) for v, e in zip(inputs, sizes_in)),
-                               tuple(region(t, e) for t, e in zip(outs, sizes_out) if e),
+        vertices.append(Vertex(f"{kind}<float>", int(tile), tuple(region(v.tensor, e) for v, e in zip(inputs, sizes_in, strict=True)),
+                               tuple(region(t, e) for t, e in zip(outs, sizes_out, strict=True) if e),
                                b.target.supervisor_cycles + cycles))
     b.execute(f"{kind} {name_of(op)}", Factorize(kind, tuple(inputs), tuple(outs), tuple(sorted(attrs.items()))),
               vertices)
     b.flops += flops_per_matrix * count
-    for r, t in zip(op.results, outs):
+    for r, t in zip(op.results, outs, strict=True):
         b.values[r] = View(t)
 
 
@@ -108,8 +108,8 @@ def _factorize_spread(b: Builder, op: ir.Op, kind: str, attrs: dict, flops_per_m
                                 b.target.vector_width(np.dtype(np.float32)))
     vertices = []
     for tile in np.unique(np.concatenate(out_tiles + in_tiles)):
-        reads = tuple(Region(v.tensor, _intervals(t == tile)) for v, t in zip(inputs, in_tiles) if (t == tile).any())
-        writes = tuple(Region(o, _intervals(t == tile)) for o, t in zip(outs, out_tiles) if (t == tile).any())
+        reads = tuple(Region(v.tensor, _intervals(t == tile)) for v, t in zip(inputs, in_tiles, strict=True) if (t == tile).any())
+        writes = tuple(Region(o, _intervals(t == tile)) for o, t in zip(outs, out_tiles, strict=True) if (t == tile).any())
         vertices.append(Vertex(f"{kind}<float>", int(tile), reads, writes, b.target.supervisor_cycles + cycles))
     # Exchange: each tile first receives its block of the operands, then
     # every pivot row of its matrix, a panel of rows (or what fits its
@@ -119,7 +119,7 @@ def _factorize_spread(b: Builder, op: ir.Op, kind: str, attrs: dict, flops_per_m
     buffer = max(1, min(PANEL_ROWS * row_bytes, int(PANEL_SHARE * b.target.bytes_per_tile)))
     rounds = max(1, -(-pivot_bytes // buffer))
     held = np.zeros(tiles, dtype=np.int64)
-    for v, t in zip(op.operands, in_tiles):
+    for v, t in zip(op.operands, in_tiles, strict=True):
         held += np.bincount(t, minlength=tiles) * v.type.dtype.itemsize
     on_matrix_tiles = np.bincount(np.concatenate(in_tiles), minlength=tiles) > 0
     panel = np.where(on_matrix_tiles, buffer, 0)
@@ -130,7 +130,7 @@ def _factorize_spread(b: Builder, op: ir.Op, kind: str, attrs: dict, flops_per_m
               Factorize(kind, tuple(inputs), tuple(outs), tuple(sorted(attrs.items()))), vertices,
               DataDependentExchange(rounds, sent, received, held + panel))
     b.flops += flops_per_matrix * count
-    for r, t in zip(op.results, outs):
+    for r, t in zip(op.results, outs, strict=True):
         b.values[r] = View(t)
 
 

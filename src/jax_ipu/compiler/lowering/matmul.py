@@ -10,11 +10,11 @@ import numpy as np
 from jax_ipu import ir
 from jax_ipu.compiler import cost
 from jax_ipu.compiler.builder import Builder, Splat
-from jax_ipu.compiler.lowering.registry import register
-from jax_ipu.compiler.lowering.layout import copy_padded, copy_to_new, name_of
-from jax_ipu.compiler.planners.matmul import fits, plan_matmul
 from jax_ipu.compiler.lowering.elementwise import lower_cluster
+from jax_ipu.compiler.lowering.layout import copy_padded, copy_to_new, name_of
+from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.compiler.passes.fuse import Cluster
+from jax_ipu.compiler.planners.matmul import fits, plan_matmul
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
 from jax_ipu.graph.compute import VertexArray, compact
@@ -195,8 +195,8 @@ def _partial_pattern(b: Builder, in_dtype: np.dtype, window: tuple, batch: int, 
     bb, mb, nb, kc = plan.blocks
     nbb, nmb, nnb = -(-batch // bb), -(-rows // mb), -(-cols // nb)
     # Partials [pk, batch, rows, cols]: tile of block (kk, bi, mi, ni).
-    # (From runs of a block row each: per element, this took 6 s of a
-    # ResNet-18 step's compile.)
+    # (From runs of a block row each: per element, this took seconds of a
+    # convolutional network's compile.)
     col_blocks = np.arange(nnb)
     tile_of = (((np.arange(pk)[:, None, None, None] * pb + np.arange(batch)[None, :, None, None] // bb) * pm
                 + np.arange(rows)[None, None, :, None] // mb) * pn + col_blocks)    # [pk, batch, rows, col blocks]

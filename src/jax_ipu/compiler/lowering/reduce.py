@@ -15,9 +15,9 @@ import numpy as np
 from jax_ipu import ir
 from jax_ipu.compiler import cost
 from jax_ipu.compiler.builder import Builder, ScalarBroadcast, Splat
-from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.compiler.lowering.elementwise import SEMANTIC_ATTRS
 from jax_ipu.compiler.lowering.layout import copy_padded, copy_to_new, name_of
+from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.compiler.planners.mapping import MIN_BYTES_PER_TILE, spread
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
@@ -25,13 +25,13 @@ from jax_ipu.graph.compute import VertexArray
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View
-from jax_ipu.ops import ELEMENTWISE_OPS
+from jax_ipu.ops import ELEMENTWISE_OPS, REDUCE_OPS
 
 # A reduction with one partial per output (and no wider accumulator) is
 # one compute set, not partials and a combine (see _single_stage).
 SINGLE_STAGE = True
 # Bodies of one op on one operand that reduce with a numpy ufunc.
-SINGLE_OP = {"add", "multiply", "maximum", "minimum", "and", "or", "xor"}
+SINGLE_OP = frozenset(REDUCE_OPS)
 
 
 def single_op(body: ir.Block) -> str | None:
@@ -111,9 +111,9 @@ def _chunking(reduced: int, kept: int, tiles: int, min_chunk: int) -> tuple[int,
 
 # Outputs a row must hold for a reduction over leading dims to combine
 # rows (numpy then adds contiguous runs of at least this many elements);
-# narrower ones are transposed first and reduced along rows. A conv bias
-# gradient (sum of [32, 28, 28, 16] over all but the channels) took 0.56 ms
-# transposed, 0.1 ms by rows of 16.
+# narrower ones are transposed first and reduced along rows. (A conv bias
+# gradient, a sum of [32, 28, 28, 16] over all but the channels, ran
+# several times faster by rows of 16 than transposed.)
 OUTER_MIN_KEPT = 16
 # Rows a tile reduces at least in an outer reduction: the partials are at
 # most 1/8 of the input's bytes.
@@ -121,13 +121,14 @@ OUTER_MIN_ROWS = 8
 # Chunks of rows at most in an outer reduction; column groups use the rest
 # of the tiles. Each output combines a partial per chunk, a one-element
 # interval each: 784 chunks of a [6272, 512] statistic made 401K of them
-# (47M in a ResNet-50 remat step), with more exchange per combining tile.
+# (tens of millions in a large network's step), with more exchange per
+# combining tile.
 OUTER_MAX_CHUNKS = 256
 # A single-stage reduction over leading dims receives, on each tile, every
 # row of the outputs it holds. The default mapping of the outputs (at least
-# 256 B a tile) put a 1,024-channel BatchNorm statistic of ResNet-50 on 16
-# tiles, each receiving 64 channels of all 196 x batch rows (200 KB at batch
-# 4, the busiest tile's peak); its outputs are spread so that a tile receives
+# 256 B a tile) put a 1,024-channel BatchNorm statistic on 16 tiles, each
+# receiving 64 channels of all 196 x batch rows (200 KB at batch 4, the
+# busiest tile's peak); its outputs are spread so that a tile receives
 # at most about this many bytes.
 OUTER_READ_BYTES = 16 * 1024
 INT32_MAX = 2**31 - 1
@@ -135,7 +136,7 @@ INT32_MAX = 2**31 - 1
 
 def _as_intervals(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     # int32 where it holds them: a row per chunk and output run, so these
-    # were most of a batch-normed ResNet's compiled regions (0.8 GB as int64).
+    # were most of a batch-normed network's compiled regions.
     out = np.empty((len(lo), 2), np.int32 if hi.max(initial=0) <= INT32_MAX else np.int64)
     out[:, 0], out[:, 1] = lo, hi
     return out
@@ -147,8 +148,8 @@ def _outer_reads_by_tile(mapping: TileMapping, chunks: int, size: int, kept: int
     (intervals in ascending tile order, offsets [tiles + 1]; the tiles of
     Builder.by_tile(mapping)): for each chunk j and run of outputs [o0, o1)
     on the tile, that run in each of the chunk's `size` rows, ascending.
-    All tiles at once (one call per tile took 3.8 s of a ResNet-18 step's
-    compile; a Vertex object per tile, 10 s of a ResNet-50 step's costing)."""
+    All tiles at once (one call per tile, or a Vertex object per tile, took
+    seconds of a convolutional network's compile)."""
     lengths = mapping.stops - mapping.starts
     e = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths - mapping.starts, lengths)
     tile = np.repeat(mapping.tiles, lengths)
@@ -191,7 +192,7 @@ def reduce(b: Builder, op: ir.Op) -> None:
     reduced = int(np.prod([x_t.shape[d] for d in dims], dtype=np.int64))
     inits = [b.values[v] for v in op.operands[n:]]
     if reduced == 0 or kept == 0:
-        for result, init in zip(op.results, inits):
+        for result, init in zip(op.results, inits, strict=True):
             b.values[result] = (Splat(init.value, result.type.shape) if isinstance(init, Splat)
                                 else ScalarBroadcast(_init_source(init), result.type.shape))
         return
@@ -207,7 +208,7 @@ def reduce(b: Builder, op: ir.Op) -> None:
     else:
         chunks, size, pad = _chunking(reduced, kept, b.target.num_tiles, min_chunk)
     xs = []
-    for value, init in zip(op.operands[:n], inits):
+    for value, init in zip(op.operands[:n], inits, strict=True):
         x = b.view(value, name_of(op))
         if outer:
             if pad:
@@ -235,7 +236,7 @@ def reduce(b: Builder, op: ir.Op) -> None:
         _single_stage(b, op, xs[0], single, _init_source(inits[0]), dtypes[0], kept, size, outer)
         return
 
-    codelet = f"ReducePartial<{what},{dtypes[0].name}>"    # (dtype.name costs 16 us)
+    codelet = f"ReducePartial<{what},{dtypes[0].name}>"    # (dtype.name is slow: once here)
     if outer:
         partials = [_outer_partials(b, op, xs[0], single, codelet, chunks, size, kept, accs[0])]
     else:
@@ -278,7 +279,7 @@ def reduce(b: Builder, op: ir.Op) -> None:
                                   tuple(init_sources), tuple(outs)))
     b.execute(f"reduce {what} {name_of(op)}", kernel, vertices)
     b.flops += kept * reduced * per_element
-    for result, out in zip(op.results, outs):
+    for result, out in zip(op.results, outs, strict=True):
         b.values[result] = View(out).then("reshape", result.type.shape)
 
 
@@ -291,9 +292,9 @@ def _outer_partials(b: Builder, op: ir.Op, x: View, single: str, codelet: str, c
     reduction runs where the data lives, as Poplar's reductions of outer
     dimensions do), reading the block's rows (one interval when it has
     every column) and writing its part of the chunk's partials. (A vertex
-    per output and chunk read a one-element interval from every row: 92M
-    intervals of a ResNet-50 step's BatchNorm statistics, a third of its
-    compile.)"""
+    per output and chunk read a one-element interval from every row: tens
+    of millions of intervals for a network's BatchNorm statistics, a third
+    of its compile.)"""
     target = b.target
     groups = max(1, min(target.num_tiles // chunks, kept // OUTER_MIN_KEPT))
     width = -(-kept // groups)

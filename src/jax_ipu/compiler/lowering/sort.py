@@ -19,9 +19,9 @@ import numpy as np
 from jax_ipu import ir
 from jax_ipu.compiler import cost
 from jax_ipu.compiler.builder import Builder, Splat
-from jax_ipu.compiler.lowering.registry import register
-from jax_ipu.compiler.lowering.layout import copy_to_new, name_of
 from jax_ipu.compiler.lowering.indexing import region_program
+from jax_ipu.compiler.lowering.layout import copy_to_new, name_of
+from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.errors import IpuOutOfMemoryError, IpuUnimplementedError
 from jax_ipu.graph import codelets_indexing as ci
 from jax_ipu.graph.compute import Region, Vertex
@@ -117,7 +117,7 @@ def sort(b: Builder, op: ir.Op) -> None:
     shape = op.results[0].type.shape
     dim = dim % len(shape) if shape else 0
     if not shape or op.results[0].type.size == 0 or shape[dim] <= 1:
-        for r, v in zip(op.results, op.operands):
+        for r, v in zip(op.results, op.operands, strict=True):
             b.values[r] = b.values[v]
         return
     comparator = op.regions[0]
@@ -135,7 +135,7 @@ def sort(b: Builder, op: ir.Op) -> None:
     if (key is not None and _key_dtype(op, program, key[0], n_args).itemsize <= 4
             and 2 * rows_per_tile * n * itemsize > b.target.bytes_per_tile // 2):
         results = _block_sort(b, op, inputs, program, key, rows, n, itemsize)
-        for r, out in zip(op.results, results):
+        for r, out in zip(op.results, results, strict=True):
             b.values[r] = from_rows(b, op, out, r.type.shape, dim)
         return
     if 2 * n * itemsize > b.target.bytes_per_tile and not b.options.allow_out_of_memory:
@@ -158,7 +158,7 @@ def sort(b: Builder, op: ir.Op) -> None:
     kind = "key" if key is not None else "merge"
     vertices = _row_vertices(b, f"Sort<{kind},{outs[0].dtype.name}>", inputs, outs, n, cycles)
     b.execute(f"sort {kind} {name_of(op)}", ci.Sort(tuple(inputs), program, result, key, tuple(outs)), vertices)
-    for r, out in zip(op.results, outs):
+    for r, out in zip(op.results, outs, strict=True):
         b.values[r] = from_rows(b, op, out, r.type.shape, dim)
 
 
@@ -233,7 +233,7 @@ def _block_sort(b: Builder, op: ir.Op, inputs: list[View], program, key, rows: i
                                               for start, stop in mapping.intervals_on(tile)])
                    for tile in mapping.tiles_used()}
     for number, stage in enumerate(_merge_pairs(blocks)):
-        lo, hi = zip(*stage)
+        lo, hi = zip(*stage, strict=True)
         partner = np.full(blocks, -1, dtype=np.int64)
         partner[list(lo)], partner[list(hi)] = hi, lo
         vertices = []

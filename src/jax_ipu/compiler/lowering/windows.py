@@ -16,21 +16,21 @@ import numpy as np
 
 from jax_ipu import ir
 from jax_ipu.compiler import cost
-from jax_ipu.compiler.lowering import reduce
 from jax_ipu.compiler.builder import Broadcast, Builder, ScalarBroadcast, Splat
-from jax_ipu.compiler.lowering.registry import register
+from jax_ipu.compiler.lowering import reduce
 from jax_ipu.compiler.lowering.elementwise import lower_cluster
-from jax_ipu.compiler.passes.fuse import Cluster
 from jax_ipu.compiler.lowering.indexing import region_program
 from jax_ipu.compiler.lowering.layout import copy_to_new, name_of
-from jax_ipu.compiler.planners.windows import (attr, axis_windows, combine, padding, row_major_strides,
-                                           windows)
+from jax_ipu.compiler.lowering.registry import register
+from jax_ipu.compiler.passes.fuse import Cluster
+from jax_ipu.compiler.planners.windows import attr, axis_windows, combine, padding, row_major_strides, windows
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
 from jax_ipu.graph.compute import Region, Vertex
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.views import View, apply_ops, window_outputs
 from jax_ipu.ops import ELEMENTWISE_OPS
+
 
 def _constant_scalar(b: Builder, op: ir.Op, value: ir.Value, what: str) -> np.ndarray:
     lowered = b.values[value]
@@ -154,10 +154,10 @@ def reduce_window(b: Builder, op: ir.Op) -> None:
     outs = int(np.prod(out_shape, dtype=np.int64))
     window = int(np.prod(attrs[0], dtype=np.int64))
     inits = list(op.operands[n:])
-    patches = [_windows_filled(b, op, x, attrs, init, (outs, window)) for x, init in zip(op.operands[:n], inits)]
+    patches = [_windows_filled(b, op, x, attrs, init, (outs, window)) for x, init in zip(op.operands[:n], inits, strict=True)]
     flat = [_new(ir.TensorType((outs,), r.type.dtype)) for r in op.results]
     reduce.reduce(b, ir.Op("reduce_window", patches + inits, flat, {"dimensions": (1,)}, op.regions, op.loc))
-    for r, v in zip(op.results, flat):
+    for r, v in zip(op.results, flat, strict=True):
         lowered = b.values[v]
         b.values[r] = Splat(lowered.value, out_shape) if isinstance(lowered, Splat) else \
             b.view(v).then("reshape", out_shape)
@@ -181,7 +181,7 @@ def _windows_filled(b: Builder, op: ir.Op, x: ir.Value, attrs, fill: ir.Value, s
 def _spec(window, strides, pads, base_dilations, window_dilations) -> tuple:
     """The "windows" view op's spec of a window over every axis."""
     return tuple((w, s, lo, hi, base, dilation, 0) for w, s, (lo, hi), base, dilation
-                 in zip(window, strides, pads, base_dilations, window_dilations))
+                 in zip(window, strides, pads, base_dilations, window_dilations, strict=True))
 
 
 def _window_select(b: Builder, op: ir.Op, x: ir.Value, attrs) -> View:
@@ -240,15 +240,15 @@ def _scatter(b: Builder, op: ir.Op, picked: View, window, strides, pads) -> None
     shape, out_shape = x_t.shape, source.type.shape
     src = b.view(source)
     never = np.array(np.iinfo(picked.dtype).max, picked.dtype)   # no window: matches no position
-    counts = [-(-w // st) for w, st in zip(window, strides)]
+    counts = [-(-w // st) for w, st in zip(window, strides, strict=True)]
     window_strides = row_major_strides(window)
     ops: list[ir.Op] = []
     total = init
     for ks in np.ndindex(*counts):
         # Window k-th from last per axis: o = (x + pad) // stride - m, m = count - 1 - k,
         # holding x when its phase (x + pad) % stride < window - m * stride.
-        ms = [c - 1 - k for c, k in zip(counts, ks)]
-        valid = [min(st, w - m * st) for st, w, m in zip(strides, window, ms)]
+        ms = [c - 1 - k for c, k in zip(counts, ks, strict=True)]
+        valid = [min(st, w - m * st) for st, w, m in zip(strides, window, ms, strict=True)]
         if min(valid, default=1) <= 0:
             continue
         value = _strided_windows(b, op, src, shape, strides, pads, ms, valid, np.zeros((), source.type.dtype)[()])
@@ -275,14 +275,14 @@ def _strided_windows(b: Builder, op: ir.Op, src: View, shape, strides, pads, ms,
     rank = len(shape)
     outs = src.shape
     spread = src.then("reshape", tuple(d for o in outs for d in (o, 1)))
-    spread = spread.then("broadcast", tuple(d for o, v in zip(outs, valid) for d in (o, v)), tuple(range(2 * rank)))
-    spread = spread.then("windows", tuple(spec for v, st in zip(valid, strides)
+    spread = spread.then("broadcast", tuple(d for o, v in zip(outs, valid, strict=True) for d in (o, v)), tuple(range(2 * rank)))
+    spread = spread.then("windows", tuple(spec for v, st in zip(valid, strides, strict=True)
                                           for spec in ((1, 1, 0, 0, 1, 1, 0), (1, 1, 0, st - v, 1, 1, 0))), fill)
-    repeated = tuple(o * st for o, st in zip(outs, strides))
+    repeated = tuple(o * st for o, st in zip(outs, strides, strict=True))
     spread = spread.then("reshape", repeated)
-    shift = [p[0] - m * st for p, m, st in zip(pads, ms, strides)]
+    shift = [p[0] - m * st for p, m, st in zip(pads, ms, strides, strict=True)]
     spread = spread.then("windows", tuple((1, 1, -sh, n - r + sh, 1, 1, 0)
-                                          for sh, n, r in zip(shift, shape, repeated)), fill)
+                                          for sh, n, r in zip(shift, shape, repeated, strict=True)), fill)
     out = ir.Value(ir.TensorType(tuple(shape), src.dtype))
     b.values[out] = copy_to_new(b, op, spread.then("reshape", tuple(shape)))
     return out
@@ -294,7 +294,7 @@ def _positions(b: Builder, op: ir.Op, shape, strides, pads, ms, window, window_s
     stride) * the window's row-major stride: one constant per axis of a
     window wider than 1, broadcast, and added in the chain."""
     total = None
-    for d, (n, st, p, m, w, ws) in enumerate(zip(shape, strides, pads, ms, window, window_strides)):
+    for d, (n, st, p, m, w, ws) in enumerate(zip(shape, strides, pads, ms, window, window_strides, strict=True)):
         if w == 1:
             continue
         along = ((np.arange(n) + p[0]) % st + m * st) * ws
@@ -315,7 +315,7 @@ def _positions(b: Builder, op: ir.Op, shape, strides, pads, ms, window, window_s
 def _clone(b: Builder, block: ir.Block, args: list[ir.Value], into: list[ir.Op], shape) -> list[ir.Value]:
     """Appends block's ops, applied element-wise at `shape` to `args`, to
     `into` (its constants become immediates); returns its results."""
-    env = dict(zip(block.args, args))
+    env = dict(zip(block.args, args, strict=True))
     for inner in block.ops:
         if inner.name == "constant":
             result = inner.results[0]
@@ -327,7 +327,7 @@ def _clone(b: Builder, block: ir.Block, args: list[ir.Value], into: list[ir.Op],
                                                "File an issue")
         results = [_new(ir.TensorType(tuple(shape), r.type.dtype)) for r in inner.results]
         into.append(ir.Op(inner.name, [env.get(v, v) for v in inner.operands], results, inner.attrs))
-        env.update(zip(inner.results, results))
+        env.update(zip(inner.results, results, strict=True))
     return [env.get(v, v) for v in block.results]
 
 

@@ -84,12 +84,13 @@ def _inline(module, block: ir.Block, env: dict, out: list, depth: int, site: str
                 raise IpuCompileError.for_op(op, f"calls unknown function {name!r}",
                                              "The program is malformed; please report it")
             inner_site = op.loc if _SOURCE_POSITION.search(op.loc) else site
-            inner = _inline(module, callee.body, dict(zip(callee.body.args, operands)), out, depth + 1,
+            inner = _inline(module, callee.body, dict(zip(callee.body.args, operands, strict=True)), out, depth + 1,
                             inner_site)
-            env.update(zip(op.results, inner))
+            env.update(zip(op.results, inner, strict=True))
         elif op.name in _IDENTITIES or (op.name == "custom_call"
                                         and op.attrs.get("call_target_name") in _IDENTITY_CUSTOM_CALLS):
-            env.update(zip(op.results, operands))
+            # (A sink such as dce_sink has operands and no results.)
+            env.update(zip(op.results, operands, strict=False))
         elif op.name in _UNSUPPORTED_OPS:
             raise IpuUnimplementedError.for_op(op, *_UNSUPPORTED_OPS[op.name])
         else:
@@ -108,7 +109,7 @@ def _inline(module, block: ir.Block, env: dict, out: list, depth: int, site: str
                 _approx_top_k(module, op, operands, results, out, site)
             else:
                 out.append(ir.Op(op.name, operands, results, op.attrs, regions, op.loc))
-            env.update(zip(op.results, results))
+            env.update(zip(op.results, results, strict=True))
     return [env[v] for v in block.results]
 
 
@@ -117,7 +118,7 @@ def _inline_region(module, block: ir.Block, env: dict, depth: int, site: str | N
     the enclosing values it reads renamed as in `env`."""
     args = [ir.Value(a.type) for a in block.args] if depth else list(block.args)
     ops: list[ir.Op] = []
-    results = _inline(module, block, {**env, **dict(zip(block.args, args))}, ops, depth, site)
+    results = _inline(module, block, {**env, **dict(zip(block.args, args, strict=True))}, ops, depth, site)
     return ir.Block(args, ops, results)
 
 
@@ -136,7 +137,7 @@ def _approx_top_k(module, op: ir.Op, operands: list, results: list, out: list, s
     ordered = [ir.Value(v.type) for v in operands[:n]]
     out.append(ir.Op("sort", operands[:n], ordered, {"dimension": int(config["reduction_dim"]), "is_stable": True},
                      [region], op.loc))
-    for value, result in zip(ordered, results):
+    for value, result in zip(ordered, results, strict=True):
         rank = len(result.type.shape)
         out.append(ir.Op("slice", [value], [result], {"start_indices": (0,) * rank,
                                                       "limit_indices": tuple(result.type.shape),

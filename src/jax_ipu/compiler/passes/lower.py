@@ -13,7 +13,6 @@ from jax_ipu.compiler.passes.legalize import FlatFunction
 from jax_ipu.errors import IpuError, IpuInternalCompilerError, IpuUnimplementedError
 
 
-
 def _used_outside(nodes, results) -> dict[int, set]:
     """Per cluster (by id), the values it makes that others read."""
     owner = {}

@@ -73,8 +73,8 @@ def hoist_updates(steps: list, received: list, inputs: list[Tensor], outputs: li
     tensor it reads, or reads the input it overwrites.
 
     JAX emits a training step's optimiser updates after the whole backward
-    pass, so every gradient stays live until the end: a ResNet-50's weight
-    gradients are 102 MB in float32, live at the backward pass's peak. XLA
+    pass, so every gradient stays live until the end: a large network's
+    weight gradients are all live at the backward pass's peak. XLA
     schedules by liveness and runs each update once its gradient is ready;
     this does the same for these steps only. An update written in place
     into its parameter's memory (see in_place_outputs) takes no memory of

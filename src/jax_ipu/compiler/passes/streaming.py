@@ -68,7 +68,7 @@ def plan(flat, arg_kinds: list, result_kinds: list) -> tuple[tuple[int, ...], tu
             ops.append(ir.Op(name, op.operands, op.results, {}, [], op.loc))
             continue
         if op.name == "optimization_barrier":     # an identity: its results stay where its operands are
-            streaming.update(r for v, r in zip(op.operands, op.results) if v in streaming)
+            streaming.update(r for v, r in zip(op.operands, op.results, strict=True) if v in streaming)
             ops.append(op)
             continue
         if any(v in streaming for v in op.operands):

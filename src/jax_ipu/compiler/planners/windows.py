@@ -55,18 +55,18 @@ def combine(per_axis: list[np.ndarray], strides: list[int], narrow: bool = False
     [32, 32, 32, 32, 3, 3] indices: batch with features, rows with columns,
     then the two). Padding's part is -big, big beyond any in-range sum;
     sums of parts are clipped to -big, and the result to -1. (A pass per
-    axis and a mask per padded axis took 3.7 s of a ResNet-18 step's
-    compile.)"""
+    axis and a mask per padded axis took seconds of a convolutional
+    network's compile.)"""
     per_axis = [np.asarray(index) for index in per_axis]
     if not per_axis:
         return np.zeros((), np.int32 if narrow else np.int64)
-    top = sum(max(int(index.max(initial=0)), 0) * int(stride) for index, stride in zip(per_axis, strides))
+    top = sum(max(int(index.max(initial=0)), 0) * int(stride) for index, stride in zip(per_axis, strides, strict=True))
     narrow = narrow and top < 1 << 30         # then -big (2**30) twice still fits an int32
     if top >= 1 << 60:
         raise ValueError(f"window indices up to {top} do not fit an int64")
     big = 1 << 30 if narrow else 1 << 61
     parts, padded = [], False
-    for index, stride in zip(per_axis, strides):
+    for index, stride in zip(per_axis, strides, strict=True):
         part = index.astype(np.int64) * int(stride)
         if (index < 0).any():
             part[index < 0] = -big

@@ -9,7 +9,8 @@ import numpy as np
 from jax_ipu.errors import IpuRuntimeError
 from jax_ipu.graph import codelets_collectives as cc
 from jax_ipu.model import links
-from jax_ipu.model.executors.common import REDUCE_UFUNCS, reader, register
+from jax_ipu.model.registry import reference
+from jax_ipu.ops import REDUCE_OPS
 
 
 def _group_of(groups, rank: int, size: int) -> tuple[int, ...]:
@@ -37,25 +38,25 @@ def _with_group(get, groups, state, use):
 
 
 def _reduce(values: list[np.ndarray], op: str, dtype) -> np.ndarray:
-    ufunc = REDUCE_UFUNCS[op]
+    ufunc = REDUCE_OPS[op]
     acc = values[0].astype(dtype, copy=True)
     for v in values[1:]:
         ufunc(acc, v, out=acc)
     return acc
 
 
-@register(cc.AllReduce)
-def _build_all_reduce(k: cc.AllReduce):
-    get, tid, op, groups, dtype, shape = reader(k.input), k.out.id, k.op, k.groups, k.out.dtype, k.out.shape
+@reference(cc.AllReduce)
+def _build_all_reduce(k: cc.AllReduce, read):
+    get, tid, op, groups, dtype, shape = read(k.input), k.out.id, k.op, k.groups, k.out.dtype, k.out.shape
 
     def run(state):
         state[tid] = _with_group(get, groups, state, lambda values, me: _reduce(values, op, dtype)).reshape(shape)
     return run
 
 
-@register(cc.ReduceScatter)
-def _build_reduce_scatter(k: cc.ReduceScatter):
-    get, tid, op, dim, groups, dtype = reader(k.input), k.out.id, k.op, k.dim, k.groups, k.out.dtype
+@reference(cc.ReduceScatter)
+def _build_reduce_scatter(k: cc.ReduceScatter, read):
+    get, tid, op, dim, groups, dtype = read(k.input), k.out.id, k.op, k.dim, k.groups, k.out.dtype
 
     def scatter(values, me):
         return np.ascontiguousarray(np.split(_reduce(values, op, dtype), len(values), axis=dim)[me])
@@ -65,18 +66,18 @@ def _build_reduce_scatter(k: cc.ReduceScatter):
     return run
 
 
-@register(cc.AllGather)
-def _build_all_gather(k: cc.AllGather):
-    get, tid, dim, groups = reader(k.input), k.out.id, k.dim, k.groups
+@reference(cc.AllGather)
+def _build_all_gather(k: cc.AllGather, read):
+    get, tid, dim, groups = read(k.input), k.out.id, k.dim, k.groups
 
     def run(state):
         state[tid] = _with_group(get, groups, state, lambda values, me: np.concatenate(values, axis=dim))
     return run
 
 
-@register(cc.AllToAll)
-def _build_all_to_all(k: cc.AllToAll):
-    get, tid, split, concat, groups = reader(k.input), k.out.id, k.split_dim, k.concat_dim, k.groups
+@reference(cc.AllToAll)
+def _build_all_to_all(k: cc.AllToAll, read):
+    get, tid, split, concat, groups = read(k.input), k.out.id, k.split_dim, k.concat_dim, k.groups
 
     def exchange(values, me):
         return np.concatenate([np.split(v, len(values), axis=split)[me] for v in values], axis=concat)
@@ -86,9 +87,9 @@ def _build_all_to_all(k: cc.AllToAll):
     return run
 
 
-@register(cc.CollectivePermute)
-def _build_collective_permute(k: cc.CollectivePermute):
-    get, tid, dtype, shape = reader(k.input), k.out.id, k.out.dtype, k.out.shape
+@reference(cc.CollectivePermute)
+def _build_collective_permute(k: cc.CollectivePermute, read):
+    get, tid, dtype, shape = read(k.input), k.out.id, k.out.dtype, k.out.shape
     source_of = {target: source for source, target in k.pairs}
 
     def receive(values, source):
@@ -110,8 +111,8 @@ def _build_collective_permute(k: cc.CollectivePermute):
     return run
 
 
-@register(cc.ReplicaIndex)
-def _build_replica_index(k: cc.ReplicaIndex):
+@reference(cc.ReplicaIndex)
+def _build_replica_index(k: cc.ReplicaIndex, read):
     tid, which = k.out.id, k.which
 
     def run(state):

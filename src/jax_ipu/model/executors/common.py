@@ -1,89 +1,22 @@
-"""What every executor shares: readers of views, the reduction ufuncs, and
-the table of executors by kernel type (`register`)."""
+"""What the reference executors share: reading a view (or an immediate)
+from the engine's state as plain numpy (fast/views.py reads the same
+values faster)."""
 from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
+from jax_ipu.graph.records import is_immediate
 from jax_ipu.graph.views import View
 
-REDUCE_UFUNCS = {"add": np.add, "multiply": np.multiply, "maximum": np.maximum,
-                 "minimum": np.minimum, "and": np.bitwise_and, "or": np.bitwise_or,
-                 "xor": np.bitwise_xor}
 
-
-def reader(view: View) -> Callable:
-    """fn(state) -> the view's array, with the cheapest path for plain reads."""
-    tid, shape = view.tensor.id, view.shape
-    if not view.ops or view.is_whole_tensor:
-        if shape == view.tensor.shape:
-            return lambda state: state[tid]
+def reader(source: View | object) -> Callable:
+    """fn(state) -> the view's array (its ops applied to its tensor's), or
+    the immediate `source` itself (held in vertex state)."""
+    if not isinstance(source, View):
+        if not is_immediate(source):
+            raise TypeError(f"a kernel reads a view or an immediate, not {type(source).__name__}")
+        return lambda state: source
+    tid, shape = source.tensor.id, source.shape
+    if source.is_whole_tensor:
         return lambda state: state[tid].reshape(shape)
-    if all(op[0] in _STRIDED_OPS for op in view.ops):
-        return _strided_reader(view)
-    return lambda state: view.apply(lambda t: state[t.id])
-
-
-def value_reader(source: View | np.ndarray) -> Callable:
-    """fn(state) -> a view's array, or the immediate `source` itself (an
-    init value, a scale: held in vertex state)."""
-    if isinstance(source, View):
-        return reader(source)
-    return lambda state: source
-
-
-# View ops whose result is, on a C-ordered tensor, a strided view of its memory.
-_STRIDED_OPS = frozenset({"reshape", "transpose", "slice", "broadcast"})
-
-
-def _strided_reader(view: View) -> Callable:
-    """reader() of a view of reshapes, transposes, slices and broadcasts.
-    On a C-ordered array of the tensor, such a view is the same strided
-    view of its memory on every run: its first read (view.apply) gives its
-    layout, and later reads build that view at once (1 us, against 5-12 us
-    for the ops one by one, and several times that on the cold caches
-    after a large product). Any other array is read through view.apply."""
-    tid, dtype, size = view.tensor.id, view.tensor.dtype, view.tensor.size
-    layout = []           # [(shape, strides, byte offset, read-only)] once known
-
-    def slow(state):
-        return view.apply(lambda t: state[t.id])
-
-    def first(state):
-        a, out = state[tid], slow(state)
-        if (not layout and type(a) is np.ndarray and type(out) is np.ndarray and a.dtype == dtype
-                and a.size == size and a.flags.c_contiguous and a.size and out.size):
-            offset = out.__array_interface__["data"][0] - a.__array_interface__["data"][0]
-            if 0 <= offset < a.nbytes and np.shares_memory(a, out):
-                layout.append((out.shape, out.strides, offset, not out.flags.writeable))
-        return out
-
-    def read(state):
-        if not layout:
-            return first(state)
-        a = state[tid]
-        if type(a) is not np.ndarray or a.dtype != dtype or a.size != size or not a.flags.c_contiguous:
-            return slow(state)
-        shape, strides, offset, read_only = layout[0]
-        out = np.ndarray(shape, dtype, a, offset, strides)
-        if read_only:
-            out.flags.writeable = False
-        return out
-    return read
-
-
-# kernel type (a graph.codelets class) -> build(kernel) -> fn(state)
-EXECUTORS: dict[type, Callable] = {}
-
-
-def register(kernel_type: type):
-    """Registers the decorated build function as the executor of
-    `kernel_type`; a second executor for one type is refused."""
-    def decorate(build: Callable) -> Callable:
-        if kernel_type in EXECUTORS:
-            raise ValueError(f"two executors for {kernel_type.__name__}: "
-                             f"{EXECUTORS[kernel_type].__module__} and {build.__module__}")
-        EXECUTORS[kernel_type] = build
-        return build
-    return decorate
+    return lambda state: source.apply(lambda t: state[t.id])

@@ -12,19 +12,19 @@ import numpy as np
 
 from jax_ipu.graph import codelets_indexing as ci
 from jax_ipu.graph.views import View
-from jax_ipu.ops import total_order_key
-from jax_ipu.model.executors.common import REDUCE_UFUNCS, reader, register
 from jax_ipu.model.executors.elementwise import instruction
+from jax_ipu.model.registry import reference
+from jax_ipu.ops import REDUCE_OPS, total_order_key
 
 
-def _window(starts, shape, sizes) -> Callable:
+def _window(starts, shape, sizes, read) -> Callable:
     """fn(state) -> the slices of a dynamic slice's window, each start
     clamped so that the window fits (as XLA). Constant starts are clamped
     once, here; a start read from a tensor (a loop counter) on each run."""
     parts = []
-    for source, dim, size in zip(starts, shape, sizes):
+    for source, dim, size in zip(starts, shape, sizes, strict=True):
         if isinstance(source, View):
-            parts.append((reader(source), dim - size, size))
+            parts.append((read(source), dim - size, size))
         else:
             start = min(max(int(np.asarray(source).reshape(())), 0), dim - size)
             parts.append(slice(start, start + size))
@@ -46,20 +46,20 @@ def _window(starts, shape, sizes) -> Callable:
     return window
 
 
-@register(ci.DynamicSlice)
-def _build_dynamic_slice(k: ci.DynamicSlice):
-    get, tid = reader(k.operand), k.out.id
-    window = _window(k.starts, k.operand.shape, k.out.shape)
+@reference(ci.DynamicSlice)
+def _build_dynamic_slice(k: ci.DynamicSlice, read):
+    get, tid = read(k.operand), k.out.id
+    window = _window(k.starts, k.operand.shape, k.out.shape, read)
 
     def run(state):
         state[tid] = np.array(get(state)[window(state)])
     return run
 
 
-@register(ci.DynamicUpdateSlice)
-def _build_dynamic_update_slice(k: ci.DynamicUpdateSlice):
-    get, update, tid = reader(k.operand), reader(k.update), k.out.id
-    window = _window(k.starts, k.operand.shape, k.update.shape)
+@reference(ci.DynamicUpdateSlice)
+def _build_dynamic_update_slice(k: ci.DynamicUpdateSlice, read):
+    get, update, tid = read(k.operand), read(k.update), k.out.id
+    window = _window(k.starts, k.operand.shape, k.update.shape, read)
 
     # The compiler writes the result into the operand's tensor when nothing
     # reads the operand afterwards.
@@ -98,7 +98,7 @@ def gather(operand: np.ndarray, indices: np.ndarray, dn, slice_sizes) -> np.ndar
     starts = [np.zeros(batch, np.int64) for _ in range(rank)]
     for j, d in enumerate(dn.start_index_map):
         starts[d] = np.clip(idx[..., j], 0, operand.shape[d] - slice_sizes[d])
-    for od, idim in zip(dn.operand_batching_dims, dn.start_indices_batching_dims):
+    for od, idim in zip(dn.operand_batching_dims, dn.start_indices_batching_dims, strict=True):
         starts[od] = np.broadcast_to(_batch_index(batch, batch_dims.index(idim)), batch)
     index = []
     for d in range(rank):
@@ -121,9 +121,9 @@ def gather(operand: np.ndarray, indices: np.ndarray, dn, slice_sizes) -> np.ndar
     return g.transpose(perm)
 
 
-@register(ci.Gather)
-def _build_gather(k: ci.Gather):
-    operand, indices, tid = reader(k.operand), reader(k.indices), k.out.id
+@reference(ci.Gather)
+def _build_gather(k: ci.Gather, read):
+    operand, indices, tid = read(k.operand), read(k.indices), k.out.id
 
     def run(state):
         # (not ascontiguousarray, which makes a 0-d result 1-d)
@@ -141,12 +141,12 @@ def scatter_targets(shape, indices: np.ndarray, update_shape, dn) -> tuple[tuple
     nb, rank = len(batch), len(shape)
     window_axes = [d for d in range(rank) if d not in dn.inserted_window_dims and d not in dn.input_batching_dims]
     sizes = [1] * rank
-    for d, u in zip(window_axes, dn.update_window_dims):
+    for d, u in zip(window_axes, dn.update_window_dims, strict=True):
         sizes[d] = update_shape[u]
     starts = [np.zeros(batch, np.int64) for _ in range(rank)]
     for j, d in enumerate(dn.scatter_dims_to_operand_dims):
         starts[d] = idx[..., j]
-    for od, idim in zip(dn.input_batching_dims, dn.scatter_indices_batching_dims):
+    for od, idim in zip(dn.input_batching_dims, dn.scatter_indices_batching_dims, strict=True):
         starts[od] = np.broadcast_to(_batch_index(batch, batch_dims.index(idim)), batch)
     valid = np.ones(batch, bool)
     for d in range(rank):
@@ -164,9 +164,9 @@ def scatter_targets(shape, indices: np.ndarray, update_shape, dn) -> tuple[tuple
     return index, valid, scatter_axes + list(dn.update_window_dims), full
 
 
-@register(ci.Scatter)
-def _build_scatter(k: ci.Scatter):
-    operands, indices, updates = [reader(v) for v in k.operands], reader(k.indices), [reader(v) for v in k.updates]
+@reference(ci.Scatter)
+def _build_scatter(k: ci.Scatter, read):
+    operands, indices, updates = [read(v) for v in k.operands], read(k.indices), [read(v) for v in k.updates]
     outs = [t.id for t in k.outs]
     dtypes = [t.dtype for t in k.outs] * 2 + [i.dtype for i in k.body]
     steps = [(instruction(ins, dtypes)[0], ins.args) for ins in k.body]
@@ -178,8 +178,8 @@ def _build_scatter(k: ci.Scatter):
         return [regs[r] for r in k.results]
 
     # Per operand: written in place (the compiler made its tensor the output).
-    in_place = [x.tensor is t for x, t in zip(k.operands, k.outs)]
-    shapes = [(x.shape, t.shape) for x, t in zip(k.operands, k.outs)]
+    in_place = [x.tensor is t for x, t in zip(k.operands, k.outs, strict=True)]
+    shapes = [(x.shape, t.shape) for x, t in zip(k.operands, k.outs, strict=True)]
 
     def operand(state, i):
         target = state[outs[i]] if in_place[i] else None
@@ -195,17 +195,17 @@ def _build_scatter(k: ci.Scatter):
         flat_index = tuple(i[valid] for i in index)
         values = [u.transpose(order).reshape(full)[valid] for u in us]
         if k.combiner == "replace":
-            for x, v in zip(xs, values):
+            for x, v in zip(xs, values, strict=True):
                 x[flat_index] = v
         elif k.combiner is not None:
-            REDUCE_UFUNCS[k.combiner].at(xs[0], flat_index, values[0])
+            REDUCE_OPS[k.combiner].at(xs[0], flat_index, values[0])
         else:
             for e in range(len(values[0])):
                 at = tuple(i[e] for i in flat_index)
                 new = body([x[at] for x in xs] + [v[e] for v in values])
-                for x, n in zip(xs, new):
+                for x, n in zip(xs, new, strict=True):
                     x[at] = n
-        for tid, x, (_, shape) in zip(outs, xs, shapes):
+        for tid, x, (_, shape) in zip(outs, xs, shapes, strict=True):
             state[tid] = x.reshape(shape)
     return run
 
@@ -221,7 +221,7 @@ def _registers(operand_dtypes: list, body) -> Callable:
     steps = [(instruction(ins, dtypes)[0], ins.args) for ins in body]
 
     def registers(lhs: list, rhs: list) -> list:
-        regs = [x for pair in zip(lhs, rhs) for x in pair]
+        regs = [x for pair in zip(lhs, rhs, strict=True) for x in pair]
         for fn, a in steps:
             regs.append(fn(*[regs[r] for r in a]))
         return regs
@@ -281,9 +281,9 @@ def _sort_key(key: np.ndarray, descending: bool) -> np.ndarray:
     return -key if descending else key
 
 
-@register(ci.Sort)
-def _build_sort(k: ci.Sort):
-    inputs, outs = [reader(v) for v in k.inputs], [t.id for t in k.outs]
+@reference(ci.Sort)
+def _build_sort(k: ci.Sort, read):
+    inputs, outs = [read(v) for v in k.inputs], [t.id for t in k.outs]
     registers = _comparator(k)
 
     def run(state):
@@ -295,7 +295,7 @@ def _build_sort(k: ci.Sort):
         else:
             perm = merge_sort(xs, lambda lhs, rhs: registers(lhs, rhs)[k.result])
         r = np.arange(xs[0].shape[0])[:, None]
-        for tid, x in zip(outs, xs):
+        for tid, x in zip(outs, xs, strict=True):
             state[tid] = x[r, perm]
     return run
 
@@ -313,9 +313,9 @@ def _block_order(xs: list, registers, key: tuple[int, bool], position: np.ndarra
     return (k << bits) | position
 
 
-@register(ci.BlockSort)
-def _build_block_sort(k: ci.BlockSort):
-    inputs, outs, index = [reader(v) for v in k.inputs], [t.id for t in k.outs], k.index.id
+@reference(ci.BlockSort)
+def _build_block_sort(k: ci.BlockSort, read):
+    inputs, outs, index = [read(v) for v in k.inputs], [t.id for t in k.outs], k.index.id
     registers = _registers([v.dtype for v in k.inputs], k.body)
     rows, n = k.inputs[0].shape
     width = k.blocks * k.block
@@ -329,15 +329,15 @@ def _build_block_sort(k: ci.BlockSort):
         position = np.broadcast_to(np.arange(width, dtype=np.int64), (rows, width))
         order = _block_order(padded, registers, k.key, position, n).reshape(rows * k.blocks, k.block)
         perm = np.argsort(order, axis=1)          # the keys are unique: any sort
-        for tid, x in zip(outs, padded):
+        for tid, x in zip(outs, padded, strict=True):
             state[tid] = np.take_along_axis(x.reshape(order.shape), perm, axis=1).reshape(rows, width)
         state[index] = np.take_along_axis(position.reshape(order.shape), perm, axis=1).astype(np.int32).reshape(
             rows, width)
     return run
 
 
-@register(ci.MergeSplit)
-def _build_merge_split(k: ci.MergeSplit):
+@reference(ci.MergeSplit)
+def _build_merge_split(k: ci.MergeSplit, read):
     sources, targets, s = [t.id for t in k.sources], [t.id for t in k.targets], k.block
     registers = _registers([t.dtype for t in k.sources[:-1]], k.body)
     lo, hi = np.array(k.lo), np.array(k.hi)
@@ -348,7 +348,7 @@ def _build_merge_split(k: ci.MergeSplit):
         pairs = [np.concatenate([x[:, lo], x[:, hi]], axis=2) for x in blocks]
         order = _block_order(pairs[:-1], registers, k.key, pairs[-1].astype(np.int64), k.n)
         perm = np.argsort(order, axis=2, kind="stable")     # two sorted runs: one merge
-        for tid, x, both in zip(targets, blocks, pairs):
+        for tid, x, both in zip(targets, blocks, pairs, strict=True):
             merged = np.take_along_axis(both, perm, axis=2)
             out = x.copy()
             out[:, lo], out[:, hi] = merged[..., :s], merged[..., s:]
@@ -356,9 +356,9 @@ def _build_merge_split(k: ci.MergeSplit):
     return run
 
 
-@register(ci.TopK)
-def _build_top_k(k: ci.TopK):
-    get, values, indices, count = reader(k.input), k.values.id, k.indices.id, k.values.shape[1]
+@reference(ci.TopK)
+def _build_top_k(k: ci.TopK, read):
+    get, values, indices, count = read(k.input), k.values.id, k.indices.id, k.values.shape[1]
 
     def run(state):
         x = get(state)

@@ -8,7 +8,7 @@ import numpy as np
 from scipy.linalg import blas, lapack
 
 from jax_ipu.graph import codelets_linalg
-from jax_ipu.model.executors.common import reader, register
+from jax_ipu.model.registry import reference
 
 
 def _batched(fn, *arrays):
@@ -16,7 +16,7 @@ def _batched(fn, *arrays):
     batch = arrays[0].shape[:-2]
     count = int(np.prod(batch, dtype=np.int64))
     flat = [a.reshape((count,) + a.shape[len(batch):]) for a in arrays]
-    return [fn(*parts) for parts in zip(*flat)], batch
+    return [fn(*parts) for parts in zip(*flat, strict=True)], batch
 
 
 def _cholesky(a, *, lower=True):
@@ -109,9 +109,9 @@ _FUNCTIONS = {"cholesky": _cholesky, "triangular_solve": _triangular_solve, "lu"
               "householder": _householder, "eigh": _eigh, "svd": _svd, "tridiagonal": _tridiagonal}
 
 
-@register(codelets_linalg.Factorize)
-def _build_factorize(k: codelets_linalg.Factorize):
-    readers = [reader(v) for v in k.inputs]
+@reference(codelets_linalg.Factorize)
+def _build_factorize(k: codelets_linalg.Factorize, read):
+    readers = [read(v) for v in k.inputs]
     fn, attrs = _FUNCTIONS[k.op], dict(k.attrs)
     outs = [(t.id, t.dtype, t.shape) for t in k.outs]
 

@@ -1,97 +1,28 @@
-"""Executors of matmul partial products (K-chunk partials, or their sum
-in the plan's order when only the reduction reads them)."""
+"""The reference executor of matmul partial products: each K-chunk's
+product on its own, in the partials' dtype (model/fast/matmul.py runs
+them on BLAS in row blocks, or leaves them summed for the matmul's
+reduction)."""
 from __future__ import annotations
 
 import numpy as np
 
 from jax_ipu.graph import codelets
-from jax_ipu.graph.views import View, apply_ops
-from jax_ipu.model.executors.common import reader, register
-from jax_ipu.model.fast import blas, strided, xla_chains
-
-def _operands(k: codelets.MatMulPartials):
-    """fn(state) -> (lhs, rhs) in the partials' dtype."""
-    lhs, rhs = _converted(k.lhs, k.out.dtype), _converted(k.rhs, k.out.dtype)
-
-    def get(state):
-        return lhs(state), rhs(state)
-    return get
+from jax_ipu.model.registry import reference
 
 
-def _converted(view, acc: np.dtype):
-    """fn(state) -> the view's array in `acc` (float16 operands of float32
-    partials: the products are exact in float32): one strided view or
-    copy of its tensor where fast.strided plans the view, else _unplanned.
-    The same values either way."""
-    read = _unplanned(view, acc)
-    planned = strided.operand_reader(view, acc) if isinstance(view, View) and view.ops else None
-    if planned is None:
-        return read
-
-    def get(state):
-        value = planned(state)
-        return read(state) if value is None else value
-    return get
-
-
-def _unplanned(view, acc: np.dtype):
-    """The view's ops one by one. A view reading elements more than once
-    (im2col windows, broadcasts) converts its tensor first and reads that
-    through the view: numpy converts about one element a nanosecond, and
-    the patches of a 3x3 convolution are 9 times its input (3.9 -> 1.2 ms
-    for a 56x56x64 image). Large aligned arrays are converted by XLA:CPU
-    (xla_chains.convert)."""
-    read = reader(view)
-    if view.dtype == acc:
-        return read
-    if isinstance(view, View) and view.ops and view.size > view.tensor.size:
-        tid, shape, ops = view.tensor.id, view.tensor.shape, view.ops
-        return lambda state: apply_ops(xla_chains.convert(state[tid].reshape(shape), acc), ops)
-    return lambda state: xla_chains.convert(read(state), acc)
-
-
-@register(codelets.MatMulPartials)
-def build(k: codelets.MatMulPartials, whole: bool = False):
-    operands, tid = _operands(k), k.out.id
-    chunks, batch, m, n = k.out.shape
-    size = k.lhs.shape[2] // chunks if chunks else 0
-
-    def run(state):
-        a, b = operands(state)
-        out = np.empty((chunks, batch, m, n), dtype=k.out.dtype)
-        blas.matmul_partials(a, b, out, chunks, size, whole)
-        state[tid] = out
-    run.shares = _shares(k, whole)
-    return run
-
-
-def _shares(k: codelets.MatMulPartials, whole: bool) -> bool:
-    """Whether the product is cut in row halves for the helper thread."""
-    batch, m, kk = k.lhs.shape
-    return len(blas.row_blocks(batch, m, kk, k.rhs.shape[-1], whole)) > 1
-
-
-class Combined:
-    """What a combined matmul leaves in its partials tensor: the partials
-    already summed over the chunks in the plan's order, [batch * m * n]."""
-    __slots__ = ("value",)
-
-    def __init__(self, value: np.ndarray):
-        self.value = value
-
-
-def build_combined(k: codelets.MatMulPartials, whole: bool = False):
-    """The partials are scratch, read only by the matmul's reduction
-    (ReduceCombine over the chunks, "add"): they are summed here, row
-    block by row block while in cache, in the same fixed order, and the
-    reduction takes the sum."""
-    operands, tid, acc = _operands(k), k.out.id, k.out.dtype
+@reference(codelets.MatMulPartials)
+def matmul_partials(k: codelets.MatMulPartials, read):
+    """out[j] = lhs[..., j-th K-chunk] @ rhs[..., j-th K-chunk, :], the
+    operands converted to out.dtype first (float16 operands of float32
+    partials: their products are exact in float32)."""
+    lhs, rhs, tid, acc = read(k.lhs), read(k.rhs), k.out.id, k.out.dtype
     chunks = k.out.shape[0]
     size = k.lhs.shape[2] // chunks if chunks else 0
-    scratch = blas.CombineScratch()
 
     def run(state):
-        a, b = operands(state)
-        state[tid] = Combined(blas.matmul_combined(a, b, chunks, size, acc, scratch, whole).reshape(-1))
-    run.shares = _shares(k, whole)
+        a, b = np.asarray(lhs(state), dtype=acc), np.asarray(rhs(state), dtype=acc)
+        out = np.empty(k.out.shape, acc)
+        for j in range(chunks):
+            np.matmul(a[..., j * size:(j + 1) * size], b[..., j * size:(j + 1) * size, :], out=out[j])
+        state[tid] = out
     return run

@@ -1,121 +1,93 @@
-"""Executors of reductions: partials, their fixed-order combine, tree
-reductions, and window selects."""
+"""Reference executors of reductions: partials, their fixed-order combine,
+tree reductions, and window selects. A float16 sum or product rounds each
+step in float16, so it is made element after element in order (numpy's
+own float16 reductions accumulate in float32); any other reduction is
+numpy's reduce of the chunk."""
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
 from jax_ipu.graph import codelets
-from jax_ipu.model.executors.common import REDUCE_UFUNCS, reader, register, value_reader
 from jax_ipu.model.executors.elementwise import instruction
-from jax_ipu.model.executors.matmul import Combined
-from jax_ipu.model.fast import xla_chains
-
-# Reductions over at most this many contiguous elements, of at least
-# SHORT_AXIS_ROWS outputs, go element by element along the axis.
-SHORT_AXIS = 16
-SHORT_AXIS_ROWS = 256
+from jax_ipu.model.registry import reference
+from jax_ipu.ops import REDUCE_OPS
 
 
-@register(codelets.ReducePartials)
-def _build_reduce_partials(k: codelets.ReducePartials):
-    get, tid, ufunc, acc = reader(k.input), k.out.id, REDUCE_UFUNCS[k.op], k.out.dtype
-    run = _partials_runner(k, get, ufunc, acc)
-    if k.init is None:
+def rounds_each_step(ufunc: np.ufunc, acc: np.dtype) -> bool:
+    """Whether a reduction into `acc` is made element after element."""
+    return acc == np.float16 and ufunc in (np.add, np.multiply)
+
+
+def reduced(ufunc: np.ufunc, x: np.ndarray, axis: int, acc: np.dtype) -> np.ndarray:
+    """x reduced by ufunc over `axis`, accumulated in `acc`."""
+    if rounds_each_step(ufunc, acc) and x.shape[axis]:
+        parts = np.moveaxis(x, axis, 0)
+        total = parts[0].astype(acc)        # a copy of its own
+        for part in parts[1:]:
+            ufunc(total, part, out=total)
+        return total
+    return ufunc.reduce(x, axis=axis, dtype=acc)
+
+
+@reference(codelets.ReducePartials)
+def reduce_partials(k: codelets.ReducePartials, read, partials: Callable | None = None):
+    """The partials [O, chunks] ([chunks, O] if outer), or with `init` the
+    reduction's result [O]. partials: fn(state) -> the partials, when a
+    faster way to make them is given (model/fast/reduce.py)."""
+    get, tid, ufunc, acc = read(k.input), k.out.id, REDUCE_OPS[k.op], k.out.dtype
+    axis = 1 if k.outer else 2
+    if partials is None:
         def partials(state):
-            state[tid] = run(state)
-        return partials
+            return reduced(ufunc, get(state), axis, acc)
+    if k.init is None:
+        def run(state):
+            state[tid] = partials(state)
+        return run
     # A single stage: the one partial of each output is its result, then the init.
-    init = value_reader(k.init)
-    shape = k.out.shape
+    init, shape = read(k.init), k.out.shape
 
     def single_stage(state):
-        value = ufunc(init(state).astype(acc, copy=False), run(state).reshape(shape))
+        value = ufunc(init(state).astype(acc, copy=False), partials(state).reshape(shape))
         state[tid] = np.asarray(value).astype(acc, copy=False).reshape(shape)
     return single_stage
 
 
-def _partials_runner(k: codelets.ReducePartials, get, ufunc, acc):
-    """fn(state) -> the partials [O, chunks] ([chunks, O] if outer)."""
-    if k.outer and acc == np.float16 and ufunc in (np.add, np.multiply):
-        def run_outer_in_order(state):
-            x = get(state)
-            total = x[:, 0].astype(acc)
-            for i in range(1, x.shape[1]):
-                ufunc(total, x[:, i], out=total)
-            return total
-        return run_outer_in_order
-    if k.outer:
-        def run_outer(state):
-            # Each chunk's rows combined in order.
-            return ufunc.reduce(get(state), axis=1, dtype=acc)
-        return run_outer
-
-    rows, size = k.input.shape[0] * k.input.shape[1], k.input.shape[2]
-    # numpy's fp16 add and multiply reductions accumulate in fp32; an fp16
-    # accumulator (a reduce_window's) rounds each step, so it goes element
-    # after element.
-    in_order = acc == np.float16 and ufunc in (np.add, np.multiply)
-    if 1 < size and (in_order or (size <= SHORT_AXIS and rows >= SHORT_AXIS_ROWS)):
-        def run_short(state):
-            # Element after element into the accumulator: numpy's reduce over
-            # a short contiguous axis costs 10-20x as much (a max pool's 2x2
-            # windows). Combined in order, as XLA:CPU combines a window's.
-            x = get(state)
-            total = x[..., 0].astype(acc)      # a copy of its own
-            for i in range(1, size):
-                ufunc(total, x[..., i], out=total)
-            return total
-        return run_short
+@reference(codelets.ReduceCombine)
+def reduce_combine(k: codelets.ReduceCombine, read, convert: Callable | None = None,
+                   partials: Callable | None = None):
+    """out = init op (the partials reduced over `axis` in order), in
+    out.dtype. convert(array, dtype) and partials(state) -> the partials
+    reduced: faster ways to the same values, when given (model/fast/)."""
+    get, tid, ufunc, axis = read(k.partials), k.out.id, REDUCE_OPS[k.op], k.axis
+    init = None if k.init is None else read(k.init)
+    dtype, shape, acc = k.out.dtype, k.out.shape, k.partials.dtype
+    if partials is None:
+        def partials(state):
+            return reduced(ufunc, get(state), axis, acc)
+    if convert is None:
+        def convert(value, dtype):
+            return value.astype(dtype)
 
     def run(state):
-        return ufunc.reduce(get(state), axis=2, dtype=acc)
-    return run
-
-
-def takes_combined(k: codelets.ReduceCombine) -> bool:
-    """Whether this reduction sums a matmul's partials over the chunks as
-    _build_matmul_combined leaves them (the only reader that can)."""
-    whole = k.partials.tensor.shape
-    return (k.op == "add" and k.axis == 0 and k.partials.is_whole_tensor
-            and k.partials.shape == (whole[0], int(np.prod(whole[1:], dtype=np.int64))))
-
-
-@register(codelets.ReduceCombine)
-def _build_reduce_combine(k: codelets.ReduceCombine):
-    get, tid, ufunc, axis = reader(k.partials), k.out.id, REDUCE_UFUNCS[k.op], k.axis
-    init = None if k.init is None else value_reader(k.init)
-    dtype, shape = k.out.dtype, k.out.shape
-    acc = k.partials.dtype
-    # The matmul's reduction may find its partials already combined.
-    pid, may_be_combined = k.partials.tensor.id, takes_combined(k)
-
-    def run(state):
-        raw = state[pid]
-        if may_be_combined and type(raw) is Combined:
-            value = raw.value
-        elif acc == np.float16 and ufunc in (np.add, np.multiply):    # each step rounded (see above)
-            parts = np.moveaxis(get(state), axis, 0)
-            value = parts[0].astype(acc)
-            for part in parts[1:]:
-                ufunc(value, part, out=value)
-        else:
-            value = ufunc.reduce(get(state), axis=axis, dtype=acc)
+        value = partials(state)
         if init is not None:
             value = ufunc(init(state).astype(acc, copy=False), value)
         value = np.asarray(value)
-        if value.dtype != dtype:          # a float16 product's sum: XLA:CPU converts it fastest
-            value = xla_chains.convert(value, dtype)
+        if value.dtype != dtype:
+            value = convert(value, dtype)
         state[tid] = value.reshape(shape)   # value is new
     return run
 
 
-@register(codelets.TreeReduce)
-def _build_tree_reduce(k: codelets.TreeReduce):
-    readers = [reader(v) for v in k.inputs]
+@reference(codelets.TreeReduce)
+def tree_reduce(k: codelets.TreeReduce, read):
+    readers = [read(v) for v in k.inputs]
     dtypes = [v.dtype for v in k.inputs] * 2 + [i.dtype for i in k.body]
     steps = [(instruction(ins, dtypes)[0], ins.args) for ins in k.body]
     results = k.results
-    inits = None if k.init is None else [value_reader(i) for i in k.init]
+    inits = None if k.init is None else [read(i) for i in k.init]
     outs = [(t.id, t.dtype, t.shape) for t in k.outs]
 
     def body(operands: list) -> list:
@@ -134,24 +106,24 @@ def _build_tree_reduce(k: codelets.TreeReduce):
             half = count // 2
             combined = body([x[0:2 * half:2] for x in xs] + [x[1:2 * half:2] for x in xs])
             combined = [np.broadcast_to(c, x[:half].shape).astype(x.dtype, copy=False)
-                        for c, x in zip(combined, xs)]
-            xs = [np.concatenate([c, x[2 * half:]]) if count % 2 else c for c, x in zip(combined, xs)]
+                        for c, x in zip(combined, xs, strict=True)]
+            xs = [np.concatenate([c, x[2 * half:]]) if count % 2 else c for c, x in zip(combined, xs, strict=True)]
         values = [x[0] for x in xs]
         if inits is not None:
             values = body([init(state) for init in inits] + values)
-        for (tid, dtype, shape), value in zip(outs, values):
+        for (tid, dtype, shape), value in zip(outs, values, strict=True):
             state[tid] = np.array(np.broadcast_to(value, shape), dtype=dtype)
     return run
 
 
-@register(codelets.WindowSelect)
-def _build_window_select(k: codelets.WindowSelect):
+@reference(codelets.WindowSelect)
+def window_select(k: codelets.WindowSelect, read):
     """The scan runs over window positions, each step over all outputs at
     once, so a window's select calls are made in XLA's order. The selected
     value and position are updated by bit masks: np.where branches on
     each element and mispredicts on random data (5x slower)."""
-    values, tid, slot_dtype = reader(k.values), k.out.id, k.out.dtype
-    padding = reader(k.padding) if k.padding is not None else None
+    values, tid, slot_dtype = read(k.values), k.out.id, k.out.dtype
+    padding = read(k.padding) if k.padding is not None else None
     window, outputs = k.values.shape
     bits = np.dtype(f"u{k.values.dtype.itemsize}")
     dtypes = [k.values.dtype] * 2 + [i.dtype for i in k.select]

@@ -3,11 +3,11 @@ product is its own BLAS call on one thread, and the partials are combined
 in the plan's fixed order, so the values never depend on threads or load.
 
 OpenBLAS spreads even small products over every core, and when the cores
-are busy its threads wait on one another: on 2 shared cores a 128x49x512
-block took 15 ms instead of 0.15 ms. Planned products therefore run with
+are busy its threads wait on one another, a hundred times as long as the
+product itself on shared cores. Planned products therefore run with
 OpenBLAS on one thread (its thread count is process-wide in numpy's build:
 see _OneBlasThread); the engine uses a second core its own way: a helper
-thread (model/helper.py) takes half of the rows of a large product."""
+thread (model/fast/helper.py) takes half of the rows of a large product."""
 from __future__ import annotations
 
 import ctypes
@@ -63,7 +63,7 @@ set_local_threads = _set_local_threads()
 # (beta = 1), see _sgemm_chunks, which calls it with ctypes objects made once
 # per row block and updated in place (no argtypes): converting 14 Python
 # numbers on every call held the GIL twice as long, and the helper thread's
-# calls wait for it (a 128x512x512 product in two halves: 734 -> 652 us).
+# calls wait for it.
 _sgemm = _cblas("sgemm")
 # OpenBLAS's cblas_sgemm_batch (0.3.29+): a list of products in one call, run
 # one after the other, in order, when OpenBLAS has one thread (see
@@ -88,7 +88,7 @@ STACKED_BYTES = 1 << 20
 def row_blocks(batch: int, m: int, k: int, n: int, whole: bool = False) -> list[tuple[int, int]]:
     """The rows each piece of work computes: halves (cut at a multiple of 8)
     for large products, else all rows. Decided by the shape alone, and by
-    `whole` (the product runs in a lane, model/lanes.py), never by load."""
+    `whole` (the product runs in a lane, model/fast/lanes.py), never by load."""
     if not whole and m >= 32 and batch * m * k * n >= SHARED_MACS:
         half = (m // 2 + 7) // 8 * 8
         return [(0, half), (half, m)]
@@ -162,9 +162,9 @@ def axpy(alpha: float, x: np.ndarray, y: np.ndarray) -> bool:
     BLAS calls on this thread, each element rounded once: a fused
     multiply-add, as XLA:CPU contracts a multiply feeding an add (an SGD
     update w - lr * g gives XLA's bits; two numpy passes round twice and
-    differ in 2% of the elements). One pass over memory without the GIL,
-    against numpy's two with a temporary: a 401K-element update took
-    144 us against 265 us. False (nothing done) without numpy's OpenBLAS.
+    differ in a few elements in a hundred). One pass over memory without
+    the GIL, against numpy's two with a temporary (see model-speed.md).
+    False (nothing done) without numpy's OpenBLAS.
 
     OpenBLAS's kernel takes whole blocks of AXPY_BLOCK elements and rounds
     the rest twice in a plain loop (measured: element 32 of 33 differed
@@ -230,7 +230,8 @@ class CombineScratch:
 # cblas constants.
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 # A chunk's product of at least this many multiply-adds goes to cblas_sgemm
-# through ctypes (about 4 us a call, against 2 us for np.matmul).
+# through ctypes (a call costs about twice np.matmul's, which the larger
+# products repay).
 SGEMM_MACS = 1 << 16
 # OpenBLAS's batch call gives products of at most this many multiply-adds
 # to its small-matrix kernels (the single call does not on this CPU: other
@@ -263,15 +264,15 @@ def _sgemm_chunks(a: np.ndarray, b: np.ndarray, out: np.ndarray, chunks: int, si
     whose chunks are too small to pay for the calls. OpenBLAS computes a
     chunk's product in registers and adds it to the stored sum once, so
     the bits are those of the partial products summed one after the other
-    (tests/ipu/test_matmul_plan_order.py). Keyed by r0.
+    (tests/ipu/model/test_matmul_plan_order.py). Keyed by r0.
 
     Everything but the BLAS calls is done here, for every block before any
     runs, and cheaply: what depends only on the operands' layout is kept in
     `scratch` (the product's) from run to run, and a run reads the three
     addresses and adds them to each block's offsets. The helper thread
-    taking a block then needs the GIL only to start its call (it used to
-    start 90-150 us after the hand-off, waiting for the GIL while the
-    caller did this part for its own block, then doing it for its own)."""
+    taking a block then needs the GIL only to start its call (else it
+    waits for the GIL while the caller does this part for its own block,
+    then does it for its own)."""
     key = (a.dtype, b.dtype, out.dtype, a.shape, a.strides, b.shape, b.strides, out.strides,
            out.flags.c_contiguous, chunks, size, tuple(blocks), _blas_users > 0)
     plan = scratch.buffers.get("plan") if scratch is not None else None

@@ -4,13 +4,14 @@ chain's chunks). The halves write disjoint outputs with the same code, so
 the values never depend on whether the helper takes one.
 
 Hand-offs. A helper that sleeps between halves (a thread pool's futex)
-took 30-160 us to start each one on the 2-core VMs we measure on (its
-idle core woken through the hypervisor) and then ran on cold caches, and
-the caller slept as long again waiting for it. So while a run shares work,
-the helper waits for the next half spinning on a libc spinlock, outside
-the GIL, as XLA:CPU's thread pool spins between its tasks: a hand-off then
-costs about 10 us. The spin lasts from a run's first shared kernel (or,
-in a straight-line program, from shortly before it: engine._helper_schedule)
+is slow to start each one on virtual machines (its idle core woken
+through the hypervisor) and then runs on cold caches, and the caller
+sleeps as long again waiting for it. So while a run shares work, the
+helper waits for the next half spinning on a libc spinlock, outside the
+GIL, as XLA:CPU's thread pool spins between its tasks: a hand-off then
+costs several times less (model-speed.md has the figures). The spin lasts
+from a run's first shared kernel (or, in a straight-line program, from
+shortly before it: fast.straight_line.helper_schedule)
 to the end of the run, to a long stretch without shared work, or to a host
 call (a callback or feed may wait on the user for as long as it likes);
 between runs the helper sleeps. A run takes the
@@ -26,8 +27,8 @@ import ctypes
 import os
 import threading
 import time
-from threading import get_ident
 from collections.abc import Callable
+from threading import get_ident
 
 import numpy as np
 
@@ -46,10 +47,11 @@ _running = [0.0, 1]     # (when last looked, runnable threads then, our spinning
 _loadavg: list = []     # a descriptor of /proc/loadavg kept open (per process)
 
 
-def _runnable() -> int:
+def runnable_threads() -> int:
     """Runnable threads on the host now (/proc/loadavg's fourth field), 1 if
-    unknown. Read at offset 0 of a descriptor kept open: 2 us, against
-    19 us to open, read and close it, at the start of every other run."""
+    unknown. Read at offset 0 of a descriptor kept open, a tenth of the
+    cost of opening, reading and closing it at the start of every other
+    run."""
     try:
         if not _loadavg:
             _loadavg.append(os.open("/proc/loadavg", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
@@ -58,14 +60,14 @@ def _runnable() -> int:
         return 1
 
 
-def _spare_core() -> bool:
+def spare_core() -> bool:
     """Whether another thread would get a core of its own now: the threads
     the kernel reports runnable (this one included; the spinning helper,
     which only waits for work, not) leave one free. A helper on busy cores
-    only adds hand-offs (measured 5% slower). Looked at every 10 ms."""
+    only adds hand-offs (measured slower). Looked at every 10 ms."""
     now = time.monotonic()
     if now - _running[0] > 0.01:
-        running = _runnable()
+        running = runnable_threads()
         spin = _spinner
         if spin is not None and spin.owner is not None:
             running -= 1
@@ -81,7 +83,7 @@ def helper_pool(busy: bool = False) -> concurrent.futures.ThreadPoolExecutor | N
     """A one-thread pool for the helper's halves, or None when no second
     core is free (busy: even then)."""
     global _pool
-    if _CORES < 2 or not (busy or _spare_core()):
+    if _CORES < 2 or not (busy or spare_core()):
         return None
     if _pool is None:
         with _pool_lock:
@@ -170,11 +172,11 @@ class Spinner:
         now, if a core is free and no other run has it)."""
         me = get_ident()
         if self.owner == me:
-            if _spare_core():
+            if spare_core():
                 return True
             self.end()                         # another process wants the core
             return False
-        if not self._thread.is_alive() or not _spare_core() or not self._claim.acquire(blocking=False):
+        if not self._thread.is_alive() or not spare_core() or not self._claim.acquire(blocking=False):
             return False
         self.owner = me
         self._wake.set()
@@ -248,7 +250,7 @@ def run_halves(first: Callable, second: Callable, large: bool = False) -> None:
     free. On busy cores the operating system shares the time among
     threads, so a kernel kept on one thread got half the share of XLA:CPU's
     two (whose threads run whatever the load); a hand-off through the pool
-    (30-160 us) is small against such halves, and a half the pool has not
+    is small against such halves, and a half the pool has not
     started when the caller is done with its own runs on the caller."""
     if getattr(_local, "in_lane", False):
         first()
@@ -278,7 +280,7 @@ def _in_lane(fn: Callable) -> Callable:
 
 
 def run_lanes(first: Callable, second: Callable) -> None:
-    """run_halves for two lanes of compute sets (model/lanes.py, groups
+    """run_halves for two lanes of compute sets (model/fast/lanes.py, groups
     worth a hand-off): what runs in a lane shares nothing further with the
     helper."""
     run_halves(_in_lane(first), _in_lane(second), large=True)

@@ -20,10 +20,12 @@ import dataclasses
 import numpy as np
 
 from jax_ipu.graph import codelets
+from jax_ipu.graph.records import RECORDS, record_of
+from jax_ipu.model.fast import helper
 
-# Kernels a lane may hold: they read and write only the tensors they name.
-LANE_KERNELS = (codelets.ElementwiseChain, codelets.MatMulPartials, codelets.ReduceCombine,
-                 codelets.ReducePartials)
+# Whether independent compute sets next to each other run as two lanes;
+# off only to measure what that saves.
+LANES = True
 # Relative host cost, roughly: a float32 multiply-add of a planned product
 # costs about 1/27 of an element of an element-wise op.
 MAC_COST = 1 / 27
@@ -46,22 +48,41 @@ class Unit:
     work: float
 
 
+def _product_work(k: codelets.MatMulPartials) -> float:
+    batch, m, kk = k.lhs.shape
+    return batch * m * kk * k.rhs.shape[-1] * MAC_COST
+
+
+# Rough host cost of each kind of kernel a lane may hold, in
+# element-operations. A lane holds kernels whose records say they are
+# pure (they read and write only the tensors they name) and whose cost is
+# known here.
+WORK = {
+    codelets.MatMulPartials: _product_work,
+    codelets.ElementwiseChain: lambda k: float(np.prod(k.shape, dtype=np.float64)) * max(len(k.instructions), 1),
+    codelets.ReducePartials: lambda k: float(np.prod(k.input.shape, dtype=np.float64)),
+    codelets.ReduceCombine: lambda k: float(np.prod(k.partials.shape, dtype=np.float64)),
+}
+
+
+def in_lanes(kernel) -> bool:
+    """Whether a lane may hold the kernel."""
+    record = RECORDS.get(type(kernel))
+    return record is not None and record.pure and type(kernel) in WORK
+
+
 def work(kernel) -> float:
     """Rough host cost of a lane kernel, in element-operations."""
-    if isinstance(kernel, codelets.MatMulPartials):
-        batch, m, k = kernel.lhs.shape
-        return batch * m * k * kernel.rhs.shape[-1] * MAC_COST
-    if isinstance(kernel, codelets.ElementwiseChain):
-        return float(np.prod(kernel.shape, dtype=np.float64)) * max(len(kernel.instructions), 1)
-    if isinstance(kernel, codelets.ReducePartials):
-        return float(np.prod(kernel.input.shape, dtype=np.float64))
-    return float(np.prod(kernel.partials.shape, dtype=np.float64))
+    return WORK[type(kernel)](kernel)
 
 
-def _outputs(kernel) -> list:
-    if isinstance(kernel, codelets.ElementwiseChain):
-        return [t for _, t in kernel.outputs]
-    return [kernel.out]
+def _reads_stand_in_of(kernel, nxt) -> bool:
+    """Whether `nxt` reads an output of `kernel` that may hold a stand-in
+    (a product and the sum of its partials go together)."""
+    if nxt is None or not in_lanes(nxt):
+        return False
+    held = {getattr(kernel, f.name).id for f in record_of(kernel).of_role("writes") if f.stand_in is not None}
+    return bool(held) and any(t.id in held for t in record_of(nxt).read_tensors(nxt))
 
 
 def units(steps: list, kernels: list, tensor_ids, aliases: dict) -> list:
@@ -73,19 +94,18 @@ def units(steps: list, kernels: list, tensor_ids, aliases: dict) -> list:
     i = 0
     while i < len(steps):
         kernel = kernels[i]
-        if not isinstance(kernel, LANE_KERNELS):
+        if not in_lanes(kernel):
             found.append(steps[i])
             i += 1
             continue
         group = [i]
         nxt = kernels[i + 1] if i + 1 < len(kernels) else None
-        if (isinstance(kernel, codelets.MatMulPartials) and isinstance(nxt, codelets.ReduceCombine)
-                and nxt.partials.tensor.id == kernel.out.id):
+        if _reads_stand_in_of(kernel, nxt):
             group.append(i + 1)
         ks = [kernels[j] for j in group]
         writes = set()
         for k in ks:
-            for t in _outputs(k):
+            for t in record_of(k).written(k):
                 writes.add(t.id)
                 writes |= aliases.get(t.id, set())
         reads = set(tensor_ids(ks, []))
@@ -94,7 +114,7 @@ def units(steps: list, kernels: list, tensor_ids, aliases: dict) -> list:
     return found
 
 
-def _independent(a: Unit, b: Unit) -> bool:
+def independent(a: Unit, b: Unit) -> bool:
     return not (a.writes & b.reads or b.writes & a.reads)
 
 
@@ -116,7 +136,6 @@ def _split(group: list) -> tuple[list, list] | None:
     # The helper takes the lane of fewer units: a unit's Python holds the GIL,
     # which the helper waits for while the caller runs its own; with the
     # fewer, it soon spends its lane in BLAS or numpy calls, outside the GIL.
-    # (An MLP's updates: the helper's five ended 120 us after the caller's one.)
     return (second, first) if len(second) > len(first) else (first, second)
 
 
@@ -136,10 +155,30 @@ def plan(found: list) -> list:
         if not isinstance(u, Unit):
             flush()
             items.append(u)
-        elif all(_independent(u, g) for g in group):
+        elif all(independent(u, g) for g in group):
             group.append(u)
         else:
             flush()
             group.append(u)
     flush()
     return items
+
+
+def lanes_step(first: list, second: list, trace: list | None = None, infos: list = ()):
+    """fn(state) running two lanes of step functions, the second on the
+    helper thread when a core is free; `trace` (a traced run's record)
+    gets `infos` first, the lanes' steps in program order."""
+    def run(fns, state):
+        for fn in fns:
+            fn(state)
+
+    def run_lanes(state):
+        helper.run_lanes(lambda: run(first, state), lambda: run(second, state))
+    if trace is not None:
+        plain = run_lanes
+
+        def run_lanes(state):
+            trace.extend(infos)
+            plain(state)
+    run_lanes.shares = True
+    return run_lanes

@@ -7,8 +7,8 @@ Why: numpy applies a view's ops one by one, and a reshape of a strided
 view copies it in the destination's order. An im2col patch matrix read
 that way copied its elements with an inner loop over the window's few
 columns (3 elements, each from another row), and a transposed kernel was
-copied twice: ResNet-50's operands took a third of its training step on
-the host. Here the view is worked out once, at load time, as "sub-axes"
+copied twice: a convolutional network's operands took a large share of
+its training step on the host. Here the view is worked out once, at load time, as "sub-axes"
 (size, stride) of its tensor's memory per axis of the result; a run then
 fills the operand in one np.copyto, in C order or with its last two axes
 swapped (BLAS reads either), whichever reads the source in longer runs.
@@ -68,7 +68,7 @@ def _reshape(axes: list, shape) -> list:
 
 def _slice(axes: list, offset: int, starts, limits, steps) -> tuple[list, int]:
     out = []
-    for axis, a, b, c in zip(axes, starts, limits, steps):
+    for axis, a, b, c in zip(axes, starts, limits, steps, strict=True):
         size = math.prod(s for s, _ in axis)
         if (a, b, c) == (0, size, 1):
             out.append(axis)
@@ -149,7 +149,7 @@ def _windows(axes: list, offset: int, spec) -> tuple[list, int]:
     outs, windows = [], []
     sizes = [math.prod(s for s, _ in axis) for axis in spatial]
     counts = window_outputs(sizes, spec)
-    for axis, count, (window, stride, lo, hi, base, dilation, reverse) in zip(spatial, counts, spec):
+    for axis, count, (window, stride, lo, hi, base, dilation, reverse) in zip(spatial, counts, spec, strict=True):
         if (lo, hi, base) != (0, 0, 1):
             raise _Unplannable         # a _Pad comes first
         subs = _merged(axis)
@@ -171,7 +171,7 @@ class Plan:
     (size, stride in elements) from `offset`."""
 
     def __init__(self, view: View):
-        axes = [[(n, s)] for n, s in zip(view.tensor.shape, _c_strides(view.tensor.shape))]
+        axes = [[(n, s)] for n, s in zip(view.tensor.shape, _c_strides(view.tensor.shape), strict=True)]
         offset, pads = 0, []
         for op in view.ops:
             name = op[0]

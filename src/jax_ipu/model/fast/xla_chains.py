@@ -3,7 +3,7 @@ compiled by XLA:CPU (jaxlib's, already in this process) instead of one
 numpy pass per op.
 
 Why: numpy's float32 tanh, exp, log, sin... are scalar loops on AVX2
-machines (tanh 2.7 ns an element against 0.12 ns for a multiply) and our
+machines (an order of magnitude slower than a multiply) and our
 emulations of XLA's integer division, float-to-int conversion or
 reduce_precision take several passes; XLA fuses the chain into one loop and
 vectorises it. The values are then XLA's, element by element, which is what
@@ -11,7 +11,7 @@ the Model's numpy kernels imitate anyway; a chain is element-wise, so the
 vertices' partition over tiles does not change them.
 
 Float16 chains go to XLA too, whatever their ops (numpy's float16
-arithmetic is a scalar loop: 4-6 ns an element for an add), with every op
+arithmetic is a scalar loop, even for an add), with every op
 rounded to its type as on the IPU: see _rounded. Their unary ops are only
 taken when XLA gives numpy's bits for every float16 input on this host
 (_f16_op_agrees); the binary ones are IEEE operations, correctly rounded on
@@ -33,16 +33,15 @@ import threading
 import numpy as np
 
 from jax_ipu.graph import codelets
-from jax_ipu.ops import FAST_IN_NUMPY, OPS, function_for, ufunc_for
 from jax_ipu.graph.views import View
+from jax_ipu.ops import FAST_IN_NUMPY, OPS, function_for, ufunc_for
 
 log = logging.getLogger(__name__)
 
 ENABLED = os.environ.get("JAX_IPU_MODEL_XLA_CHAINS", "1").strip().lower() not in {"0", "false", "no", "off"}
 # From this many elements a chain with a slow op goes to XLA. Below it the
-# gain is small (a 64K-element tanh: 235 us against 285 us) and XLA's
-# thread pool, woken for the kernel, slows the matmuls that follow: an MLP's
-# forward and backward took 4% longer with 64K-element chains on XLA.
+# gain is small and XLA's thread pool, woken for the kernel, slows the
+# matmuls that follow (model-speed.md).
 MIN_ELEMENTS = 1 << 17
 # dtypes whose arithmetic XLA:CPU does as the IPU does (float16 with each
 # op's result rounded: _rounded).
@@ -156,7 +155,7 @@ def _rounded(jax, value, zero, shape=None):
     run-time argument that is 0), so that it is rounded to its type before
     the next op reads it, and no immediate is folded into another op. Without it, XLA keeps a fused chain's float16 intermediates in
     float32 and contracts a multiply into the add that reads it (h + h*h*h
-    * c, GELU's start: 10% of the elements differed from per-op rounding);
+    * c, GELU's start: many elements differed from per-op rounding);
     with it, each op rounds as on the IPU and in numpy. Float32 ops get it
     too, so that a float16 chain's float32 steps (a layer norm's
     statistics) round as numpy's do, with no fused multiply-add. `shape`:
@@ -174,8 +173,8 @@ def _rounded(jax, value, zero, shape=None):
 
 _compile_lock = threading.Lock()
 # Executables by what they compute (_signature): a network repeats its
-# blocks, and ResNet-50's float16 training step has hundreds of chains of a
-# few dozen kinds (its first run took 29 s compiling each one anew).
+# blocks, so a large float16 training step has hundreds of chains of a
+# few dozen kinds, each compiled once.
 _EXECUTABLES: collections.OrderedDict = collections.OrderedDict()
 EXECUTABLES_KEPT = 1024
 
@@ -279,7 +278,7 @@ def build(k: codelets.ElementwiseChain, reader):
                 value = np.ascontiguousarray(value)
             if value.ctypes.data % ALIGNMENT:
                 # XLA:CPU takes 64-byte aligned memory as it is; any other it
-                # copies, slowly (50 us for 256 KiB, against 10 us here).
+                # copies, more slowly than this copy.
                 if value.nbytes > STAGING_KEPT:
                     value = aligned_copy(value)
                 else:
@@ -289,7 +288,7 @@ def build(k: codelets.ElementwiseChain, reader):
             args.append(put(aval, sharding, [value], devices, True, False, zero_copy))
         executable = variants.get(key) or executable_for(key)
         results = executable.execute_sharded(args + zero).disassemble_into_single_device_arrays()
-        for (tid, dtype), [result] in zip(outs, results):
+        for (tid, _), [result] in zip(outs, results, strict=True):
             value = np.asarray(result)          # XLA's buffer, read-only: never written in place
             target = state[tid]
             if target is not None and target.flags.writeable:   # a donated buffer, written in place
@@ -333,7 +332,7 @@ def _aligned_empty(nbytes: int) -> np.ndarray:
 
 
 # View ops the kernel applies itself: the host then neither copies a
-# transposed layout into C order (100 us for 256 KiB) nor builds the
+# transposed layout into C order nor builds the
 # repeated elements of a broadcast.
 _KERNEL_VIEW_OPS = {"reshape", "transpose", "broadcast"}
 
@@ -373,7 +372,7 @@ def _compile(k: codelets.ElementwiseChain, device, arg_regs: list[int], transpos
             # Immediates too: XLA turns a division by a constant into a
             # product with its reciprocal, which rounds differently.
             regs = [r if isinstance(r, View) else _rounded(jax, jax.numpy.asarray(r), zero) for r in regs]
-        for i, (reg, value) in enumerate(zip(arg_regs, args)):
+        for i, (reg, value) in enumerate(zip(arg_regs, args, strict=True)):
             if transposed >> i & 1:
                 value = jax.lax.transpose(value, tuple(range(value.ndim))[::-1])
             _, _, view_ops = _fed(k, reg)
@@ -420,10 +419,9 @@ def _compile(k: codelets.ElementwiseChain, device, arg_regs: list[int], transpos
 
 
 # Conversions between float16 and float32 of at least this many elements go
-# to XLA:CPU (convert): numpy's casts are scalar loops, about 1 ns an element
-# from float16 and 2-3 ns to it, where XLA's kernel converts 2.4M elements
-# in 1.0 ms (numpy 3.1 ms) and 0.7 ms (numpy 4.6 ms) on a 64-byte aligned
-# array. Any other array would be copied by XLA first: numpy converts it.
+# to XLA:CPU (convert): numpy's casts are scalar loops, XLA's kernel a
+# vectorised one, several times as fast on a 64-byte aligned array. Any
+# other array would be copied by XLA first: numpy converts it.
 CONVERT_MIN_ELEMENTS = 1 << 17
 _CONVERTED = frozenset({(np.dtype(np.float16), np.dtype(np.float32)), (np.dtype(np.float32), np.dtype(np.float16))})
 _converters: dict = {}

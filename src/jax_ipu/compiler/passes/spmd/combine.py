@@ -66,7 +66,7 @@ def _combined(members: list[ir.Op]) -> list[ir.Op]:
     summed = ir.Value(ir.TensorType((total,), dtype))
     new.append(ir.Op("all_reduce", [cat], [summed], dict(members[0].attrs), members[0].regions, loc))
     offset = 0
-    for op, size in zip(members, sizes):
+    for op, size in zip(members, sizes, strict=False):
         piece = ir.Value(ir.TensorType((size,), dtype))
         new.append(ir.Op("slice", [summed], [piece], {"start_indices": (offset,), "limit_indices": (offset + size,),
                                                       "strides": (1,)}, [], loc))

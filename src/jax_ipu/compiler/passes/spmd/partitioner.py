@@ -245,13 +245,13 @@ class Partitioner:
         # Every dimension whose axes are not a prefix of the wanted ones is
         # gathered whole first, then each is sliced to what it lacks: an
         # axis moving between dimensions must leave one before it arrives.
-        for d, (h, w) in enumerate(zip(dims, want.dims)):
+        for d, (h, w) in enumerate(zip(dims, want.dims, strict=False)):
             if h and w[:len(h)] != h:
                 value = self.all_gather(value, mesh, d, h)
                 dims[d] = ()
         if extra:
             value = self._make_partial(value, mesh, tuple(a for a, _ in mesh.axes if a in extra))
-        for d, (h, w) in enumerate(zip(dims, want.dims)):
+        for d, (h, w) in enumerate(zip(dims, want.dims, strict=False)):
             if len(w) > len(h):
                 value = self.slice_dim(value, d, mesh, w[len(h):])
         return value
@@ -273,7 +273,7 @@ class Partitioner:
         """The partial sums over `summed` added up: a reduce_scatter where
         the wanted sharding splits one dimension further by exactly these
         axes (`dims` then updated), else an all_reduce."""
-        for d, (h, w) in enumerate(zip(dims, want_dims)):
+        for d, (h, w) in enumerate(zip(dims, want_dims, strict=False)):
             more = w[len(h):]
             if w[:len(h)] == h and more and set(more) == set(summed):
                 dims[d] = w
@@ -335,15 +335,15 @@ class Partitioner:
         """A nested block (a loop's body, a branch) partitioned: (the local
         block, the shardings of its results)."""
         where = f"a region at {self.loc}"
-        args = [ir.Value(self.local_type(a.type, s, where)) for a, s in zip(block.args, arg_shardings)]
-        for global_arg, local, s in zip(block.args, args, arg_shardings):
+        args = [ir.Value(self.local_type(a.type, s, where)) for a, s in zip(block.args, arg_shardings, strict=False)]
+        for global_arg, local, s in zip(block.args, args, arg_shardings, strict=False):
             self.env[global_arg] = local
             self.set(local, s)
         self.push()
         self.walk(block)
         results = [self.env[v] for v in block.results]
         if want is not None:
-            results = [self.reshard(r, w) for r, w in zip(results, want)]
+            results = [self.reshard(r, w) for r, w in zip(results, want, strict=False)]
         shardings = [self.sharding_of(r) for r in results]
         return ir.Block(args, self.pop(), results), shardings
 

@@ -45,7 +45,7 @@ def _as_is(p, op: ir.Op, operands: list) -> None:
     results = [ir.Value(r.type) for r in op.results]
     local = ir.Op(op.name, operands, results, op.attrs, _closed_regions(p, op), op.loc)
     p.ops.append(local)
-    p.env.update(zip(op.results, results))
+    p.env.update(zip(op.results, results, strict=False))
     if len(results) == 1:
         p.producer[results[0]] = local
 
@@ -80,10 +80,10 @@ def _renamed(block: ir.Block, renamed: dict) -> ir.Block:
 def emit_like(p, op: ir.Op, operands: list, shardings: list[Sharding], attrs=None, regions=None) -> None:
     """The op on local operands, its results sharded as given."""
     where = f"{op.name} at {op.loc}"
-    results = [ir.Value(p.local_type(r.type, s, where)) for r, s in zip(op.results, shardings)]
+    results = [ir.Value(p.local_type(r.type, s, where)) for r, s in zip(op.results, shardings, strict=False)]
     p.ops.append(ir.Op(op.name, operands, results, op.attrs if attrs is None else attrs,
                        _closed_regions(p, op) if regions is None else regions, op.loc))
-    for old, new, s in zip(op.results, results, shardings):
+    for old, new, s in zip(op.results, results, shardings, strict=False):
         p.env[old] = new
         p.set(new, s)
     if len(results) == 1 and shardings[0].replicated:
@@ -130,12 +130,12 @@ def elementwise(p, op: ir.Op, operands: list) -> None:
     shape = op.results[0].type.shape
     mesh = _mesh_of(p, operands)
     operands = [_on(p, v, mesh) for v in operands]
-    full = [v for v, g in zip(operands, op.operands) if g.type.shape == shape]
+    full = [v for v, g in zip(operands, op.operands, strict=False) if g.type.shape == shape]
     dims = next((p.sharding_of(v).dims for v in full if any(p.sharding_of(v).dims)), ((),) * len(shape))
     kept, carriers = _partial_kept(p, op, operands, dims)
     target = Sharding(mesh, dims)
     local = []
-    for i, (v, g) in enumerate(zip(operands, op.operands)):
+    for i, (v, g) in enumerate(zip(operands, op.operands, strict=False)):
         if g.type.shape != shape:       # a scalar bound of clamp, a scalar predicate of select
             local.append(p.whole(v))
         else:
@@ -294,7 +294,7 @@ def _keep_dims(p, op: ir.Op, operands: list, keep, local_attrs=None) -> None:
     rank = len(op.operands[0].type.shape)
     s = p.sharding_of(operands[0])
     want = Sharding(mesh, tuple(axes if keep(d) else () for d, axes in enumerate(s.dims)))
-    local = [p.reshard(v, want) if len(g.type.shape) == rank else p.whole(v) for v, g in zip(operands, op.operands)]
+    local = [p.reshard(v, want) if len(g.type.shape) == rank else p.whole(v) for v, g in zip(operands, op.operands, strict=False)]
     attrs = None
     if local_attrs is not None:
         attrs = local_attrs(want.local_shape(op.operands[0].type.shape, f"{op.name} at {op.loc}"))
@@ -387,13 +387,13 @@ def dot_general(p, op: ir.Op, operands: list) -> None:
     rf = [d for d in range(len(rs.dims)) if d not in rb + rc]
     axes = _Axes()
     ldims, rdims = [()] * len(ls.dims), [()] * len(rs.dims)
-    for l, r in zip(lb, rb):
+    for l, r in zip(lb, rb, strict=False):
         ldims[l] = rdims[r] = axes.take(ls.dims[l] or rs.dims[r])
     for d in lf:
         ldims[d] = axes.take(ls.dims[d])
     for d in rf:
         rdims[d] = axes.take(rs.dims[d])
-    for l, r in zip(lc, rc):
+    for l, r in zip(lc, rc, strict=False):
         ldims[l] = rdims[r] = axes.take(ls.dims[l] or rs.dims[r])
     lhs, rhs = p.reshard(lhs, Sharding(mesh, tuple(ldims))), p.reshard(rhs, Sharding(mesh, tuple(rdims)))
     out = tuple([ldims[d] for d in lb] + [ldims[d] for d in lf] + [rdims[d] for d in rf])
@@ -494,7 +494,7 @@ def _window_rule(p, op: ir.Op, operands: list, n: int) -> None:
     s = p.sharding_of(xs[0])
     want = s.with_dims([axes if keep(d) else () for d, axes in enumerate(s.dims)])
     local = [p.reshard(v, want) if len(g.type.shape) == rank else p.whole(v)
-             for v, g in zip(xs, op.operands)]
+             for v, g in zip(xs, op.operands, strict=False)]
     emit_like(p, op, local, [want] * len(op.results))
 
 
@@ -524,7 +524,7 @@ def gather(p, op: ir.Op, operands: list) -> None:
     window = [d for d in range(len(xs.dims)) if d not in dn.collapsed_slice_dims + dn.operand_batching_dims]
     axes = _Axes()
     xd, idd, out = [()] * len(xs.dims), [()] * len(ins.dims), [()] * rank
-    for ob, ib in zip(dn.operand_batching_dims, dn.start_indices_batching_dims):
+    for ob, ib in zip(dn.operand_batching_dims, dn.start_indices_batching_dims, strict=False):
         xd[ob] = idd[ib] = out[batch_out[index_batch.index(ib)]] = axes.take(xs.dims[ob] or ins.dims[ib])
     for k, d in enumerate(window):
         if sizes[d] == xshape[d]:
@@ -556,7 +556,7 @@ def scatter(p, op: ir.Op, operands: list) -> None:
     index_batch = [d for d in range(len(ins.dims)) if d != dn.index_vector_dim]
     axes = _Axes()
     xd, idd, ud = [()] * len(xshape), [()] * len(ins.dims), [()] * len(ushape)
-    for ob, ib in zip(dn.input_batching_dims, dn.scatter_indices_batching_dims):
+    for ob, ib in zip(dn.input_batching_dims, dn.scatter_indices_batching_dims, strict=False):
         xd[ob] = idd[ib] = ud[update_scatter[index_batch.index(ib)]] = axes.take(s.dims[ob] or ins.dims[ib])
     for k, d in enumerate(window):
         u = dn.update_window_dims[k]
@@ -598,7 +598,7 @@ def _collective_keep(p, op: ir.Op, operands: list, whole_dims=()) -> None:
     the parts are split over the others; `whole_dims` are taken whole."""
     mesh = _mesh_of(p, operands)
     local, out = [], []
-    for v, r in zip(operands, op.results):
+    for v, r in zip(operands, op.results, strict=False):
         v = _on(p, p.reduced(v), mesh)
         s = p.sharding_of(v)
         want = s.with_dims([() if d in whole_dims else axes for d, axes in enumerate(s.dims)])
@@ -663,11 +663,11 @@ def while_(p, op: ir.Op) -> None:
         _, made = p.region(body, shardings)
         if made == shardings:
             break
-        made = [m if _splits_evenly(m, v.type) else s for m, s, v in zip(made, shardings, op.operands)]
+        made = [m if _splits_evenly(m, v.type) else s for m, s, v in zip(made, shardings, op.operands, strict=False)]
         if made == shardings:
             break
         shardings = made
-    operands = [p.reshard(v, s) for v, s in zip(operands, shardings)]
+    operands = [p.reshard(v, s) for v, s in zip(operands, shardings, strict=False)]
     local_body, _ = p.region(body, shardings, shardings)
     local_cond, _ = p.region(cond, shardings, [replicated(p.mesh, 0)])
     emit_like(p, op, operands, shardings, regions=[local_cond, local_body])
@@ -701,14 +701,14 @@ def call(p, op: ir.Op) -> None:
     """A call of a function (a nested jit: jnp.where, log_softmax, take):
     its body partitioned in place, so that parts flow through it."""
     body = p.functions[op.attrs["callee"]].body
-    p.env.update((a, p.env[v]) for a, v in zip(body.args, op.operands))
+    p.env.update((a, p.env[v]) for a, v in zip(body.args, op.operands, strict=False))
     for inner in body.ops:
         p.loc = inner.loc
         for r in inner.results:
             p.defining[r] = inner
         partition_op(p, inner)
     p.loc = op.loc
-    p.env.update((r, p.env[v]) for r, v in zip(op.results, body.results))
+    p.env.update((r, p.env[v]) for r, v in zip(op.results, body.results, strict=False))
 
 
 def sharding_constraint(p, op: ir.Op) -> None:
@@ -732,7 +732,7 @@ def _even(s: Sharding, shape) -> Sharding:
     program places it, it does not change it (XLA pads the uneven parts;
     jax-ipu keeps them whole)."""
     sizes, dims = s.sizes, []
-    for axes, n in zip(s.dims, shape):
+    for axes, n in zip(s.dims, shape, strict=False):
         k, parts = 0, 1
         while k < len(axes) and n % (parts * sizes[axes[k]]) == 0:
             parts *= sizes[axes[k]]
@@ -750,7 +750,7 @@ def manual_computation(p, op: ir.Op) -> None:
     outs = p.spec_list(op.attrs.get("out_shardings", ""), where)
     manual = frozenset(_names(str(op.attrs.get("manual_axes", ""))))
     body = op.regions[0]
-    for i, (value, arg) in enumerate(zip(op.operands, body.args)):
+    for i, (value, arg) in enumerate(zip(op.operands, body.args, strict=False)):
         local = p.env[value]
         if not isinstance(value.type, ir.TensorType):    # a token: nothing to split
             p.env[arg] = local
@@ -786,7 +786,7 @@ def manual_computation(p, op: ir.Op) -> None:
             results.append((p.reshard(local, inner), want))
     finally:
         p.manual = saved
-    for old, (local, want) in zip(op.results, results):
+    for old, (local, want) in zip(op.results, results, strict=False):
         p.env[old] = local if want is None else _alias(p, local, want)
 
 
@@ -835,7 +835,7 @@ def _keep_open(spec, inner: Sharding, have: Sharding, manual) -> Sharding:
 
 def _with_manual(want: Sharding, inner: Sharding, manual) -> Sharding:
     dims = []
-    for w, i in zip(want.dims, inner.dims):
+    for w, i in zip(want.dims, inner.dims, strict=False):
         lead = tuple(a for a in w if a in manual)
         dims.append(lead + i)
     return Sharding(want.mesh, tuple(dims), want.unreduced)

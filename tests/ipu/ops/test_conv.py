@@ -1,0 +1,159 @@
+"""stablehlo.convolution on the ipu device against JAX's CPU backend:
+dimension numbers, strides, padding, lhs/rhs dilation, feature and batch
+groups, f32 and f16 (f32 accumulation), conv_transpose and gradients.
+
+Tolerances: f32 rtol/atol 1e-5 (the planned matmul sums K-chunks in
+another order than XLA:CPU's), f16 2e-2 relative to the output's scale."""
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from jax import lax
+
+from helpers import assert_matches_cpu
+
+F16_TOL = 2e-2
+
+
+def rand(shape, dtype, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+NHWC = ("NHWC", "HWIO", "NHWC")
+CASES = {
+    # name: (lhs shape, rhs shape, kwargs)
+    "nhwc-same": ((2, 8, 8, 3), (3, 3, 3, 4), dict(window_strides=(1, 1), padding="SAME",
+                                                   dimension_numbers=NHWC)),
+    "nhwc-valid-stride2": ((2, 9, 7, 3), (3, 2, 3, 5), dict(window_strides=(2, 2), padding="VALID",
+                                                            dimension_numbers=NHWC)),
+    "nchw-explicit-pad": ((2, 3, 7, 6), (4, 3, 3, 3), dict(window_strides=(1, 2), padding=((1, 2), (0, 1)),
+                                                           dimension_numbers=("NCHW", "OIHW", "NCHW"))),
+    "negative-pad": ((1, 9, 9, 2), (2, 2, 2, 3), dict(window_strides=(1, 1), padding=((-1, 1), (2, -2)),
+                                                      dimension_numbers=NHWC)),
+    "lhs-dilation": ((2, 5, 6, 3), (3, 3, 3, 2), dict(window_strides=(1, 1), padding=((2, 2), (1, 1)),
+                                                      lhs_dilation=(2, 3), dimension_numbers=NHWC)),
+    "rhs-dilation": ((1, 10, 9, 2), (3, 2, 2, 4), dict(window_strides=(2, 1), padding="SAME",
+                                                       rhs_dilation=(2, 3), dimension_numbers=NHWC)),
+    "feature-groups": ((2, 6, 6, 4), (3, 3, 2, 6), dict(window_strides=(1, 1), padding="SAME",
+                                                        feature_group_count=2, dimension_numbers=NHWC)),
+    "depthwise": ((2, 6, 6, 4), (3, 3, 1, 8), dict(window_strides=(1, 1), padding="SAME",
+                                                   feature_group_count=4, dimension_numbers=NHWC)),
+    "batch-groups": ((4, 6, 5, 3), (2, 2, 3, 6), dict(window_strides=(1, 1), padding="VALID",
+                                                      batch_group_count=2, dimension_numbers=NHWC)),
+    "1d-nwc": ((3, 17, 4), (5, 4, 6), dict(window_strides=(3,), padding="SAME",
+                                           dimension_numbers=("NWC", "WIO", "NWC"))),
+    "3d": ((1, 5, 4, 6, 2), (2, 3, 2, 2, 3), dict(window_strides=(1, 1, 2), padding="SAME",
+                                                  dimension_numbers=("NDHWC", "DHWIO", "NDHWC"))),
+    "odd-layout": ((5, 2, 6, 3), (3, 2, 4, 3), dict(window_strides=(1, 1), padding="VALID",
+                                                    dimension_numbers=("HNWC", "OHWI", "CWNH"))),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", list(CASES), ids=lambda c: f"stablehlo.convolution-{c}")
+def test_conv_general_dilated(case, dtype):
+    lhs, rhs, kwargs = CASES[case]
+    # float16 within F16_TOL of the output's scale, float32 within 1e-5.
+    tol = dict(rtol=0, atol=F16_TOL, scaled=True) if dtype == np.float16 else dict(rtol=1e-5, atol=1e-5)
+    assert_matches_cpu(lambda x, w: lax.conv_general_dilated(x, w, **kwargs), rand(lhs, dtype, 0), rand(rhs, dtype, 1),
+                       **tol)
+
+
+def test_conv_preferred_element_type():
+    x, w = rand((2, 6, 6, 3), np.float16, 0), rand((3, 3, 3, 4), np.float16, 1)
+    assert_matches_cpu(lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=NHWC,
+                                                             preferred_element_type=np.float32), x, w,
+                       rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("strides,padding", [((2, 2), "SAME"), ((1, 1), "VALID"), ((3, 2), ((1, 2), (0, 1)))],
+                         ids=lambda p: str(p).replace(" ", ""))
+def test_conv_transpose(strides, padding):
+    x, w = rand((2, 5, 6, 3), np.float32, 0), rand((3, 3, 3, 4), np.float32, 1)
+    assert_matches_cpu(lambda x, w: lax.conv_transpose(x, w, strides, padding, dimension_numbers=NHWC), x, w,
+                       rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("groups", [1, 3], ids=lambda g: f"stablehlo.convolution-grad-groups{g}")
+def test_conv_gradients(groups):
+    """jax.grad of a strided conv: the input gradient is an lhs-dilated conv
+    of the reversed kernel, the kernel gradient a batch-grouped conv."""
+    x, w = rand((2, 7, 8, 6), np.float32, 0), rand((3, 3, 6 // groups, 6), np.float32, 1)
+
+    def loss(x, w):
+        y = lax.conv_general_dilated(x, w, (2, 2), "SAME", dimension_numbers=NHWC, feature_group_count=groups)
+        return (y * y).sum()
+    assert_matches_cpu(jax.grad(loss, argnums=(0, 1)), x, w, rtol=1e-4, atol=1e-4)
+
+
+def test_flax_style_cnn_training_step():
+    """Conv -> relu -> conv -> mean, with the parameter update, as a Flax
+    NHWC/HWIO model trains."""
+    params = (rand((3, 3, 1, 8), np.float32, 1) * 0.3, rand((3, 3, 8, 4), np.float32, 2) * 0.3)
+    x = rand((4, 10, 10, 1), np.float32, 0)
+
+    def loss(params, x):
+        w1, w2 = params
+        h = jax.nn.relu(lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=NHWC))
+        y = lax.conv_general_dilated(h, w2, (2, 2), "SAME", dimension_numbers=NHWC)
+        return (y ** 2).mean()
+
+    def step(params, x):
+        grads = jax.grad(loss)(params, x)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+    assert_matches_cpu(step, params, x, rtol=1e-4, atol=1e-4)
+
+
+def test_empty_input_padded_to_a_nonempty_output_and_its_gradients():
+    """An input with a 0-sized spatial dimension, padded to a non-empty
+    output (all zeros), with batch groups; both gradients (one of them a
+    convolution reading an empty operand)."""
+    conv = lambda lhs, rhs: lax.conv_general_dilated(  # noqa: E731
+        lhs, rhs, window_strides=(1, 2), padding=((1, 0), (0, 1)), rhs_dilation=(2, 2),
+        dimension_numbers=("NHWC", "OIHW", "NCHW"), batch_group_count=2)
+    lhs, rhs = rand((2, 0, 4, 1), np.float32, 0), rand((4, 1, 1, 2), np.float32, 1)
+    ct = rand((1, 4, 1, 2), np.float32, 2)
+    assert_matches_cpu(lambda l, r, c: (conv(l, r), *jax.vjp(conv, l, r)[1](c)), lhs, rhs, ct, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shapes", [((3, 3), (3, 3)), ((2, 3, 7), (4, 3, 3))], ids=["0d", "1d"])
+def test_boolean_convolution_is_an_or_of_ands(shapes):
+    rng = np.random.default_rng(3)
+    lhs, rhs = (rng.random(s) < 0.3 for s in shapes)
+    conv = lambda l, r: lax.conv_general_dilated(l, r, (1,) * (l.ndim - 2), "VALID")  # noqa: E731
+    ipu = jax.devices("ipu")[0]
+    got = np.asarray(jax.jit(conv)(*jax.device_put((lhs, rhs), ipu)))
+    want = np.asarray(jax.jit(conv)(*jax.device_put((lhs, rhs), jax.devices("cpu")[0])))
+    assert got.dtype == want.dtype == np.bool_
+    np.testing.assert_array_equal(got, want)
+
+
+def _copied_shapes(f, *args) -> list[tuple]:
+    """The shapes of the tensors the compiled program's Copies write."""
+    from helpers import compile_fn
+    from jax_ipu.graph import programs as p
+    program = compile_fn(f, *args)
+    return [tuple(s.dst.shape) for s in p.leaves(program.body) if isinstance(s, p.Copy)]
+
+
+def test_channels_last_convolutions_copy_only_their_patches():
+    """An NHWC x HWIO convolution contracts over (window, input features):
+    its kernel is read in place (no Copy of it), its product is the NHWC
+    output as it stands, and its weight gradient ([*window, in, out], rows
+    ordered as the output walks them) is the product reshaped. The only
+    Copies are the im2col patches; the values match XLA:CPU."""
+    x, w = rand((2, 6, 6, 4), np.float32, 0), rand((3, 3, 4, 5), np.float32, 1)
+    conv = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=NHWC)  # noqa: E731
+    patches = (1, 2 * 6 * 6, 3 * 3 * 4)
+    assert _copied_shapes(conv, x, w) == [patches]
+    weight_grad = lambda x, w: jax.grad(lambda w: (conv(x, w) ** 2).sum())(w)  # noqa: E731
+    copies = _copied_shapes(weight_grad, x, w)
+    assert (3 * 3 * 4, 2 * 6 * 6) not in copies and w.shape not in copies
+    assert_matches_cpu(weight_grad, x, w, rtol=1e-4, atol=1e-4)
+    # A kernel in another layout (OIHW) is copied into [window, in, out].
+    oihw = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME",  # noqa: E731
+                                                 dimension_numbers=("NHWC", "OIHW", "NHWC"))
+    w2 = rand((5, 4, 3, 3), np.float32, 2)
+    assert (1, 3 * 3 * 4, 5) in _copied_shapes(oihw, x, w2)
+    assert_matches_cpu(oihw, x, w2, rtol=1e-5, atol=1e-5)
