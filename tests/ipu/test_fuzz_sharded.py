@@ -14,7 +14,7 @@ import tempfile
 import pytest
 
 FUZZ = os.path.join(os.path.dirname(__file__), "..", "fuzz")
-SHORT_RUN = 40
+SHORT_RUN = 100
 
 
 def _fuzz(programs: int, seed: int, timeout: int):
