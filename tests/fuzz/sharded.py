@@ -227,11 +227,13 @@ class Gen:
         keep = bool(self.rng.random() < 0.3)
         shape = tuple(1 if d in axes else s for d, s in enumerate(v.shape)) if keep else \
             tuple(s for d, s in enumerate(v.shape) if d not in axes)
-        op = ["jnp.sum", "jnp.max", "jnp.min", "jnp.mean"][self.rng.integers(4 if v.dtype == "f" else 3)]
-        if op == "jnp.max" and v.exact and self.rng.random() < 0.3 and r >= 1:
+        op = ["jnp.sum", "jnp.max", "jnp.min", "jnp.mean", "jnp.prod"][self.rng.integers(5 if v.dtype == "f" else 3)]
+        if op == "jnp.prod":
+            return self.add(f"jnp.prod(jnp.tanh({n}) * 0.5 + 1.0, axis={axes}, keepdims={keep})", shape)
+        if op in ("jnp.max", "jnp.min") and v.exact and self.rng.random() < 0.3 and r >= 1:
             d = axes[0]
-            return self.add(f"jnp.argmax({n}, axis={d})", tuple(s for i, s in enumerate(v.shape) if i != d), "i",
-                            True)
+            arg = "jnp.argmax" if op == "jnp.max" else "jnp.argmin"
+            return self.add(f"{arg}({n}, axis={d})", tuple(s for i, s in enumerate(v.shape) if i != d), "i", True)
         exact = v.exact and op in ("jnp.max", "jnp.min") or v.dtype == "i"
         return self.add(f"{op}({n}, axis={axes}, keepdims={keep})", shape, v.dtype, exact)
 
@@ -337,6 +339,19 @@ class Gen:
         p = self.pick(lambda w: w.exact)
         cond = f"jnp.sum({p}) > 0"
         return self.add(f"lax.cond({cond}, lambda a: a * 2.0, lambda a: jnp.sin(a), {n})", v.shape)
+
+    def accumulate(self):
+        """Gradient accumulation's shape: a loop adding products of split
+        values into a carried sum."""
+        a = self.pick(lambda v: v.dtype == "f" and len(v.shape) == 2)
+        if a is None:
+            return None
+        va = self.vars[a]
+        b = self.input((va.shape[0], int(self.rng.choice(DIMS))))
+        n = self.vars[b].shape[1]
+        init = "jnp.zeros" if self.rng.random() < 0.5 else "jnp.ones"
+        return self.add(f"lax.fori_loop(0, 3, lambda i, c: c + jnp.tanh({a}.T * (i + 1.0)) @ {b}, "
+                        f"{init}(({va.shape[1]}, {n}), jnp.float32))", (va.shape[1], n))
 
     def constraint(self):
         n = self.pick()
@@ -457,10 +472,11 @@ class Gen:
 
 
 FAMILIES = [("unary", 2), ("binary", 2), ("cast", 0.7), ("dot", 2), ("reduce", 1.5), ("layout", 2.5),
-            ("indexing", 1.5), ("scan_like", 1), ("control", 0.7), ("constraint", 2), ("shard_map", 1.5)]
+            ("indexing", 1.5), ("scan_like", 1), ("control", 0.7), ("constraint", 2), ("shard_map", 1.5),
+            ("accumulate", 0.7)]
 
 
-def generate(seed: int, max_steps: int = 6) -> Program | None:
+def generate(seed: int, max_steps: int = 8) -> Program | None:
     rng = np.random.default_rng(seed)
     g = Gen(rng)
     for _ in range(int(rng.integers(1, 3))):

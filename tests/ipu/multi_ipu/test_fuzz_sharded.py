@@ -14,7 +14,7 @@ import pytest
 from helpers import run_python
 
 FUZZ = pathlib.Path(__file__).resolve().parents[2] / "fuzz"
-SHORT_RUN = 40
+SHORT_RUN = 100
 
 
 def _fuzz(programs: int, seed: int, timeout: int):
