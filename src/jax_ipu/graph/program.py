@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import numpy as np
+
 from jax_ipu import ir
 from jax_ipu.graph.codelets_collectives import COLLECTIVES
 from jax_ipu.graph.memory import MemoryReport
-from jax_ipu.graph.programs import Copy, Execute, Sequence, leaves
+from jax_ipu.graph.programs import Copy, Execute, Sequence, StreamingCopy, leaves
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View
 
@@ -109,4 +111,7 @@ class Program:
                              f"{len(cs.tiles())} tiles, {step.cycles} cycles")
             elif isinstance(step, Copy):
                 lines.append(f"  Copy -> {step.dst.name}: {step.exchange_bytes} B, {step.cycles} cycles")
+            elif isinstance(step, StreamingCopy):
+                nbytes = int(np.prod(step.sizes, dtype=np.int64)) * step.tile.dtype.itemsize
+                lines.append(f"  StreamingCopy {step.name}: {nbytes} B, {step.cycles} cycles")
         return "\n".join(lines)

@@ -391,6 +391,8 @@ _SCHEMA: dict[type, dict[str, str]] = {
                 "sync_cycles": "int"},
     p.Copy: {"src": "viewlike", "dst": "tensor", "cycles": "int", "exchange_bytes": "int",
              "exchange_cycles": "int", "sync_cycles": "int"},
+    p.StreamingCopy: {"buffer": "view", "tile": "tensor", "starts": "any", "sizes": "*int", "store": "bool",
+                      "name": "str", "cycles": "int"},
     p.Repeat: {"count": "int", "body": "seq", "name": "str"},
     p.RepeatWhileTrue: {"condition": "seq", "predicate": "tensor", "body": "seq", "name": "str"},
     p.If: {"predicate": "tensor", "then_body": "seq", "else_body": "seq"},
@@ -445,7 +447,7 @@ _SCHEMA: dict[type, dict[str, str]] = {
 # and scatters), by name.
 _LATE = {cls.__name__: cls for cls in (ir.GatherDimensionNumbers, ir.ScatterDimensionNumbers)}
 _BY_NAME = {cls.__name__: cls for cls in _SCHEMA}
-_STEPS = (p.Sequence, p.Execute, p.Copy, p.Repeat, p.RepeatWhileTrue, p.If, p.Switch, p.Call, p.HostToDevice,
+_STEPS = (p.Sequence, p.Execute, p.Copy, p.StreamingCopy, p.Repeat, p.RepeatWhileTrue, p.If, p.Switch, p.Call, p.HostToDevice,
           p.DeviceToHost, p.HostCall)
 _KERNELS = tuple(cls for cls in _SCHEMA if cls.__module__ in (
     codelets.__name__, codelets_collectives.__name__, codelets_indexing.__name__, codelets_linalg.__name__)

@@ -24,6 +24,7 @@ from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import REARRANGING, Concat, View
 from jax_ipu.model import executors, links
 from jax_ipu.model.executors.common import reader
+from jax_ipu.model.executors.indexing import clamped_window
 from jax_ipu.model.fast import helper, lanes
 from jax_ipu.model.fast.xla_chains import aligned_copy
 from jax_ipu.targets import Target
@@ -55,6 +56,8 @@ def _describe(step) -> tuple[str, str, int, int]:
         return ("Copy", step.dst.name, step.cycles, step.exchange_bytes)
     if isinstance(step, p.HostCall):
         return ("HostCall", f"host callback {step.callback_id} {step.name}".rstrip(), step.cycles, 0)
+    if isinstance(step, p.StreamingCopy):
+        return ("Copy", step.name, step.cycles, 0)
     return (type(step).__name__, str(step.index), step.cycles, 0)
 
 
@@ -462,6 +465,8 @@ class _Loaded:
             return copy
         if isinstance(step, p.HostCall):
             return _host_call(step)
+        if isinstance(step, p.StreamingCopy):
+            return _streaming_copy(step)
         return None   # host streams: run() binds inputs and collects outputs
 
     def _redirected(self, kernel):
@@ -515,6 +520,29 @@ class _Loaded:
 
 def _no_op(state) -> None:
     pass
+
+
+def _streaming_copy(step: p.StreamingCopy):
+    """A window of a tensor in streaming memory loaded onto the tiles, or
+    stored from them into its place (the tensor's memory, which the
+    compiler writes only when nothing else reads it)."""
+    bid, shape, tid, tile_shape = step.buffer.tensor.id, step.buffer.shape, step.tile.id, step.tile.shape
+    dtype, window = step.tile.dtype, clamped_window(step.starts, step.buffer.shape, step.sizes)
+    if step.store:
+        def store(state):
+            buffer = state[bid]
+            if buffer is None or not buffer.flags.writeable:   # not yet written (its contents are undefined)
+                buffer = np.zeros(shape, dtype) if buffer is None else np.array(buffer)
+            buffer = buffer.reshape(shape)
+            buffer[window(state)] = state[tid].reshape(step.sizes)
+            state[bid] = buffer.reshape(step.buffer.tensor.shape)
+        return store
+
+    def load(state):
+        buffer = state[bid]
+        buffer = np.zeros(shape, dtype) if buffer is None else buffer.reshape(shape)
+        state[tid] = np.array(buffer[window(state)]).reshape(tile_shape)
+    return load
 
 
 # The helper thread, asleep, takes about 100 us to wake: a straight-line

@@ -60,7 +60,7 @@ import numpy as np
 
 from jax_ipu.graph.compute import vertex_codelets
 from jax_ipu.graph.programs import (Call, Copy, DeviceToHost, Execute, HostCall, HostToDevice, If, Repeat,
-                                    RepeatWhileTrue, Sequence, Switch, children, leaves)
+                                    RepeatWhileTrue, Sequence, StreamingCopy, Switch, children, leaves)
 from jax_ipu.profile.breakdown import no_exchanges, time_breakdown
 
 FORMAT = "jax-ipu-profile/1"
@@ -149,6 +149,8 @@ def _name(step) -> str:
         return step.control.name
     if isinstance(step, HostCall):
         return f"host callback {step.callback_id}"
+    if isinstance(step, StreamingCopy):
+        return step.name
     if isinstance(step, HostToDevice):
         return f"argument {step.index}"
     if isinstance(step, DeviceToHost):

@@ -17,7 +17,7 @@ from jax_ipu.model.executors.common import REDUCE_UFUNCS, reader, register
 from jax_ipu.model.executors.elementwise import instruction
 
 
-def _window(starts, shape, sizes) -> Callable:
+def clamped_window(starts, shape, sizes) -> Callable:
     """fn(state) -> the slices of a dynamic slice's window, each start
     clamped so that the window fits (as XLA). Constant starts are clamped
     once, here; a start read from a tensor (a loop counter) on each run."""
@@ -49,7 +49,7 @@ def _window(starts, shape, sizes) -> Callable:
 @register(ci.DynamicSlice)
 def _build_dynamic_slice(k: ci.DynamicSlice):
     get, tid = reader(k.operand), k.out.id
-    window = _window(k.starts, k.operand.shape, k.out.shape)
+    window = clamped_window(k.starts, k.operand.shape, k.out.shape)
 
     def run(state):
         state[tid] = np.array(get(state)[window(state)])
@@ -59,7 +59,7 @@ def _build_dynamic_slice(k: ci.DynamicSlice):
 @register(ci.DynamicUpdateSlice)
 def _build_dynamic_update_slice(k: ci.DynamicUpdateSlice):
     get, update, tid = reader(k.operand), reader(k.update), k.out.id
-    window = _window(k.starts, k.operand.shape, k.update.shape)
+    window = clamped_window(k.starts, k.operand.shape, k.update.shape)
 
     # The compiler writes the result into the operand's tensor when nothing
     # reads the operand afterwards.

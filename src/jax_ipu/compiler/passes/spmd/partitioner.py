@@ -159,6 +159,8 @@ class Partitioner:
 
     # -- collectives --
     def _collective(self, name: str, value: ir.Value, result_type, groups, body=None, **attrs) -> ir.Value:
+        if np.shape(groups)[-1] == 1 and result_type == value.type:
+            return value        # over mesh axes of size 1: each IPU keeps what it has
         result = ir.Value(result_type)
         regions = [body] if body is not None else []
         op = ir.Op(name, [value], [result], {"replica_groups": groups, "use_global_device_ids": True, **attrs},
