@@ -48,6 +48,11 @@ class Program:
     # pinned_host), not in tile SRAM.
     streaming_inputs: tuple[int, ...] = ()
     streaming_outputs: tuple[int, ...] = ()
+    # The device-local layouts of the arguments and results: per one, its
+    # dimensions major first (the tensor holds it transposed so), or None
+    # for row-major; empty when all are row-major.
+    input_layouts: tuple = ()
+    output_layouts: tuple = ()
 
     def cost_analysis(self) -> dict[str, float]:
         """JAX's figures, and the cycles: estimated_cycles leaves out the

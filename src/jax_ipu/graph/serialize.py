@@ -56,7 +56,7 @@ from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import _SHAPE, Concat, View
 
 MAGIC = b"JAXIPUPG"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3   # 3: StreamingCopy steps, argument and result layouts
 _MARK = struct.Struct("<8sI")
 _PREFIX = struct.Struct("<8sIQQQQ32s")
 _ALIGN = 64
@@ -664,6 +664,8 @@ def dumps(program: Program, meta: dict | None = None) -> bytes:
             "token_outputs": [int(i) for i in program.token_outputs],
             "streaming_inputs": [int(i) for i in program.streaming_inputs],
             "streaming_outputs": [int(i) for i in program.streaming_outputs],
+            "input_layouts": [None if x is None else [int(d) for d in x] for x in program.input_layouts],
+            "output_layouts": [None if x is None else [int(d) for d in x] for x in program.output_layouts],
         },
         "meta": enc.value(meta or {}),
     }
@@ -1231,7 +1233,8 @@ def _program(h, dec: _Decoder, tensors: list[Tensor]) -> Program:
               "outputs": None, "input_types": "*type", "output_types": "*type", "aliases": None, "in_place": None,
               "cycles": "int", "unknown_trip_loops": "[any", "host_cycles": "int", "memory": "?memory",
               "flops": "float", "shardings": "any", "bytes_accessed": "float", "transcendentals": "float",
-              "token_outputs": None, "streaming_inputs": None, "streaming_outputs": None}
+              "token_outputs": None, "streaming_inputs": None, "streaming_outputs": None,
+              "input_layouts": None, "output_layouts": None}
     if type(h) is not dict or set(h) != set(fields):
         _fail("program: malformed")
     values = {}
@@ -1261,6 +1264,15 @@ def _program(h, dec: _Decoder, tensors: list[Tensor]) -> Program:
         values[f] = tuple(_int_list(h[f], f"program.{f}"))
     if len(values["input_types"]) != len(values["inputs"]) or len(values["output_types"]) != len(values["outputs"]):
         _fail("program: types do not match inputs and outputs")
+    for f, types in (("input_layouts", values["input_types"]), ("output_layouts", values["output_types"])):
+        found = h[f]
+        if type(found) is not list or (found and len(found) != len(types)):
+            _fail(f"program.{f}: malformed")
+        for x, t in zip(found, types):
+            if x is not None and (type(x) is not list or sorted(x) != list(range(len(t.shape)))
+                                  or not all(type(d) is int for d in x)):
+                _fail(f"program.{f}: not an order of the dimensions")
+        values[f] = tuple(None if x is None else tuple(x) for x in found)
     for loop in values["unknown_trip_loops"]:
         if type(loop) is not dict or not {"cycles_per_iteration", "entered"} <= set(loop):
             _fail("program.unknown_trip_loops: malformed")

@@ -640,6 +640,8 @@ def custom_call(p, op: ir.Op, operands: list) -> None:
         # Partitioner.place).
         p.env[op.results[0]] = p.place(operands[0], p.sharding_of(operands[0]), op)
         return None
+    if target == "LayoutConstraint" and len(operands) == 1:    # a layout: sharded as its operand
+        return emit_like(p, op, operands, [p.sharding_of(operands[0])])
     if target == "InspectSharding" and len(operands) == 1:
         # jax.debug.inspect_array_sharding: JAX's callback is told the
         # operand's sharding; the value goes on unchanged.
