@@ -118,6 +118,34 @@ def test_a_loop_of_unknown_trip_count_stores_its_rows(ipu):
     assert got.sharding.memory_kind == "pinned_host"
 
 
+def _unrolled_stack(xs):
+    """Two steps per iteration: the two rows are concatenated, then stored."""
+    return jax.lax.scan(lambda c, x: (c + x, jax.device_put(c * x, HOST)), jnp.zeros(5), xs, unroll=2)[1]
+
+
+def _state_in_streaming_memory(xs):
+    """A carried value kept in streaming memory, loaded and stored each step."""
+    def body(m, x):
+        return jax.device_put(jax.device_put(m, DEVICE) * 0.9 + x, HOST), None
+    return jax.lax.scan(body, jax.device_put(jnp.ones(5), HOST), xs)[0]
+
+
+def _moved_in_a_branch(xs):
+    def body(c, x):
+        y = jax.lax.cond(c.sum() > 0, lambda x: jax.device_put(x * 2, HOST), lambda x: jax.device_put(x - 1, HOST), x)
+        return c + 1, y
+    return jax.lax.scan(body, jnp.zeros(5) - 2, xs)[1]
+
+
+@pytest.mark.parametrize("f", [_unrolled_stack, _state_in_streaming_memory, _moved_in_a_branch])
+def test_loops_moving_values_match_numpy(ipu, f):
+    xs = np.random.default_rng(5).standard_normal((8, 5)).astype(np.float32)
+    got = jax.jit(f)(jax.device_put(xs, ipu))
+    assert got.sharding.memory_kind == "pinned_host"
+    on_cpu = jax.jit(f)(jax.device_put(xs, jax.devices("cpu")[0]))      # XLA:CPU, with its host memory
+    np.testing.assert_allclose(np.asarray(got), np.asarray(on_cpu), rtol=1e-6, atol=1e-6)
+
+
 def _remat_scan(policy):
     @functools.partial(jax.remat, policy=policy)
     def step(h, w):

@@ -61,6 +61,11 @@ ON_TILES = " [compute_on('device_host'): on the tiles]"
 CARRIED, RESULTS = "streaming_carried", "streaming_results"
 
 
+# Ops that only arrange elements: on values in streaming memory they run on
+# the tiles (on the values stored there, or loaded), their results stored.
+_ARRANGING = frozenset({"concatenate", "slice", "transpose", "pad", "reverse", "broadcast_in_dim"})
+
+
 def _placement(op: ir.Op) -> str | None:
     if op.name != "custom_call" or str(op.attrs.get("call_target_name")) != PLACEMENT:
         return None
@@ -152,6 +157,16 @@ class _Rewriter:
             out.append(ir.Op("reshape", [window], [into], {}, [], loc))
         return into
 
+    def tile_value(self, value: ir.Value, out: list, loaded, loc: str) -> ir.Value:
+        """A value on the tiles of the same elements: the value itself, the
+        one stored as it (reshaped alike), or the value loaded."""
+        if value not in self.streaming:
+            return value
+        source = self.stored.get(value)
+        if source is None:
+            return self.on_tiles(value, out, loaded, loc)
+        return source if source.type == value.type else self.emit(out, "reshape", [source], value.type, loc)
+
     def in_streaming(self, value: ir.Value, out: list, loaded, loc: str) -> ir.Value:
         """The value as a value of its own in streaming memory (a window
         not moved yet goes through the tiles)."""
@@ -211,11 +226,19 @@ class _Rewriter:
             return
         if op.name == "dynamic_update_slice" and streaming and not any(v in self.streaming for v in op.operands[2:]):
             tensor = self.in_streaming(op.operands[0], out, loaded, op.loc)
-            update = op.operands[1]
-            update = self.stored.get(update) or self.on_tiles(update, out, loaded, op.loc)
+            update = self.tile_value(op.operands[1], out, loaded, op.loc)
             out.append(ir.Op(_STORE_WINDOW, [tensor, update, *op.operands[2:]], op.results,
                              {"slice_sizes": tuple(op.operands[1].type.shape)}, [], op.loc))
             self.streaming.add(op.results[0])
+            return
+        if streaming and op.name in _ARRANGING:
+            operands = [self.tile_value(v, out, loaded, op.loc) for v in op.operands]
+            arranged = [ir.Value(r.type) for r in op.results]
+            out.append(dataclasses.replace(op, operands=operands, results=arranged))
+            for result, value in zip(op.results, arranged):
+                out.append(ir.Op(_STORE, [value], [result], {}, [], op.loc))
+                self.streaming.add(result)
+                self.stored[result] = value
             return
         inner = [v for v in reads_of(op, regions_only=True) if v in self.streaming] if op.regions else []
         if not streaming and not inner:
