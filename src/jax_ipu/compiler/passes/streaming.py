@@ -17,6 +17,9 @@ carried through a loop, or written and read a window at a time:
   the stack is a loop-carried tensor in streaming memory; when the loop
   writes every row before reading any, the stack starts uninitialised, as
   XLA's host offloader allocates it, and is never filled);
+- ops that only arrange elements (concatenate, slice, transpose, ...) run
+  on the tiles, on the values stored there (or loaded), and their results
+  are stored (an unrolled scan concatenates the rows it stacks);
 - ops JAX marks for the host (`compute_on('device_host')`, frontend
   attribute `_xla_compute_type = "host"`) run on the tiles: the IPU system
   has no processor beside its streaming memory, so the values in streaming
