@@ -12,7 +12,7 @@ a value: fast executors, Copies read through by their readers
 side (lanes), straight-line programs as one generated function."""
 from __future__ import annotations
 
-import dataclasses
+import collections
 import functools
 import threading
 import weakref
@@ -31,20 +31,32 @@ from jax_ipu.graph.views import View
 # the reference ones, and the fast ones beside them.
 from jax_ipu.model import links, registry
 from jax_ipu.model.executors import common
-from jax_ipu.model.fast import fusion, helper, lanes, lazy_copies, straight_line, views
+from jax_ipu.model.fast import fusion, helper, lanes, lazy_copies, loops, straight_line, views
+from jax_ipu.model.fast.lazy_copies import refs
 from jax_ipu.model.fast.xla_chains import aligned_copy
 from jax_ipu.targets import Target
 
 
-@dataclasses.dataclass
 class RunRecord:
     """What one run did, for profiles: (kind, name, cycles, exchange bytes)
-    per executed step, in order."""
-    steps: list[tuple[str, str, int, int]]
+    per executed step, in order; a control step's entry stands for one of
+    its decisions (a loop's iteration, a branch taken). A loop run as one
+    XLA:CPU executable is recorded as its counts (a fast.loops.Segment),
+    its steps listed when `steps` is first read."""
+
+    def __init__(self, steps: list):
+        self._parts = steps
+        self._steps = None if any(type(s) is not tuple for s in steps) else steps
+
+    @property
+    def steps(self) -> list[tuple[str, str, int, int]]:
+        if self._steps is None:
+            self._steps = [e for part in self._parts for e in ((part,) if type(part) is tuple else part.steps())]
+        return self._steps
 
     @property
     def cycles(self) -> int:
-        return sum(s[2] for s in self.steps)
+        return sum(s[2] if type(s) is tuple else s.cycles for s in self._parts)
 
     @property
     def compute_sets(self) -> list[str]:
@@ -52,7 +64,7 @@ class RunRecord:
 
     @property
     def exchange_bytes(self) -> int:
-        return sum(s[3] for s in self.steps)
+        return sum(s[3] if type(s) is tuple else s.exchange_bytes for s in self._parts)
 
 
 def _describe(step) -> tuple[str, str, int, int]:
@@ -62,6 +74,8 @@ def _describe(step) -> tuple[str, str, int, int]:
         return ("Copy", step.dst.name, step.cycles, step.exchange_bytes)
     if isinstance(step, p.HostCall):
         return ("HostCall", f"host callback {step.callback_id} {step.name}".rstrip(), step.cycles, 0)
+    if isinstance(step, p.CONTROL):     # one decision: a loop's iteration, a branch taken
+        return (type(step).__name__, p.decision_name(step), step.cycles, step.exchange_bytes)
     return (type(step).__name__, str(step.index), step.cycles, 0)
 
 
@@ -79,6 +93,15 @@ class _Loaded:
         self.has_control = any(isinstance(s, p.CONTROL) for s in program.body.steps)
         self.aliases = lazy_copies.donation_aliases(program)
         self.trace: list | None = [] if self.has_control else None
+        # What a loop run as one XLA:CPU executable needs of the program:
+        # how often each tensor is referred to, and every tensor's shape.
+        if self.has_control and fast:
+            self.program_refs = collections.Counter(refs(program.body, []))
+            self.program_refs.update(tensor_ids(program.outputs, []) + tensor_ids(program.inputs, []))
+            self.shapes = {t.id: (tuple(t.shape), t.dtype) for t in program.tensors}
+        # The loops run as XLA:CPU executables and those run on the engine's steps, by name.
+        self.xla_loops: list[str] = []
+        self.engine_loops: list[str] = []
         covers: list = []
         self.steps = self._sequence(program.body, covers)
         self.dead = straight_line.dead_after(program, covers, self.lazy) \
@@ -229,6 +252,13 @@ class _Loaded:
         if isinstance(step, p.Call):
             body = self._sequence(step.function)
             return lambda state: run(body, state)
+        if isinstance(step, (p.Repeat, p.RepeatWhileTrue)) and self.fast:
+            fn = self._translated(step)
+            if fn is not None:
+                return fn
+        # Each decision (an iteration, a branch taken) is recorded with the
+        # control's cycles (its predicate broadcast to every tile, the branch).
+        trace, info = self.trace, _describe(step)
         if isinstance(step, p.Repeat):
             body, count = self._sequence(step.body), step.count
 
@@ -236,6 +266,8 @@ class _Loaded:
                 for _ in range(count):
                     if _generation[0] != self.started:
                         _check_cancelled(self)
+                    if trace is not None:
+                        trace.append(info)
                     run(body, state)
             return repeat
         if isinstance(step, p.RepeatWhileTrue):
@@ -243,20 +275,41 @@ class _Loaded:
 
             def repeat_while(state):
                 run(cond, state)
+                if trace is not None:
+                    trace.append(info)
                 while state[pred]:
                     if _generation[0] != self.started:
                         _check_cancelled(self)
                     run(body, state)
                     run(cond, state)
+                    if trace is not None:
+                        trace.append(info)
             return repeat_while
         if isinstance(step, p.If):
             then, other, pred = self._sequence(step.then_body), self._sequence(step.else_body), step.predicate.id
-            return lambda state: run(then if state[pred] else other, state)
+
+            def if_(state):
+                if trace is not None:
+                    trace.append(info)
+                run(then if state[pred] else other, state)
+            return if_
         if isinstance(step, p.Switch):
             cases = {k: self._sequence(v) for k, v in step.cases.items()}
             default, control = self._sequence(step.default), step.control.id
-            return lambda state: run(cases.get(int(state[control]), default), state)
+
+            def switch(state):
+                if trace is not None:
+                    trace.append(info)
+                run(cases.get(int(state[control]), default), state)
+            return switch
         raise IpuRuntimeError(f"the IPU Model cannot run a {type(step).__name__} step")
+
+    def _translated(self, step):
+        """The loop as one XLA:CPU executable (model/fast/loops.py), or None."""
+        fn = loops.translated(step, self.program_refs, self.shapes, _describe, self.stand_ins,
+                              frozenset(self.aliases), self.trace, functools.partial(_check_cancelled, self))
+        (self.xla_loops if fn is not None else self.engine_loops).append(p.decision_name(step))
+        return fn
 
 
 def _no_op(state) -> None:
