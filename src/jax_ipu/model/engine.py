@@ -90,6 +90,7 @@ class _Loaded:
         self.started = 0      # cancel_runs' generation when the last run began
         self.stand_ins = fusion.stand_ins(program) if fast else frozenset()
         self.lazy = lazy_copies.lazy_copies(program) if fast and lazy_copies.LAZY_COPIES else {}
+        self.shared = lazy_copies.shared_copies(program) if fast and lazy_copies.LAZY_COPIES else frozenset()
         self.has_control = any(isinstance(s, p.CONTROL) for s in program.body.steps)
         self.aliases = lazy_copies.donation_aliases(program)
         self.trace: list | None = [] if self.has_control else None
@@ -230,6 +231,10 @@ class _Loaded:
             order = "C" if any(op[0] == "broadcast" for op in getattr(src, "ops", ())) else "K"
             if isinstance(src, View) and src.is_whole_tensor:     # e.g. a loop's carried values
                 sid = src.tensor.id
+                if tid in self.shared:
+                    def share_whole(state):
+                        state[tid] = state[sid].reshape(shape)
+                    return share_whole
                 # Aligned when fast, so that element-wise chains on XLA:CPU read it in place.
                 new = aligned_copy if self.fast else np.array
 

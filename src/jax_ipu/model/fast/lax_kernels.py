@@ -34,6 +34,7 @@ from jax_ipu.graph import codelets
 from jax_ipu.graph import codelets_indexing as ci
 from jax_ipu.graph.records import is_immediate
 from jax_ipu.graph.views import Concat, View, apply_ops
+from jax_ipu.model.fast.matmul import takes_combined
 from jax_ipu.model.registry import traced
 from jax_ipu.ops import OPS
 
@@ -53,9 +54,9 @@ class Trace:
     executable is traced: `env` holds each tensor's current value (a jax
     array of the tensor's shape), `zero` a run-time uint32 zero."""
 
-    def __init__(self, jax, env: dict, zero):
+    def __init__(self, jax, env: dict, zero, stand_ins=frozenset()):
         self.jax, self.lax, self.jnp = jax, jax.lax, jax.numpy
-        self.env, self.zero = env, zero
+        self.env, self.zero, self.stand_ins = env, zero, stand_ins
 
     # -- values
 
@@ -220,7 +221,10 @@ def _fill(k: codelets.Fill, t: Trace) -> None:
 @traced(codelets.MatMulPartials)
 def _matmul_partials(k: codelets.MatMulPartials, t: Trace) -> None:
     """Each K-chunk's product, the operands converted to the partials'
-    type first (float16 operands' products are exact in float32)."""
+    type first (float16 operands' products are exact in float32). When
+    only the matmul's own reduction reads the partials (a fusion's
+    stand-in, model/fast/matmul.py), they are left summed: one product
+    over the whole of K, [batch * m * n], which that reduction takes."""
     lax, acc = t.lax, k.out.dtype
     chunks, batch, m, n = k.out.shape
     size = k.lhs.shape[2] // chunks if chunks else 0
@@ -231,6 +235,11 @@ def _matmul_partials(k: codelets.MatMulPartials, t: Trace) -> None:
         return
     lhs = lax.slice_in_dim(lhs, 0, chunks * size, axis=2)
     rhs = lax.slice_in_dim(rhs, 0, chunks * size, axis=1)
+    if k.out.id in t.stand_ins:
+        summed = lax.dot_general(lhs, rhs, (((2,), (1,)), ((0,), (0,))), precision=lax.Precision.HIGHEST,
+                                 preferred_element_type=acc)
+        t.env[k.out.id] = t.opaque(lax.reshape(summed, (batch * m * n,)))
+        return
     lhs = lax.transpose(lax.reshape(lhs, (batch, m, chunks, size)), (2, 0, 1, 3))      # [c, B, M, s]
     rhs = lax.transpose(lax.reshape(rhs, (batch, chunks, size, n)), (1, 0, 2, 3))      # [c, B, s, N]
     out = lax.dot_general(lhs, rhs, (((3,), (2,)), ((0, 1), (0, 1))), precision=lax.Precision.HIGHEST,
@@ -289,7 +298,10 @@ def _reduce_partials(k: codelets.ReducePartials, t: Trace) -> None:
 @traced(codelets.ReduceCombine)
 def _reduce_combine(k: codelets.ReduceCombine, t: Trace) -> None:
     acc = k.partials.dtype
-    value = _reduced(t, k.op, t.read(k.partials), k.axis, acc)
+    if k.partials.tensor.id in t.stand_ins and takes_combined(k):
+        value = t.lax.reshape(t.tensor(k.partials.tensor), tuple(k.partials.shape[1:]))    # summed already
+    else:
+        value = _reduced(t, k.op, t.read(k.partials), k.axis, acc)
     if k.init is not None:
         init = t.lax.convert_element_type(t.read(k.init), acc)
         value = _combine(t, k.op, t.broadcast(init, tuple(value.shape)), value)

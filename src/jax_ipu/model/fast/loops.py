@@ -300,8 +300,12 @@ def _truth(lax, value):
 class _Tracer:
     """Traces a loop's steps into jax, given the plan."""
 
-    def __init__(self, jax, plan: _Plan, zero, shapes: dict):
+    def __init__(self, jax, plan: _Plan, zero, shapes: dict, stand_ins: frozenset):
         self.jax, self.lax, self.plan, self.zero, self.shapes = jax, jax.lax, plan, zero, shapes
+        self.stand_ins = stand_ins
+
+    def trace(self, env: dict) -> lax_kernels.Trace:
+        return lax_kernels.Trace(self.jax, env, self.zero, self.stand_ins)
 
     def initial(self, env: dict, t: int):
         """A carried tensor's value on entry (zeros if nothing wrote it yet:
@@ -325,9 +329,9 @@ class _Tracer:
                 cnt = self.branch(step, env, cnt)
             elif isinstance(step, p.Execute):
                 kernel = step.compute_set.kernel
-                registry.TRACED[type(kernel)](kernel, lax_kernels.Trace(self.jax, env, self.zero))
+                registry.TRACED[type(kernel)](kernel, self.trace(env))
             else:
-                t = lax_kernels.Trace(self.jax, env, self.zero)
+                t = self.trace(env)
                 value = t.read(step.src)
                 if value.dtype != step.dst.dtype and np.dtype(value.dtype).kind == "f" \
                         and np.dtype(step.dst.dtype).kind in "iub":
@@ -441,6 +445,7 @@ class _Loop:
         crossing = {t for t in inside if program_refs[t] > inside[t]}
         if crossing & set(stand_ins):
             raise _Untranslatable("a fusion's stand-in crosses the loop's boundary")
+        self.stand_ins = frozenset(stand_ins) & set(inside)
         self.carried = plan.carried[id(step)]
         reads, _ = exposed([step], set())
         self.invariant = sorted(reads - set(self.carried))
@@ -454,8 +459,11 @@ class _Loop:
         specs = [jax.ShapeDtypeStruct(*shapes[t], sharding=self.sharding) for t in self.carried + self.invariant]
         specs += [jax.ShapeDtypeStruct((), dtype, sharding=self.sharding) for dtype in
                   ((np.uint32, np.int32, np.bool_, np.bool_) if self.is_while else (np.uint32, np.int32))]
+        # The carried values are donated: a chunk updates them in place (a
+        # buffer written row by row is not copied for each chunk).
         with xla_chains._compile_lock:
-            self.executable = jax.jit(self._chunk, keep_unused=True).lower(*specs).compile().runtime_executable()
+            self.executable = jax.jit(self._chunk, keep_unused=True, donate_argnums=tuple(range(len(self.carried)))
+                                      ).lower(*specs).compile().runtime_executable()
         self.zero = self._put(np.zeros((), np.uint32))
 
     def _chunk(self, *args):
@@ -466,7 +474,7 @@ class _Loop:
         n = len(self.carried)
         carried, invariant = args[:n], args[n:n + len(self.invariant)]
         zero, limit, *flags = args[n + len(self.invariant):]
-        tracer = _Tracer(jax, self.plan, zero, self.shapes)
+        tracer = _Tracer(jax, self.plan, zero, self.shapes, self.stand_ins)
         env = dict(zip(self.invariant, invariant, strict=True))
         cnt = jax.numpy.zeros(max(self.plan.count, 1), np.int32)
         step, lax = self.step, jax.lax
@@ -487,10 +495,13 @@ class _Loop:
         predicate, carried, cnt, _ = lax.while_loop(more, iteration, (predicate, carried, cnt, np.int32(0)))
         return carried, cnt, predicate
 
-    def _put(self, array: np.ndarray, aval=None):
+    def _put(self, array: np.ndarray, aval=None, copied: bool = False):
+        """`array` as an argument: read in place, or (copied) in a buffer
+        of XLA's own, which a donated argument must be."""
         aval = self.scalar[array.dtype.type] if aval is None else aval
+        semantics = self.jaxlib.HostBufferSemantics
         return self.jaxlib.batched_device_put(aval, self.sharding, [array], self.devices, True, False,
-                                              self.jaxlib.HostBufferSemantics.ZERO_COPY)
+                                              semantics.IMMUTABLE_ONLY_DURING_CALL if copied else semantics.ZERO_COPY)
 
     def _value(self, state, t: int) -> np.ndarray:
         shape, dtype = self.shapes[t]
@@ -501,7 +512,7 @@ class _Loop:
 
     def run(self, state) -> None:
         helper.end_session()        # a spinning helper would take a core from XLA's threads
-        carried = [self._put(self._value(state, t), self.avals[t]) for t in self.carried]
+        carried = [self._put(self._value(state, t), self.avals[t], copied=True) for t in self.carried]
         invariant = [self._put(self._value(state, t), self.avals[t]) for t in self.invariant]
         counts = np.zeros(max(self.plan.count, 1), np.int64)
         left = None if self.is_while else self.step.count
