@@ -115,7 +115,7 @@ def gpt2_decode(cfg: dict, prompt: np.ndarray, tokens: int):
             x = x + attention @ params["proj"][i]
             h = _layer_norm(x, params["ln2"][i])
             x = x + jax.nn.gelu(h @ params["fc"][i]) @ params["out"][i]
-        logits = _layer_norm(x, params["lnf"]) @ params["wte"].T
+        logits = params["wte"] @ _layer_norm(x, params["lnf"])
         chosen = jnp.argmax(logits).astype(jnp.int32)
         out = out.at[t + 1].set(jnp.where(t + 1 < len(prompt), out[t + 1], chosen))
         return out, cache
