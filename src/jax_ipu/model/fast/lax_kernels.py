@@ -88,15 +88,21 @@ class Trace:
         self.env[tensor.id] = self.lax.reshape(value, tuple(tensor.shape)) if value.shape != tuple(tensor.shape) \
             else value
 
-    def opaque(self, value):
+    def opaque(self, value, like=None):
         """A float value through an identity XLA cannot see through (see
-        the module's docstring); other values as they are."""
+        the module's docstring); other values as they are. `like`, a value
+        of the same shape and type: the zero xor'ed in is made from its
+        bits (a value XLA cannot take for a broadcast, as it could take a
+        broadcast value xor'ed with a broadcast zero)."""
         dtype = np.dtype(value.dtype)
         if dtype.kind != "f":
             return value
         bits = {2: np.uint16, 4: np.uint32}[dtype.itemsize]
         lax = self.lax
-        flipped = lax.bitwise_xor(lax.bitcast_convert_type(value, bits), self.zero.astype(bits))
+        zero = self.zero.astype(bits)
+        if like is not None and value.ndim:
+            zero = lax.bitwise_and(lax.bitcast_convert_type(like, bits), self.broadcast(zero, tuple(value.shape)))
+        flipped = lax.bitwise_xor(lax.bitcast_convert_type(value, bits), zero)
         return lax.bitcast_convert_type(flipped, dtype)
 
     def broadcast(self, value, shape: tuple):
@@ -158,6 +164,11 @@ class Trace:
         if any(np.ndim(a) for a in operands):
             shape = np.broadcast_shapes(*(tuple(a.shape) for a in operands))
             operands = [self.broadcast(a, shape) for a in operands]
+        if ins.op == "divide":
+            # XLA divides by a broadcast value (a scalar's, or a view's
+            # broadcast) as a product with its reciprocal: the divisor is
+            # made a value of the full shape.
+            operands[1] = self.opaque(operands[1], like=operands[0])
         if ins.op == "convert":
             value = lax.convert_element_type(operands[0], ins.dtype)
         elif ins.op == "bitcast_convert":
