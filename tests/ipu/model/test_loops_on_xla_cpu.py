@@ -237,6 +237,36 @@ def test_what_runs_on_the_engine_instead():
     np.testing.assert_array_equal(np.asarray(jax.jit(f)(on_ipu)), want)
 
 
+def test_loops_moving_windows_of_streaming_memory():
+    """Loops that load and store windows of values in streaming memory
+    (StreamingCopy steps: a scan reading offloaded rows and stacking its
+    outputs there, a while reading rows at data-dependent offsets) run as
+    executables, with the reference's bits and record."""
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    ipu = jax.devices("ipu")[0]
+    host, device = jax.memory.Space.Host, jax.memory.Space.Device
+
+    def f(xs, n):
+        def body(carry, x):
+            x = jax.device_put(x, device)
+            return carry * 0.5 + x, jax.device_put(x * 2 + carry, host)
+        c, ys = lax.scan(body, jnp.zeros((16, 8), jnp.float32), xs)
+
+        def row(c):
+            i, acc = c
+            return i + 1, acc + jax.device_put(lax.dynamic_index_in_dim(ys, i * 5 - 3, keepdims=False), device)
+        return c, ys, lax.while_loop(lambda c: c[0] < n, row, (jnp.int32(0), jnp.zeros((16, 8), jnp.float32)))[1]
+    xs = np.random.default_rng(0).standard_normal((12, 16, 8)).astype(np.float32)
+    args = jax.device_put(xs, SingleDeviceSharding(ipu, memory_kind="pinned_host")), jax.device_put(np.int32(7), ipu)
+    got, want, loaded, fast_run, reference_run = run_both(f, *args)
+    assert len(loaded.xla_loops) == 2 and not loaded.engine_loops
+    assert any(isinstance(s, p.StreamingCopy) for s in p.leaves(compile_fn(f, *args).body))
+    assert_same_bits(got, want)
+    assert fast_run.cycles == reference_run.cycles and sorted(fast_run.steps) == sorted(reference_run.steps)
+
+
 # -- the documented differences
 
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from jax_ipu.graph import programs as p
 from jax_ipu.graph.records import record_of
+from jax_ipu.graph.views import View
 from jax_ipu.model import registry
 from jax_ipu.model.fast import helper, lax_kernels, xla_chains
 from jax_ipu.model.fast.lazy_copies import refs
@@ -66,6 +67,11 @@ def _leaf_tensors(step) -> tuple[set, set]:
         return {t.id for t in record.read_tensors(kernel)}, {t.id for t in record.written(kernel)}
     if isinstance(step, p.Copy):
         return {t.id for t in step.src.tensors}, {step.dst.id}
+    if isinstance(step, p.StreamingCopy):
+        starts = {s.tensor.id for s in step.starts if isinstance(s, View)}
+        buffer, tile = step.buffer.tensor.id, step.tile.id
+        # A store writes a window: the rest of the buffer is read through it.
+        return (starts | {buffer, tile}, {buffer}) if step.store else (starts | {buffer}, {tile})
     raise _Untranslatable(f"a {type(step).__name__} step")
 
 
@@ -330,6 +336,8 @@ class _Tracer:
             elif isinstance(step, p.Execute):
                 kernel = step.compute_set.kernel
                 registry.TRACED[type(kernel)](kernel, self.trace(env))
+            elif isinstance(step, p.StreamingCopy):
+                self.streaming_copy(step, self.trace(env))
             else:
                 t = self.trace(env)
                 value = t.read(step.src)
@@ -338,6 +346,30 @@ class _Tracer:
                     raise _Untranslatable("a Copy converting floats to integers")
                 t.write(step.dst, value)
         return cnt
+
+    def streaming_copy(self, step: p.StreamingCopy, t: lax_kernels.Trace) -> None:
+        """A window of a tensor in streaming memory loaded or stored, its
+        starts clamped as XLA's dynamic slices clamp them (the engine's
+        clamped_window)."""
+        lax = self.lax
+        starts = []
+        for source in step.starts:
+            start = t.read(source) if isinstance(source, View) else np.asarray(source)
+            dtype = np.dtype(start.dtype)
+            if dtype.kind not in "iu" or (dtype.kind == "u" and dtype.itemsize >= 4) or dtype.itemsize > 4:
+                raise _Untranslatable(f"a streaming copy's start of type {dtype}")
+            starts.append(lax.convert_element_type(lax.reshape(start, ()) if isinstance(source, View) else
+                                                   int(start.reshape(())), np.int32))
+        shape = tuple(step.buffer.shape)
+        if not step.store:
+            window = lax.dynamic_slice(t.read(step.buffer), starts, tuple(step.sizes))
+            t.write(step.tile, lax.reshape(window, tuple(step.tile.shape)))
+            return
+        tensor = step.buffer.tensor
+        buffer = self.initial(t.env, tensor.id)
+        tile = lax.reshape(t.tensor(step.tile), tuple(step.sizes))
+        updated = lax.dynamic_update_slice(lax.reshape(buffer, shape), tile, starts)
+        t.write(tensor, lax.reshape(updated, tuple(tensor.shape)))
 
     def _scope(self, env: dict, carried: list, values) -> dict:
         inner = dict(env)
