@@ -28,8 +28,8 @@ from jax_ipu.model import registry
 from jax_ipu.model.engine import Engine
 from jax_ipu.model.fast import loops
 
-EXAMPLES = settings(max_examples=40, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+EXAMPLES = dict(deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 N, ROWS = 6, 5
 
 
@@ -144,9 +144,7 @@ def loop_programs(draw):
     return f, (v, h, k, buf, ints, limit), steps, outer != "repeat" or count > 0
 
 
-@given(loop_programs())
-@EXAMPLES
-def test_random_loops_give_the_reference_bits_and_record(case):
+def _random_loop_both_ways(case):
     f, args, steps, has_loop = case
     got, want, loaded, fast_run, reference_run = run_both(f, *args)
     assert not loaded.engine_loops, f"a loop ran on the engine's steps ({steps})"
@@ -155,6 +153,20 @@ def test_random_loops_give_the_reference_bits_and_record(case):
     assert fast_run.cycles == reference_run.cycles
     assert fast_run.exchange_bytes == reference_run.exchange_bytes
     assert sorted(fast_run.steps) == sorted(reference_run.steps)       # the same steps, as many times
+
+
+@given(loop_programs())
+@settings(max_examples=25, **EXAMPLES)
+def test_random_loops_give_the_reference_bits_and_record(case):
+    _random_loop_both_ways(case)
+
+
+@pytest.mark.slow
+@given(loop_programs())
+@settings(max_examples=300, **EXAMPLES, database=None)
+def test_many_random_loops_give_the_reference_bits_and_record(case):
+    """As above, more programs (pytest -m slow)."""
+    _random_loop_both_ways(case)
 
 
 def test_every_kernel_the_random_loops_reach_has_a_translation():
@@ -284,6 +296,32 @@ def test_library_functions_and_float_sums_are_within_float_tolerance():
     assert len(loaded.xla_loops) == 2 and fast_run.cycles == reference_run.cycles
     for g, r in zip(got, want, strict=True):
         np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
+
+
+def test_training_steps_in_a_fori_loop():
+    """An MLP's SGD steps (forward, gradients, update) inside one
+    fori_loop: within float tolerance of the reference (XLA's order of a product's
+    sums, its tanh and exp), the same cycles, and the loop on XLA:CPU."""
+    import jax
+
+    rng = np.random.default_rng(2)
+    x, y = rng.standard_normal((32, 16)).astype(np.float32), rng.standard_normal((32, 4)).astype(np.float32)
+    w1, w2 = (rng.standard_normal((16, 32)) / 4).astype(np.float32), (rng.standard_normal((32, 4)) / 6).astype(np.float32)
+
+    def loss(ws, x, y):
+        h = jnp.tanh(x @ ws[0])
+        return jnp.mean((jax.nn.softmax(h @ ws[1]) - y) ** 2)
+
+    def train(w1, w2, x, y):
+        def step(i, ws):
+            g = jax.grad(loss)(ws, x, y)
+            return tuple(w - 0.1 * d for w, d in zip(ws, g, strict=True))
+        return lax.fori_loop(0, 5, step, (w1, w2))
+    got, want, loaded, fast_run, reference_run = run_both(train, w1, w2, x, y)
+    assert len(loaded.xla_loops) == 1 and not loaded.engine_loops
+    assert fast_run.cycles == reference_run.cycles
+    for g, r in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
 
 
 def test_xla_cpu_flushes_float32_subnormals_in_loops():
