@@ -162,6 +162,7 @@ def test_random_loops_give_the_reference_bits_and_record(case):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 @given(loop_programs())
 @settings(max_examples=300, **EXAMPLES, database=None)
 def test_many_random_loops_give_the_reference_bits_and_record(case):
