@@ -88,6 +88,11 @@ def _body_step(name: str, i, c: dict) -> dict:
         v = v - jnp.max(v) * 0.5 + jnp.min(buf[4])                        # max and min: any order
     elif name == "int_sum":
         k = k + jnp.sum(ints % 7)
+    elif name == "int_dot":                     # an integer product: exact in any order
+        k = k + (ints % 11) @ (buf[0] > 0).astype(jnp.int32)
+        ints = ints + (jnp.abs(ints[:, None]) % 5 * (ints % 3)[None, :]) @ jnp.ones(N, jnp.int32)
+    elif name == "argmax":                      # a variadic reduction: the first of equal maxima
+        k = k + jnp.argmax(jnp.round(v)).astype(jnp.int32) - jnp.argmin(ints).astype(jnp.int32)
     elif name == "branch":
         v, k = lax.cond(k % 3 == 0, lambda: (v * 0.5, k + 1), lambda: (v + 1.0, k - 2))
     elif name == "switch":
@@ -106,7 +111,7 @@ def _body_step(name: str, i, c: dict) -> dict:
 
 
 BODY_STEPS = ["affine", "divide", "divide_broadcast", "clamp", "select", "half", "integers", "read_row", "write_row", "scatter_add",
-              "scatter_set", "gather", "maximum", "int_sum", "branch", "switch", "inner_repeat", "inner_while"]
+              "scatter_set", "gather", "maximum", "int_sum", "int_dot", "argmax", "branch", "switch", "inner_repeat", "inner_while"]
 
 
 @st.composite
@@ -180,8 +185,8 @@ def test_every_kernel_the_random_loops_reach_has_a_translation():
         program = compile_fn(f, np.ones(N, np.float32), np.ones(N, np.float16), np.int32(1),
                              np.ones((ROWS, N), np.float32), np.ones(N, np.int32))
         reached |= {type(s.compute_set.kernel) for s in p.leaves(program.body) if isinstance(s, p.Execute)}
-    assert {codelets.ElementwiseChain, ci.DynamicSlice, ci.DynamicUpdateSlice, ci.Scatter, ci.Gather,
-            codelets.ReducePartials} <= reached
+    assert {codelets.ElementwiseChain, codelets.Fill, codelets.MatMulPartials, codelets.ReducePartials,
+            codelets.TreeReduce, ci.DynamicSlice, ci.DynamicUpdateSlice, ci.Scatter, ci.Gather} <= reached
     assert reached <= set(registry.TRACED)
 
 
