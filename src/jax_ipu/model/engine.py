@@ -262,10 +262,18 @@ class _Loaded:
         if isinstance(step, p.Call):
             body = self._sequence(step.function)
             return lambda state: run(body, state)
-        if isinstance(step, (p.Repeat, p.RepeatWhileTrue)) and self.fast:
+        # A loop runs as one XLA:CPU executable (model/fast/loops.py) when it
+        # runs long enough to pay for compiling it: a Repeat of at least
+        # loops.MIN_ITERATIONS iterations from the start; a RepeatWhileTrue
+        # on the engine's steps until it has run that many iterations (over
+        # all runs), then the executable takes over before the next condition (the
+        # condition is what it runs first) and runs it from then on.
+        eager = loops.MIN_ITERATIONS <= 0 or (isinstance(step, p.Repeat) and step.count >= loops.MIN_ITERATIONS)
+        if isinstance(step, (p.Repeat, p.RepeatWhileTrue)) and self.fast and eager:
             fn = self._translated(step)
             if fn is not None:
                 return fn
+        lazy = self.fast and not eager and isinstance(step, p.RepeatWhileTrue)
         # Each decision (an iteration, a branch taken) is recorded with the
         # control's cycles (its predicate broadcast to every tile, the branch).
         trace, info = self.trace, _describe(step)
@@ -283,7 +291,12 @@ class _Loaded:
         if isinstance(step, p.RepeatWhileTrue):
             cond, body, pred = self._sequence(step.condition), self._sequence(step.body), step.predicate.id
 
+            translation = []           # [fn or None] once tried
+            iterations = [0]           # over all runs
+
             def repeat_while(state):
+                if translation and translation[0] is not None:
+                    return translation[0](state)
                 run(cond, state)
                 if trace is not None:
                     trace.append(info)
@@ -291,6 +304,11 @@ class _Loaded:
                     if _generation[0] != self.started:
                         _check_cancelled(self)
                     run(body, state)
+                    iterations[0] += 1
+                    if lazy and not translation and iterations[0] >= loops.MIN_ITERATIONS:
+                        translation.append(self._translated(step))
+                        if translation[0] is not None:
+                            return translation[0](state)
                     run(cond, state)
                     if trace is not None:
                         trace.append(info)

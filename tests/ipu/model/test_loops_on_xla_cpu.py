@@ -33,6 +33,13 @@ EXAMPLES = dict(deadline=None, derandomize=True,
 N, ROWS = 6, 5
 
 
+@pytest.fixture(autouse=True)
+def every_loop_translated(monkeypatch):
+    """Every loop an executable from the start, however short (by default
+    only loops of loops.MIN_ITERATIONS iterations or more)."""
+    monkeypatch.setattr(loops, "MIN_ITERATIONS", 0)
+
+
 def run_both(f, *args):
     """f's program on both Engines: (fast results, reference results, the
     fast Engine's loaded program, both run records)."""
@@ -161,7 +168,7 @@ def _random_loop_both_ways(case):
 
 
 @given(loop_programs())
-@settings(max_examples=25, **EXAMPLES)
+@settings(max_examples=15, **EXAMPLES)
 def test_random_loops_give_the_reference_bits_and_record(case):
     _random_loop_both_ways(case)
 
@@ -283,6 +290,31 @@ def test_loops_moving_windows_of_streaming_memory():
     assert any(isinstance(s, p.StreamingCopy) for s in p.leaves(compile_fn(f, *args).body))
     assert_same_bits(got, want)
     assert fast_run.cycles == reference_run.cycles and sorted(fast_run.steps) == sorted(reference_run.steps)
+
+
+def test_short_loops_stay_on_the_engine_and_long_whiles_move_to_xla(monkeypatch):
+    """By default a Repeat shorter than MIN_ITERATIONS runs on the engine's
+    steps, and a RepeatWhileTrue moves to its executable at the iteration
+    that reaches MIN_ITERATIONS (the condition first), with the same bits
+    and record as a run of the engine's steps; later runs use it from the
+    start."""
+    monkeypatch.setattr(loops, "MIN_ITERATIONS", 16)
+
+    def f(x, n):
+        x = lax.fori_loop(0, 5, lambda i, y: y * 0.5 + 1.0, x)
+        return lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] * 0.75 + c[0].astype(jnp.float32)),
+                              (jnp.int32(0), x))
+    x = np.linspace(-1, 1, 8, dtype=np.float32)
+    program = compile_fn(f, x, np.int32(40))
+    fast, reference = Engine(SMALL), Engine(SMALL, fast=False)
+    loaded = fast.load(program)
+    assert loaded.xla_loops == [] and len(loaded.engine_loops) == 0
+    for n in (10, 40, 40):          # under the threshold, across it, from the start
+        args = [x, np.array(n, np.int32)]
+        got, want = fast.run(program, [a.copy() for a in args]), reference.run(program, [a.copy() for a in args])
+        assert_same_bits(got, want)
+        assert fast.last_run.steps == reference.last_run.steps and fast.last_run.cycles == reference.last_run.cycles
+    assert len(loaded.xla_loops) == 1       # the while, translated once
 
 
 # -- the documented differences

@@ -45,6 +45,11 @@ log = logging.getLogger(__name__)
 # JAX_IPU_MODEL_XLA_CHAINS=0, or without a CPU backend); off only to
 # measure what that saves.
 XLA_LOOPS = True
+# A loop runs as an executable once it runs this many iterations (a
+# Repeat of as many from the start, a RepeatWhileTrue from the iteration it
+# reaches that many, over all runs): compiling one costs about what the engine's steps take
+# for tens of iterations of its body. 0: every loop, from the start.
+MIN_ITERATIONS = 64
 # A run's first chunk of iterations; later chunks are sized to take about
 # CHUNK_SECONDS each (at most GROWTH times the last one).
 FIRST_CHUNK = 256
