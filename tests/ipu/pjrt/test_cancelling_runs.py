@@ -25,7 +25,7 @@ g(x).block_until_ready()
 # minutes on the IPU's worker, even as one XLA:CPU executable (stopped at a chunk's end)
 y = f(jax.device_put(np.zeros(1024, np.float32), ipu))
 try:
-    time.sleep(0.5)
+    time.sleep(3)             # the loop's executable compiled and running, even on a loaded machine
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(30)
 except KeyboardInterrupt:
