@@ -50,16 +50,17 @@ SMALL = get_target("ipu2", num_tiles=16)
 CPU = jax.devices("cpu")[0]
 
 
-def lower(f, *args):
+def lower(f, *args, keep_unused: bool = False):
     """f as the IPU plugin receives it: JAX's portable artifact, in which
-    chlo ops are already rewritten (erf, for one, into a composite)."""
-    text = jax.jit(f).lower(*args).as_text(debug_info=True)
+    chlo ops are already rewritten (erf, for one, into a composite).
+    keep_unused: every argument an input, used or not."""
+    text = jax.jit(f, keep_unused=keep_unused).lower(*args).as_text(debug_info=True)
     return import_module(_jax.mlir.serialize_portable_artifact(text, stablehlo.get_current_version()))
 
 
-def compile_fn(f, *args, target=SMALL, **options):
+def compile_fn(f, *args, target=SMALL, keep_unused: bool = False, **options):
     """f compiled for `target` (CompileOptions from `options`), validated."""
-    program = compile_module(lower(f, *args), target, CompileOptions(**options))
+    program = compile_module(lower(f, *args, keep_unused=keep_unused), target, CompileOptions(**options))
     validate(program, target.num_tiles)
     return program
 

@@ -282,6 +282,28 @@ def host_call_cycles(target: Target, host_bytes: int) -> int:
     return int(seconds * target.clock_hz) + 2 * target.sync_cycles
 
 
+# A predicate or branch index, as exchanged: one 32-bit word.
+PREDICATE_BYTES = 4
+
+
+def cost_control(target: Target, step) -> None:
+    """A control step's own cycles per decision. A Repeat's counter lives
+    on every tile: its test and branch. A RepeatWhileTrue, If or Switch
+    decides on a predicate one tile computed, which every tile needs to
+    take the same branch: a sync (the predicate is ready), its broadcast
+    (an exchange of one word from one tile to all the others), then the
+    branch."""
+    if isinstance(step, p.Repeat):
+        step.cycles, step.exchange_bytes, step.exchange_cycles, step.sync_cycles = target.branch_cycles, 0, 0, 0
+        return
+    if isinstance(step, (p.RepeatWhileTrue, p.If, p.Switch)):
+        word = np.full(1, PREDICATE_BYTES)
+        step.exchange_bytes = PREDICATE_BYTES * (target.num_tiles - 1)
+        step.exchange_cycles = int(exchange_cycles(target, word, word)) if target.num_tiles > 1 else 0
+        step.sync_cycles = target.sync_cycles
+        step.cycles = step.exchange_cycles + step.sync_cycles + target.branch_cycles
+
+
 def cost_steps(target: Target, steps: list, memo: dict | None = None) -> list[np.ndarray]:
     """Costs every Execute and Copy; per step, bytes received per tile (the
     exchange buffers the memory plan counts while the step runs). Read
@@ -299,6 +321,8 @@ def cost_steps(target: Target, steps: list, memo: dict | None = None) -> list[np
             step.cycles = host_call_cycles(target, step.host_bytes)
             out.append(none)
         elif isinstance(step, CONTROL):   # each sub-program step; the busiest buffers
+            for control in _controls(step):
+                cost_control(target, control)
             inner = cost_steps(target, list(leaves(step)), memo)
             out.append(np.max(inner, axis=0) if inner else none)
         else:
@@ -306,13 +330,22 @@ def cost_steps(target: Target, steps: list, memo: dict | None = None) -> list[np
     return out
 
 
+def _controls(step):
+    """A control step and the control steps inside it."""
+    if isinstance(step, CONTROL):
+        yield step
+        for child in p.children(step):
+            yield from _controls(child)
+
+
 def static_cycles(body) -> tuple[int, list[dict]]:
     """One run's cycles as known at compile time, host streams excluded:
-    a Repeat counts its body times its count, an If or Switch its longest
-    branch. A RepeatWhileTrue's trip count is known only at run time: it
-    counts its condition once (no iteration), and is listed as {name,
-    cycles_per_iteration (condition and body), entered (times a run enters
-    it; None inside another such loop)}."""
+    a Repeat counts its body and its control (cost_control) times its
+    count, an If or Switch its decision and its longest branch. A
+    RepeatWhileTrue's trip count is known only at run time: it counts its
+    condition and one test of it (no iteration), and is listed as {name,
+    cycles_per_iteration (body, condition and a test), entered (times a
+    run enters it; None inside another such loop)}."""
     loops: list[dict] = []
 
     def walk(step, entered) -> int:
@@ -321,15 +354,15 @@ def static_cycles(body) -> tuple[int, list[dict]]:
         if isinstance(step, p.Call):
             return walk(step.function, entered)
         if isinstance(step, p.Repeat):
-            return step.count * walk(step.body, None if entered is None else entered * step.count)
+            return step.count * (step.cycles + walk(step.body, None if entered is None else entered * step.count))
         if isinstance(step, p.RepeatWhileTrue):
-            condition = walk(step.condition, entered)
+            condition = walk(step.condition, entered) + step.cycles
             record = {"name": step.name or step.predicate.name, "cycles_per_iteration": 0, "entered": entered}
             loops.append(record)
             record["cycles_per_iteration"] = condition + walk(step.body, None)
             return condition
         if isinstance(step, (p.If, p.Switch)):
-            return max(walk(branch, entered) for branch in p.children(step))
+            return step.cycles + max(walk(branch, entered) for branch in p.children(step))
         if isinstance(step, (p.HostToDevice, p.DeviceToHost)):
             return 0
         return int(getattr(step, "cycles", 0))

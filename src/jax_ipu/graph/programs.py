@@ -35,6 +35,13 @@ class Copy:
     sync_cycles: int = 0
 
 
+# A control step's own cost is per decision (a loop's iteration, a branch
+# taken): `cycles` (exchange + sync + the branch on every tile), of which
+# exchange_cycles and sync_cycles, and the bytes its exchange moves. A
+# RepeatWhileTrue, If or Switch reads a predicate one tile holds: it is
+# broadcast to every tile, so that all of them take the same branch.
+
+
 @dataclasses.dataclass(eq=False)
 class StreamingCopy:
     """A window of `buffer` (a tensor in streaming memory, read through
@@ -58,6 +65,10 @@ class Repeat:
     count: int
     body: Sequence
     name: str = ""                 # the loop, for estimates and profiles
+    cycles: int = 0                # per iteration: the counter and branch on each tile
+    exchange_bytes: int = 0
+    exchange_cycles: int = 0
+    sync_cycles: int = 0
 
 
 @dataclasses.dataclass(eq=False)
@@ -67,6 +78,10 @@ class RepeatWhileTrue:
     predicate: Tensor
     body: Sequence
     name: str = ""
+    cycles: int = 0                # per test of the predicate (iterations + 1 per entry)
+    exchange_bytes: int = 0
+    exchange_cycles: int = 0
+    sync_cycles: int = 0
 
 
 @dataclasses.dataclass(eq=False)
@@ -74,6 +89,10 @@ class If:
     predicate: Tensor
     then_body: Sequence
     else_body: Sequence
+    cycles: int = 0                # per decision
+    exchange_bytes: int = 0
+    exchange_cycles: int = 0
+    sync_cycles: int = 0
 
 
 @dataclasses.dataclass(eq=False)
@@ -81,6 +100,10 @@ class Switch:
     control: Tensor                # scalar integer
     cases: dict[int, Sequence]
     default: Sequence
+    cycles: int = 0                # per decision
+    exchange_bytes: int = 0
+    exchange_cycles: int = 0
+    sync_cycles: int = 0
 
 
 @dataclasses.dataclass(eq=False)
@@ -124,6 +147,15 @@ class HostCall:
 
 
 CONTROL = (Sequence, Repeat, RepeatWhileTrue, If, Switch, Call)
+
+
+def decision_name(step) -> str:
+    """A control step's name in a run's record: the loop's own, else its
+    predicate's (or branch index's)."""
+    if isinstance(step, (Repeat, RepeatWhileTrue, Call)) and step.name:
+        return step.name
+    decides = getattr(step, "predicate", None) or getattr(step, "control", None)
+    return decides.name if decides is not None else type(step).__name__
 
 
 def children(step) -> list[Sequence]:

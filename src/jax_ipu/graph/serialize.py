@@ -60,7 +60,7 @@ from jax_ipu.graph.views import _SHAPE, Concat, View
 from jax_ipu.utils import gc_pause
 
 MAGIC = b"JAXIPUPG"
-FORMAT_VERSION = 3   # 3: StreamingCopy steps, argument and result layouts
+FORMAT_VERSION = 4   # 3: StreamingCopy steps, argument and result layouts; 4: control steps' costs
 _MARK = struct.Struct("<8sI")
 PREFIX = struct.Struct("<8sIQQQQ32s")
 _ALIGN = 64
@@ -392,6 +392,9 @@ def _decoder(entry, spans, dtype, shape, size, where, buffer):
 # dicts, arrays, dtypes, objects here); "?x": x or None; "*x": a tuple of
 # x; "[x": a list. The kernels' entries come from their records.
 
+# A control step's own cost: its decisions (compiler.cost.cost_control).
+_CONTROL_COST = {"cycles": "int", "exchange_bytes": "int", "exchange_cycles": "int", "sync_cycles": "int"}
+
 _SCHEMA: dict[type, dict[str, str]] = {
     p.Sequence: {"steps": "[step"},
     p.Execute: {"compute_set": "computeset", "cycles": "int", "exchange_bytes": "int", "exchange_cycles": "int",
@@ -400,10 +403,10 @@ _SCHEMA: dict[type, dict[str, str]] = {
              "exchange_cycles": "int", "sync_cycles": "int"},
     p.StreamingCopy: {"buffer": "view", "tile": "tensor", "starts": "any", "sizes": "*int", "store": "bool",
                       "name": "str", "cycles": "int"},
-    p.Repeat: {"count": "int", "body": "seq", "name": "str"},
-    p.RepeatWhileTrue: {"condition": "seq", "predicate": "tensor", "body": "seq", "name": "str"},
-    p.If: {"predicate": "tensor", "then_body": "seq", "else_body": "seq"},
-    p.Switch: {"control": "tensor", "cases": "any", "default": "seq"},
+    p.Repeat: {"count": "int", "body": "seq", "name": "str", **_CONTROL_COST},
+    p.RepeatWhileTrue: {"condition": "seq", "predicate": "tensor", "body": "seq", "name": "str", **_CONTROL_COST},
+    p.If: {"predicate": "tensor", "then_body": "seq", "else_body": "seq", **_CONTROL_COST},
+    p.Switch: {"control": "tensor", "cases": "any", "default": "seq", **_CONTROL_COST},
     p.Call: {"function": "seq", "name": "str"},
     p.HostToDevice: {"index": "int", "tensor": "tensor", "cycles": "int"},
     p.DeviceToHost: {"index": "int", "src": "view", "cycles": "int"},

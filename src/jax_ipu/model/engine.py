@@ -12,7 +12,7 @@ a value: fast executors, Copies read through by their readers
 side (lanes), straight-line programs as one generated function."""
 from __future__ import annotations
 
-import dataclasses
+import collections
 import functools
 import threading
 import weakref
@@ -32,20 +32,32 @@ from jax_ipu.graph.views import View
 from jax_ipu.model import links, registry
 from jax_ipu.model.executors import common
 from jax_ipu.model.executors.indexing import clamped_window
-from jax_ipu.model.fast import fusion, helper, lanes, lazy_copies, straight_line, views
+from jax_ipu.model.fast import fusion, helper, lanes, lazy_copies, loops, straight_line, views
+from jax_ipu.model.fast.lazy_copies import refs
 from jax_ipu.model.fast.xla_chains import aligned_copy
 from jax_ipu.targets import Target
 
 
-@dataclasses.dataclass
 class RunRecord:
     """What one run did, for profiles: (kind, name, cycles, exchange bytes)
-    per executed step, in order."""
-    steps: list[tuple[str, str, int, int]]
+    per executed step, in order; a control step's entry stands for one of
+    its decisions (a loop's iteration, a branch taken). A loop run as one
+    XLA:CPU executable is recorded as its counts (a fast.loops.Segment),
+    its steps listed when `steps` is first read."""
+
+    def __init__(self, steps: list):
+        self._parts = steps
+        self._steps = None if any(type(s) is not tuple for s in steps) else steps
+
+    @property
+    def steps(self) -> list[tuple[str, str, int, int]]:
+        if self._steps is None:
+            self._steps = [e for part in self._parts for e in ((part,) if type(part) is tuple else part.steps())]
+        return self._steps
 
     @property
     def cycles(self) -> int:
-        return sum(s[2] for s in self.steps)
+        return sum(s[2] if type(s) is tuple else s.cycles for s in self._parts)
 
     @property
     def compute_sets(self) -> list[str]:
@@ -53,7 +65,7 @@ class RunRecord:
 
     @property
     def exchange_bytes(self) -> int:
-        return sum(s[3] for s in self.steps)
+        return sum(s[3] if type(s) is tuple else s.exchange_bytes for s in self._parts)
 
 
 def _describe(step) -> tuple[str, str, int, int]:
@@ -63,8 +75,8 @@ def _describe(step) -> tuple[str, str, int, int]:
         return ("Copy", step.dst.name, step.cycles, step.exchange_bytes)
     if isinstance(step, p.HostCall):
         return ("HostCall", f"host callback {step.callback_id} {step.name}".rstrip(), step.cycles, 0)
-    if isinstance(step, p.StreamingCopy):
-        return ("Copy", step.name, step.cycles, 0)
+    if isinstance(step, p.CONTROL):     # one decision: a loop's iteration, a branch taken
+        return (type(step).__name__, p.decision_name(step), step.cycles, step.exchange_bytes)
     if isinstance(step, p.StreamingCopy):
         return ("Copy", step.name, step.cycles, 0)
     return (type(step).__name__, str(step.index), step.cycles, 0)
@@ -81,9 +93,19 @@ class _Loaded:
         self.started = 0      # cancel_runs' generation when the last run began
         self.stand_ins = fusion.stand_ins(program) if fast else frozenset()
         self.lazy = lazy_copies.lazy_copies(program) if fast and lazy_copies.LAZY_COPIES else {}
+        self.shared = lazy_copies.shared_copies(program) if fast and lazy_copies.LAZY_COPIES else frozenset()
         self.has_control = any(isinstance(s, p.CONTROL) for s in program.body.steps)
         self.aliases = lazy_copies.donation_aliases(program)
         self.trace: list | None = [] if self.has_control else None
+        # What a loop run as one XLA:CPU executable needs of the program:
+        # how often each tensor is referred to, and every tensor's shape.
+        if self.has_control and fast:
+            self.program_refs = collections.Counter(refs(program.body, []))
+            self.program_refs.update(tensor_ids(program.outputs, []) + tensor_ids(program.inputs, []))
+            self.shapes = {t.id: (tuple(t.shape), t.dtype) for t in program.tensors}
+        # The loops run as XLA:CPU executables and those run on the engine's steps, by name.
+        self.xla_loops: list[str] = []
+        self.engine_loops: list[str] = []
         covers: list = []
         self.steps = self._sequence(program.body, covers)
         self.dead = straight_line.dead_after(program, covers, self.lazy) \
@@ -212,6 +234,10 @@ class _Loaded:
             order = "C" if any(op[0] == "broadcast" for op in getattr(src, "ops", ())) else "K"
             if isinstance(src, View) and src.is_whole_tensor:     # e.g. a loop's carried values
                 sid = src.tensor.id
+                if tid in self.shared:
+                    def share_whole(state):
+                        state[tid] = state[sid].reshape(shape)
+                    return share_whole
                 # Aligned when fast, so that element-wise chains on XLA:CPU read it in place.
                 new = aligned_copy if self.fast else np.array
 
@@ -236,6 +262,21 @@ class _Loaded:
         if isinstance(step, p.Call):
             body = self._sequence(step.function)
             return lambda state: run(body, state)
+        # A loop runs as one XLA:CPU executable (model/fast/loops.py) when it
+        # runs long enough to pay for compiling it: a Repeat of at least
+        # loops.MIN_ITERATIONS iterations from the start; a RepeatWhileTrue
+        # on the engine's steps until it has run that many iterations (over
+        # all runs), then the executable takes over before the next condition (the
+        # condition is what it runs first) and runs it from then on.
+        eager = loops.MIN_ITERATIONS <= 0 or (isinstance(step, p.Repeat) and step.count >= loops.MIN_ITERATIONS)
+        if isinstance(step, (p.Repeat, p.RepeatWhileTrue)) and self.fast and eager:
+            fn = self._translated(step)
+            if fn is not None:
+                return fn
+        lazy = self.fast and not eager and isinstance(step, p.RepeatWhileTrue)
+        # Each decision (an iteration, a branch taken) is recorded with the
+        # control's cycles (its predicate broadcast to every tile, the branch).
+        trace, info = self.trace, _describe(step)
         if isinstance(step, p.Repeat):
             body, count = self._sequence(step.body), step.count
 
@@ -243,27 +284,60 @@ class _Loaded:
                 for _ in range(count):
                     if _generation[0] != self.started:
                         _check_cancelled(self)
+                    if trace is not None:
+                        trace.append(info)
                     run(body, state)
             return repeat
         if isinstance(step, p.RepeatWhileTrue):
             cond, body, pred = self._sequence(step.condition), self._sequence(step.body), step.predicate.id
 
+            translation = []           # [fn or None] once tried
+            iterations = [0]           # over all runs
+
             def repeat_while(state):
+                if translation and translation[0] is not None:
+                    return translation[0](state)
                 run(cond, state)
+                if trace is not None:
+                    trace.append(info)
                 while state[pred]:
                     if _generation[0] != self.started:
                         _check_cancelled(self)
                     run(body, state)
+                    iterations[0] += 1
+                    if lazy and not translation and iterations[0] >= loops.MIN_ITERATIONS:
+                        translation.append(self._translated(step))
+                        if translation[0] is not None:
+                            return translation[0](state)
                     run(cond, state)
+                    if trace is not None:
+                        trace.append(info)
             return repeat_while
         if isinstance(step, p.If):
             then, other, pred = self._sequence(step.then_body), self._sequence(step.else_body), step.predicate.id
-            return lambda state: run(then if state[pred] else other, state)
+
+            def if_(state):
+                if trace is not None:
+                    trace.append(info)
+                run(then if state[pred] else other, state)
+            return if_
         if isinstance(step, p.Switch):
             cases = {k: self._sequence(v) for k, v in step.cases.items()}
             default, control = self._sequence(step.default), step.control.id
-            return lambda state: run(cases.get(int(state[control]), default), state)
+
+            def switch(state):
+                if trace is not None:
+                    trace.append(info)
+                run(cases.get(int(state[control]), default), state)
+            return switch
         raise IpuRuntimeError(f"the IPU Model cannot run a {type(step).__name__} step")
+
+    def _translated(self, step):
+        """The loop as one XLA:CPU executable (model/fast/loops.py), or None."""
+        fn = loops.translated(step, self.program_refs, self.shapes, _describe, self.stand_ins,
+                              frozenset(self.aliases), self.trace, functools.partial(_check_cancelled, self))
+        (self.xla_loops if fn is not None else self.engine_loops).append(p.decision_name(step))
+        return fn
 
 
 def _no_op(state) -> None:

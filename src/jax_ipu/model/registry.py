@@ -4,7 +4,8 @@ Every kernel class (graph/records.py) has a reference executor, in
 model/executors/: plain numpy that says what the kernel computes and
 nothing else. A kernel may also have a fast executor, in model/fast/
 (BLAS, XLA:CPU, the helper thread, strided reads), registered beside it
-here, and a fusion: a fast producer that leaves a stand-in for an output
+here, a translation into jax.lax for loops run on XLA:CPU (traced), and
+a fusion: a fast producer that leaves a stand-in for an output
 its record allows one in (MatMulPartials' partials, already summed), and
 the fast reader of that stand-in. tests/ipu/model/test_fast_matches_reference.py
 runs both on every kernel with a fast executor.
@@ -27,6 +28,9 @@ from jax_ipu.graph.records import RECORDS, record_of
 REFERENCE: dict[type, Callable] = {}
 # kernel class -> build(kernel, read, whole) -> fn(state) or None
 FAST: dict[type, Callable] = {}
+# kernel class -> trace(kernel, t): the kernel's reference semantics in
+# jax.lax, for loops run as one XLA:CPU executable (model/fast/loops.py)
+TRACED: dict[type, Callable] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +72,7 @@ def _registrar(table: dict, what: str) -> Callable:
 
 reference = _registrar(REFERENCE, "reference")
 fast = _registrar(FAST, "fast")
+traced = _registrar(TRACED, "traced")
 
 
 def fusion(found: Fusion) -> Fusion:

@@ -12,6 +12,9 @@ from jax_ipu.graph.codelets_collectives import COLLECTIVES
 _LINK_PREFIXES = tuple(kind.__name__ for kind in COLLECTIVES)
 _STREAMING_PREFIX = "StreamingMemory"
 _GW_LINK_MARK = " (over GW-Links)"      # compiler.lowering.collectives.OVER_GW_LINKS
+# Steps whose cycles are the device's own: compute sets, copies, and the
+# decisions of control steps (a loop's iteration, a branch taken).
+_DEVICE_KINDS = ("Execute", "Copy", "Repeat", "RepeatWhileTrue", "If", "Switch")
 # What a run's report counts of its launch's exchanges with other processes
 # (jax.distributed), as pjrt.distributed counts them.
 BETWEEN_PROCESSES = ("exchanges", "bytes_sent", "bytes_received", "seconds")
@@ -35,7 +38,7 @@ def time_breakdown(steps, phases: dict) -> dict[str, int]:
             out["gw_link" if name.endswith(_GW_LINK_MARK) else "ipu_link"] += cycles
         elif name.startswith(_STREAMING_PREFIX):
             out["streaming_memory"] += cycles
-        elif kind not in ("Execute", "Copy"):
+        elif kind not in _DEVICE_KINDS:
             out["host"] += cycles
         else:
             exchange, sync = phases.get((kind, name, int(cycles), int(nbytes)), (0, 0))

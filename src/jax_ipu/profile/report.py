@@ -210,18 +210,21 @@ def program_tree(program) -> dict:
             node["children"], node["cycles"] = nodes(step.steps)
         elif isinstance(step, p.Repeat):
             body = sequence("body", step.body)
-            node.update(count=step.count, cycles=step.count * body["cycles"], children=body["children"])
+            node.update(count=step.count, cycles=step.count * (body["cycles"] + step.cycles),
+                        children=body["children"], **_control(step, body["cycles"]))
         elif isinstance(step, p.RepeatWhileTrue):
             condition, body = sequence("condition", step.condition), sequence("body", step.body)
-            node.update(cycles=condition["cycles"], cycles_per_iteration=condition["cycles"] + body["cycles"],
-                        children=[condition, body])
+            node.update(cycles=condition["cycles"] + step.cycles, children=[condition, body],
+                        **_control(step, condition["cycles"] + body["cycles"]))
         elif isinstance(step, p.If):
             branches = [sequence("then", step.then_body), sequence("else", step.else_body)]
-            node.update(cycles=max(b["cycles"] for b in branches), children=branches)
+            node.update(cycles=step.cycles + max(b["cycles"] for b in branches), children=branches,
+                        **_control(step))
         elif isinstance(step, p.Switch):
             branches = [sequence(f"case {k}", c) for k, c in step.cases.items()]
             branches.append(sequence("default", step.default))
-            node.update(cycles=max(b["cycles"] for b in branches), children=branches)
+            node.update(cycles=step.cycles + max(b["cycles"] for b in branches), children=branches,
+                        **_control(step))
         elif isinstance(step, p.Call):
             node["children"], node["cycles"] = nodes(step.function.steps)
         else:
@@ -236,6 +239,26 @@ def program_tree(program) -> dict:
     return tree(program.body)
 
 
+def _control(step, iteration: int | None = None) -> dict:
+    """A control step's own cost per decision (an iteration, a branch
+    taken: compiler.cost.cost_control) and, for a loop, what one iteration
+    costs: its steps' cycles, syncs and exchanges, and the control."""
+    found = {"control": {"cycles": int(step.cycles), "exchange_cycles": int(step.exchange_cycles),
+                         "sync_cycles": int(step.sync_cycles), "exchange_bytes": int(step.exchange_bytes)}}
+    if iteration is None:
+        return found
+    parts = [step.body] if isinstance(step, p.Repeat) else [step.condition, step.body]
+    leaves = [s for part in parts for s in p.leaves(part)]
+    found["cycles_per_iteration"] = int(iteration + step.cycles)
+    found["per_iteration"] = {
+        "syncs": sum(1 for s in leaves if getattr(s, "sync_cycles", 0)) + bool(step.sync_cycles),
+        "sync_cycles": sum(int(getattr(s, "sync_cycles", 0)) for s in leaves) + int(step.sync_cycles),
+        "exchange_cycles": sum(int(getattr(s, "exchange_cycles", 0)) for s in leaves) + int(step.exchange_cycles),
+        "exchange_bytes": sum(int(getattr(s, "exchange_bytes", 0)) for s in leaves) + int(step.exchange_bytes),
+        "control_cycles": int(step.cycles)}
+    return found
+
+
 def _cycles(steps) -> int:
     """Static cycles of steps left out of the tree (as program_tree counts)."""
     total = 0
@@ -243,11 +266,11 @@ def _cycles(steps) -> int:
         if isinstance(step, p.Sequence):
             total += _cycles(step.steps)
         elif isinstance(step, p.Repeat):
-            total += step.count * _cycles(step.body.steps)
+            total += step.count * (_cycles(step.body.steps) + step.cycles)
         elif isinstance(step, p.RepeatWhileTrue):
-            total += _cycles(step.condition.steps)
+            total += _cycles(step.condition.steps) + step.cycles
         elif isinstance(step, (p.If, p.Switch)):
-            total += max(_cycles(b.steps) for b in p.children(step))
+            total += step.cycles + max(_cycles(b.steps) for b in p.children(step))
         elif isinstance(step, p.Call):
             total += _cycles(step.function.steps)
         elif not isinstance(step, (p.HostToDevice, p.DeviceToHost)):
@@ -287,7 +310,19 @@ def _phases(program) -> dict:
             name = step.compute_set.name if isinstance(step, p.Execute) else step.dst.name
             found.setdefault((type(step).__name__, name, int(step.cycles), int(step.exchange_bytes)),
                              (step.exchange_cycles, step.sync_cycles))
+    for step in _controls(program.body):
+        found.setdefault((type(step).__name__, p.decision_name(step), int(step.cycles), int(step.exchange_bytes)),
+                         (step.exchange_cycles, step.sync_cycles))
     return found
+
+
+def _controls(step):
+    """The loops and branches of a program tree (their decisions' costs)."""
+    if isinstance(step, (p.Repeat, p.RepeatWhileTrue, p.If, p.Switch)):
+        yield step
+    if isinstance(step, p.CONTROL):
+        for child in p.children(step):
+            yield from _controls(child)
 
 
 def _step(kind: str, name: str, cycles: int, nbytes: int, phases: dict) -> dict:

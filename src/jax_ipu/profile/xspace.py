@@ -37,7 +37,9 @@ from jax_ipu.graph.programs import DeviceToHost, Execute, HostToDevice, leaves
 PLANE_PREFIX = "/device:CUSTOM:"
 LINES = ("Programs", "Steps", "BSP phases", "Host link")
 PROGRAMS, STEPS, PHASES, HOST_LINK = range(len(LINES))
-KINDS = {"Execute": "compute set", "Copy": "copy", "HostCall": "host callback"}
+KINDS = {"Execute": "compute set", "Copy": "copy", "HostCall": "host callback",
+         # a control step's decision: a loop's iteration, a branch taken
+         "Repeat": "loop", "RepeatWhileTrue": "loop", "If": "branch", "Switch": "branch"}
 _SOURCE = re.compile(r"@(\S+?:\d+(?::\d+)?)")
 
 

@@ -88,7 +88,8 @@ def test_repeat_counts_its_body_times_its_count(count):
     program = compile_fn(lambda a: lax.fori_loop(0, count, lambda i, y: jnp.sin(y) * 2, a), x)
     loop, outside, body = _loop_cycles(program)
     assert isinstance(loop, Repeat) and loop.count == count and body > 0
-    assert program.cycles == outside + count * body
+    assert loop.cycles == SMALL.branch_cycles                # its counter and branch on each tile
+    assert program.cycles == outside + count * (body + loop.cycles)
     assert program.unknown_trip_loops == []
     engine = Engine(SMALL)
     engine.run(program, [x])
@@ -100,7 +101,11 @@ def test_loop_of_unknown_trip_count_is_named_with_its_cycles_per_iteration():
     program = compile_fn(lambda a, n: lax.fori_loop(0, n, lambda i, y: jnp.sin(y) * 2, a), x, np.int32(3))
     loop, outside, body = _loop_cycles(program)
     assert isinstance(loop, RepeatWhileTrue)
-    condition = sum(s.cycles for s in leaves(loop.condition))
+    # Each test of the predicate: a sync, its broadcast from one tile to all
+    # (an exchange of one word), the branch.
+    assert loop.cycles == SMALL.sync_cycles + SMALL.exchange_fixed_cycles + 1 + SMALL.branch_cycles
+    assert loop.sync_cycles == SMALL.sync_cycles and loop.exchange_bytes == 4 * (SMALL.num_tiles - 1)
+    condition = sum(s.cycles for s in leaves(loop.condition)) + loop.cycles
     assert program.cycles == outside + condition          # no iteration counted
     (record,) = program.unknown_trip_loops
     assert record["cycles_per_iteration"] == condition + body and record["entered"] == 1
@@ -132,7 +137,8 @@ def test_a_branch_counts_its_longer_side():
     sides = [sum(s.cycles for s in leaves(b)) for b in children(branch)]
     outside = sum(getattr(s, "cycles", 0) for s in program.body.steps
                   if not isinstance(s, (If, Switch, HostToDevice, DeviceToHost)))
-    assert sides[0] != sides[1] and program.cycles == outside + max(sides)
+    assert branch.cycles == SMALL.sync_cycles + SMALL.exchange_fixed_cycles + 1 + SMALL.branch_cycles
+    assert sides[0] != sides[1] and program.cycles == outside + branch.cycles + max(sides)
 
 
 def _per_element_exchange(target, owners, readers, itemsize, sources):

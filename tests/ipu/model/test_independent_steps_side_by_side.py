@@ -14,7 +14,7 @@ from helpers import compile_fn, run_cpu, run_python
 from jax_ipu.graph import programs as p
 from jax_ipu.graph.records import tensor_ids
 from jax_ipu.model.engine import Engine
-from jax_ipu.model.fast import helper, lanes
+from jax_ipu.model.fast import helper, lanes, loops
 from jax_ipu.targets import get_target
 
 IPU2 = get_target("ipu2")
@@ -122,6 +122,7 @@ def test_a_loop_body_runs_lanes_and_its_record_keeps_program_order(monkeypatch):
     def train(params, x):
         return jax.lax.fori_loop(0, 3, lambda i, p: mlp_step(p, x), params)
     program = compile_fn(train, params, x, target=IPU2)
+    monkeypatch.setattr(loops, "XLA_LOOPS", False)       # the loop on the engine's steps
     ran = _count_lanes(monkeypatch)
     eng = Engine(IPU2)
     got = eng.run(program, params + [x])

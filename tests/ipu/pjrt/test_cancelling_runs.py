@@ -18,13 +18,14 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 import jax, numpy as np
 from jax import lax
 ipu = jax.devices('ipu')[0]
-f = jax.jit(lambda x: lax.fori_loop(0, 2_000_000, lambda i, c: c * 1.0001 + 1, x))
+f = jax.jit(lambda x: lax.fori_loop(0, 2_000_000_000, lambda i, c: c * 1.0001 + 1, x)[:4])
 g = jax.jit(lambda x: x + 1)
 x = jax.device_put(np.zeros(4, np.float32), ipu)
 g(x).block_until_ready()
-y = f(x)                      # runs on the IPU's worker for tens of seconds
+# minutes on the IPU's worker, even as one XLA:CPU executable (stopped at a chunk's end)
+y = f(jax.device_put(np.zeros(1024, np.float32), ipu))
 try:
-    time.sleep(0.5)
+    time.sleep(3)             # the loop's executable compiled and running, even on a loaded machine
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(30)
 except KeyboardInterrupt:

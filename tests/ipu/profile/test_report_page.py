@@ -90,13 +90,22 @@ def test_program_tree_counts_as_the_static_estimate(ipu):
 
     everything = list(nodes(tree))
     (repeat,) = [n for n in everything if n["kind"] == "Repeat"]
-    assert repeat["count"] == 7 and repeat["cycles"] == 7 * sum(c["cycles"] for c in repeat["children"]) > 0
+    # A loop's own control (a Repeat's counter and branch; a RepeatWhileTrue's
+    # predicate broadcast to every tile after a sync) is counted per decision.
+    counter = repeat["control"]["cycles"]
+    assert counter > 0 and repeat["control"]["sync_cycles"] == 0
+    assert repeat["count"] == 7 and repeat["cycles"] == 7 * (sum(c["cycles"] for c in repeat["children"]) + counter)
     (loop,) = [n for n in everything if n["kind"] == "RepeatWhileTrue"]
     condition, body = loop["children"]
     assert (condition["name"], body["name"]) == ("condition", "body")
-    assert loop["cycles"] == condition["cycles"]
+    test = loop["control"]
+    assert test["sync_cycles"] > 0 and test["exchange_cycles"] > 0 and test["cycles"] > counter
+    assert loop["cycles"] == condition["cycles"] + test["cycles"]
     (unknown,) = report["static_estimate"]["unknown_trip_loops"]
-    assert loop["cycles_per_iteration"] == unknown["cycles_per_iteration"] == condition["cycles"] + body["cycles"]
+    assert loop["cycles_per_iteration"] == unknown["cycles_per_iteration"] == \
+        condition["cycles"] + body["cycles"] + test["cycles"]
+    per_iteration = loop["per_iteration"]
+    assert per_iteration["control_cycles"] == test["cycles"] and per_iteration["syncs"] >= 2
     # Every compute set and copy of the program is a leaf, in program order.
     program = _program(ipu)
     expected = [(type(s).__name__, s.cycles) for s in leaves(program.body) if isinstance(s, (Execute, Copy))]

@@ -139,14 +139,23 @@ def _carried_in_streaming_memory(b: Builder, op: ir.Op, i: int) -> Tensor | None
 
 @register("while")
 def while_(b: Builder, op: ir.Op) -> None:
+    """A value the body passes on unchanged (the weights a fori_loop
+    closes over, a scan's inputs) is read where it lies, with no carried
+    tensor and no copy: on the IPU it stays where it is, and a copy would
+    hold it twice."""
     cond, body = op.regions
     count = trip_count(b, op)
     in_streaming = set(op.attrs.get(streaming.CARRIED, ()))
-    carried = []
+    carried, args = [], []
     for i, value in enumerate(op.operands):
         t = _carried_in_streaming_memory(b, op, i) if i in in_streaming else None
         if t is not None:                   # no copy of it in streaming memory
             carried.append(t)
+            args.append(View(t))
+            continue
+        if i not in in_streaming and body.results[i] is body.args[i]:
+            carried.append(None)
+            args.append(b.values[value])
             continue
         t = b.tensor(f"{name_of(op)}/carried {i}", value.type.shape, value.type.dtype)
         t.streaming = i in in_streaming
@@ -156,19 +165,21 @@ def while_(b: Builder, op: ir.Op) -> None:
         else:
             b.copy(b.view(value, name_of(op)).then("reshape", t.shape), t)
         carried.append(t)
+        args.append(View(t))
+    changed = [t for t in carried if t is not None]
     if count is None:
         with collecting(b) as condition:
-            lower_block(b, cond, [View(t) for t in carried])
+            lower_block(b, cond, args)
             predicate = scalar_tensor(b, op, cond.results[0])
     with collecting(b) as loop_body:
-        lower_block(b, body, [View(t) for t in carried], carried)
-        _write_results(b, op, body.results, carried)
+        lower_block(b, body, args, changed)
+        _write_results(b, op, [r for r, t in zip(body.results, carried, strict=True) if t is not None], changed)
     if count is None:
         b.steps.append(RepeatWhileTrue(condition, predicate, loop_body, name_of(op)))
     else:
         b.steps.append(Repeat(count, loop_body, name_of(op)))
-    for result, t in zip(op.results, carried, strict=True):
-        b.values[result] = View(t)
+    for result, arg in zip(op.results, args, strict=True):
+        b.values[result] = arg
 
 
 def _branches(b: Builder, op: ir.Op) -> tuple[list[Sequence], list[Tensor]]:

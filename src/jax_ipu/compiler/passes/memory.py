@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from jax_ipu.compiler.passes.schedule import reads, writes
 from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.graph.compute import VertexArray, vertex_tiles
 from jax_ipu.graph.memory import MemoryReport
-from jax_ipu.graph.programs import Execute, leaves
+from jax_ipu.graph.programs import CONTROL, Execute, children, leaves
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.targets import Target
 
@@ -34,6 +35,45 @@ def _code_bytes(target: Target, steps: list) -> np.ndarray:
     return code + vertices * target.vertex_state_bytes
 
 
+def _inner_spans(step, i: int, first: np.ndarray, last: np.ndarray, returned: set) -> tuple[dict, int]:
+    """({tensor: (first, last) position among the step's leaf steps} of
+    the tensors written first in control step i and read nowhere after it,
+    the number of its leaf steps). A tensor read there before it is written
+    (a loop's carried value, read in one iteration and written for the
+    next), or that decides a branch, is live over all of the step."""
+    found: dict[int, list] = {}
+    decided = set()          # and those read before written
+    for control in _controls(step):
+        decided |= {c.id for c in (getattr(control, "predicate", None), getattr(control, "control", None)) if c}
+    steps = list(leaves(step))
+    for j, leaf in enumerate(steps):
+        for t in reads(leaf):
+            if t in found:
+                found[t][1] = j
+            else:
+                found[t] = [0, j]
+                decided.add(t)
+        for t in writes(leaf):
+            if t in found:
+                found[t][1] = max(found[t][1], j)
+            else:
+                found[t] = [j, j]
+    whole = len(steps) - 1
+    spans = {}
+    for t, (start, end) in found.items():
+        if first[t] != i or last[t] > i or t in returned:
+            continue
+        spans[t] = (0, whole) if t in decided else (start, end)
+    return spans, max(len(steps), 1)
+
+
+def _controls(step):
+    if isinstance(step, CONTROL):
+        yield step
+        for child in children(step):
+            yield from _controls(child)
+
+
 def plan_memory(target: Target, tensors: list[Tensor], steps: list, inputs: list[Tensor],
                 outputs: list, received: list[np.ndarray], first: np.ndarray, last: np.ndarray,
                 aliased_bytes: int, in_place: dict[int, int] | None = None) -> MemoryReport:
@@ -56,14 +96,32 @@ def plan_memory(target: Target, tensors: list[Tensor], steps: list, inputs: list
     n = len(steps)
     delta = np.zeros((n + 1, tiles), dtype=np.int64)
     spans = []
+    # A tensor that lives and dies inside one control step (a loop body's
+    # intermediates) is live only over its part of that step's steps, not
+    # over all of it: each loop's own peak is found over its steps.
+    inner = {i: _inner_spans(step, i, first, last, returned) for i, step in enumerate(steps)
+             if isinstance(step, CONTROL)}
+    local = {t for found in inner.values() for t in found[0]}
     for t in tensors:
-        if t.id in always or t.id in held_by_input or first[t.id] < 0:
+        if t.id in always or t.id in held_by_input or first[t.id] < 0 or t.id in local:
             continue
         end = n - 1 if t.id in returned else max(last[t.id], first[t.id])
         delta[first[t.id]] += per_tile[t.id]
         delta[end + 1] -= per_tile[t.id]
         spans.append((t, first[t.id], end))
     live = np.cumsum(delta[:n], axis=0)
+    for i, (found, length) in inner.items():
+        found = {t: span for t, span in found.items() if t not in always and t not in held_by_input}
+        if not found:
+            continue
+        within = np.zeros((length + 1, tiles), dtype=np.int64)
+        for t, (start, end) in found.items():
+            within[start] += per_tile[t]
+            within[end + 1] -= per_tile[t]
+        at = np.cumsum(within[:length], axis=0)
+        peak_at = int(np.argmax(at.sum(axis=1)))
+        live[i] += at.max(axis=0)
+        spans += [(tensors[t], i, i) for t, (start, end) in found.items() if start <= peak_at <= end]
     exchange = np.stack(received) if n else np.zeros((0, tiles), dtype=np.int64)
     live += exchange
     peak = live.max(axis=0) if n else np.zeros(tiles, dtype=np.int64)

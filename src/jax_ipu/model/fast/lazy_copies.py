@@ -148,3 +148,27 @@ def lazy_copies(program: Program) -> dict:
 
     sequence(program.body.steps)
     return lazy
+
+
+def shared_copies(program: Program) -> frozenset:
+    """Ids of the destinations of whole-tensor Copies (a loop's carried
+    value made from an argument, say) that may share their source's array:
+    nothing but the Copy writes the destination, nothing writes the source
+    (an argument or a constant), and neither shares memory with another
+    tensor (a donated argument and its output). Their readers read the
+    same values; the Program's exchange and cycles are unchanged."""
+    writers = collections.Counter()
+    copies = []
+    for step in p.leaves(program.body):
+        if isinstance(step, p.Execute):
+            writers.update(t.id for t in record_of(step.compute_set.kernel).written(step.compute_set.kernel))
+        elif isinstance(step, p.Copy):
+            writers[step.dst.id] += 1
+            if isinstance(step.src, View) and step.src.is_whole_tensor and step.src.dtype == step.dst.dtype:
+                copies.append(step)
+        elif isinstance(step, p.HostCall):
+            writers.update(t.id for t in step.outputs)
+    aliases = donation_aliases(program)
+    return frozenset(step.dst.id for step in copies
+                     if writers[step.dst.id] == 1 and not writers[step.src.tensor.id]
+                     and not aliases[step.dst.id] and not aliases[step.src.tensor.id])

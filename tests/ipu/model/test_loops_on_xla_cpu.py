@@ -1,0 +1,372 @@
+"""Loops run as one XLA:CPU executable (model/fast/loops.py) give the
+reference executors' values and the same run record: random programs
+with loops (nested, of data-dependent trip counts, carrying tuples of
+several types, reading and writing dynamic slices, scattering, branching)
+run on an Engine with the fast machinery and on one with the reference
+executors alone (Engine(fast=False), which runs every step of every
+iteration).
+
+The values must be the same bits. The differences model-speed.md
+documents ("Loops") are kept out of these programs and tested on their
+own below: transcendental functions are XLA:CPU's, float sums and
+products over an axis are added in XLA's order, and XLA:CPU flushes
+float32 subnormals (the programs here keep their values far from them)."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jax import lax
+
+from helpers import SMALL, compile_fn
+from jax_ipu.graph import codelets
+from jax_ipu.graph import codelets_indexing as ci
+from jax_ipu.graph import programs as p
+from jax_ipu.model import registry
+from jax_ipu.model.engine import Engine
+from jax_ipu.model.fast import loops
+
+EXAMPLES = dict(deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+N, ROWS = 6, 5
+
+
+@pytest.fixture(autouse=True)
+def every_loop_translated(monkeypatch):
+    """Every loop an executable from the start, however short (by default
+    only loops of loops.MIN_ITERATIONS iterations or more)."""
+    monkeypatch.setattr(loops, "MIN_ITERATIONS", 0)
+
+
+def run_both(f, *args):
+    """f's program on both Engines: (fast results, reference results, the
+    fast Engine's loaded program, both run records)."""
+    program = compile_fn(f, *args, keep_unused=True)
+    inputs = [np.asarray(a) for a in args]
+    fast, reference = Engine(SMALL), Engine(SMALL, fast=False)
+    got = fast.run(program, [a.copy() for a in inputs])
+    want = reference.run(program, [a.copy() for a in inputs])
+    return got, want, fast.load(program), fast.last_run, reference.last_run
+
+
+def assert_same_bits(got, want):
+    for g, w in zip(got, want, strict=True):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert np.array_equal(g.reshape(-1).view(np.uint8), w.reshape(-1).view(np.uint8)), \
+            f"not the reference's bits: {np.count_nonzero(g != w)} of {g.size} differ\n{g}\n{w}"
+
+
+# -- random programs
+
+
+def _body_step(name: str, i, c: dict) -> dict:
+    """One step of a loop body on the carried values c (v: float32[N],
+    h: float16[N], k: int32, buf: float32[ROWS, N], ints: int32[N])."""
+    v, h, k, buf, ints = c["v"], c["h"], c["k"], c["buf"], c["ints"]
+    if name == "affine":
+        v = v * 0.75 + buf[0] - 0.5             # a multiply XLA would contract into the add
+    elif name == "divide":
+        v = v / (jnp.abs(buf[1]) + 1.0) + jnp.float32(1.5)
+    elif name == "divide_broadcast":            # XLA would multiply by the divisor's reciprocal
+        v = v / jnp.float32(3) + buf[0] / (jnp.abs(buf[1:2, 0]) + 1.0)
+    elif name == "clamp":
+        v = jnp.clip(jnp.maximum(v, -jnp.float32(3)) + jnp.minimum(buf[2], 1.0), -50.0, 50.0)
+    elif name == "select":
+        v = jnp.where(v > buf[3], v - 1.0, v * 0.5 + 2.0)
+    elif name == "half":
+        h = (h * jnp.float16(0.75) + v.astype(jnp.float16) / jnp.float16(3)).astype(jnp.float16)
+    elif name == "integers":
+        k = (k * 5 + 3) % 97 - (k >> 2) + (k // 3)
+        ints = (ints ^ k) + ints * 3 - (ints >> 1)
+    elif name == "read_row":
+        v = v + lax.dynamic_slice(buf, (i * 2 - 1, 0), (1, N))[0]        # clamped starts
+    elif name == "write_row":
+        buf = lax.dynamic_update_slice(buf, (v * 0.5)[None], ((i * 3 + k) % (ROWS + 2), 0))
+    elif name == "scatter_add":
+        ints = ints.at[jnp.abs(ints) % (N + 2)].add(k, mode="drop")       # duplicates, some out of bounds
+    elif name == "scatter_set":
+        buf = buf.at[jnp.abs(ints[:2]) % ROWS, 1:4].set(v[:3] + 1.0)
+    elif name == "gather":
+        v = v + v[jnp.abs(ints) % N] * 0.25
+    elif name == "maximum":
+        v = v - jnp.max(v) * 0.5 + jnp.min(buf[4])                        # max and min: any order
+    elif name == "int_sum":
+        k = k + jnp.sum(ints % 7)
+    elif name == "int_dot":                     # an integer product: exact in any order
+        k = k + (ints % 11) @ (buf[0] > 0).astype(jnp.int32)
+        ints = ints + (jnp.abs(ints[:, None]) % 5 * (ints % 3)[None, :]) @ jnp.ones(N, jnp.int32)
+    elif name == "argmax":                      # a variadic reduction: the first of equal maxima
+        k = k + jnp.argmax(jnp.round(v)).astype(jnp.int32) - jnp.argmin(ints).astype(jnp.int32)
+    elif name == "branch":
+        v, k = lax.cond(k % 3 == 0, lambda: (v * 0.5, k + 1), lambda: (v + 1.0, k - 2))
+    elif name == "switch":
+        v = lax.switch(jnp.abs(k) % 4, [lambda: v, lambda: v + 2.0, lambda: -v, lambda: v * 0.25], )
+    elif name == "inner_repeat":
+        v = lax.fori_loop(0, 3, lambda j, v: v * 0.5 + buf[j % ROWS] + j.astype(jnp.float32), v)
+    elif name == "inner_while":                 # a trip count the data decide
+        def cond(d):
+            return d[1] < jnp.abs(k) % 4
+
+        def step(d):
+            return d[0] * 0.75 + 1.0, d[1] + 1
+        v, _ = lax.while_loop(cond, step, (v, jnp.int32(0)))
+    v = jnp.clip(v, -1e4, 1e4)                  # far from overflow and from subnormals
+    return {"v": v, "h": h, "k": k, "buf": buf, "ints": ints}
+
+
+BODY_STEPS = ["affine", "divide", "divide_broadcast", "clamp", "select", "half", "integers", "read_row", "write_row", "scatter_add",
+              "scatter_set", "gather", "maximum", "int_sum", "int_dot", "argmax", "branch", "switch", "inner_repeat", "inner_while"]
+
+
+@st.composite
+def loop_programs(draw):
+    outer = draw(st.sampled_from(["repeat", "fori_dynamic", "while_data"]))
+    steps = draw(st.lists(st.sampled_from(BODY_STEPS), min_size=1, max_size=5))
+    count = draw(st.sampled_from([0, 1, 4, 9]))
+    rng = np.random.default_rng(draw(st.integers(0, 2 ** 16)))
+    v = rng.standard_normal(N).astype(np.float32)
+    h = rng.standard_normal(N).astype(np.float16)
+    buf = rng.standard_normal((ROWS, N)).astype(np.float32)
+    ints = rng.integers(-50, 50, N).astype(np.int32)
+    k = np.int32(draw(st.integers(-20, 20)))
+    limit = np.int32(count)
+
+    def body(i, c):
+        for name in steps:
+            c = _body_step(name, i, c)
+        return c
+
+    def f(v, h, k, buf, ints, limit):
+        c = {"v": v, "h": h, "k": k, "buf": buf, "ints": ints}
+        if outer == "repeat":
+            c = lax.fori_loop(0, count, body, c)
+        elif outer == "fori_dynamic":
+            c = lax.fori_loop(0, limit, body, c)
+        else:
+            def cond(d):
+                return (d[0] < limit) & (jnp.max(jnp.abs(d[1]["v"])) < 5e3)
+
+            def step(d):
+                return d[0] + 1, body(d[0], d[1])
+            _, c = lax.while_loop(cond, step, (jnp.int32(0), c))
+        return c["v"], c["h"], c["k"], c["buf"], c["ints"]
+    return f, (v, h, k, buf, ints, limit), steps, outer != "repeat" or count > 0
+
+
+def _random_loop_both_ways(case):
+    f, args, steps, has_loop = case
+    got, want, loaded, fast_run, reference_run = run_both(f, *args)
+    assert not loaded.engine_loops, f"a loop ran on the engine's steps ({steps})"
+    assert loaded.xla_loops or not has_loop
+    assert_same_bits(got, want)
+    assert fast_run.cycles == reference_run.cycles
+    assert fast_run.exchange_bytes == reference_run.exchange_bytes
+    assert sorted(fast_run.steps) == sorted(reference_run.steps)       # the same steps, as many times
+
+
+@given(loop_programs())
+@settings(max_examples=15, **EXAMPLES)
+def test_random_loops_give_the_reference_bits_and_record(case):
+    _random_loop_both_ways(case)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@given(loop_programs())
+@settings(max_examples=300, **EXAMPLES, database=None)
+def test_many_random_loops_give_the_reference_bits_and_record(case):
+    """As above, more programs (pytest -m slow)."""
+    _random_loop_both_ways(case)
+
+
+def test_every_kernel_the_random_loops_reach_has_a_translation():
+    """The kernels of the programs above are the ones lax_kernels translates."""
+    reached = set()
+    for name in BODY_STEPS:
+        def f(v, h, k, buf, ints, name=name):
+            return tuple(lax.fori_loop(0, 2, lambda i, c: _body_step(name, i, c),
+                                       {"v": v, "h": h, "k": k, "buf": buf, "ints": ints}).values())
+        program = compile_fn(f, np.ones(N, np.float32), np.ones(N, np.float16), np.int32(1),
+                             np.ones((ROWS, N), np.float32), np.ones(N, np.int32))
+        reached |= {type(s.compute_set.kernel) for s in p.leaves(program.body) if isinstance(s, p.Execute)}
+    assert {codelets.ElementwiseChain, codelets.Fill, codelets.MatMulPartials, codelets.ReducePartials,
+            codelets.TreeReduce, ci.DynamicSlice, ci.DynamicUpdateSlice, ci.Scatter, ci.Gather} <= reached
+    assert reached <= set(registry.TRACED)
+
+
+def test_the_steps_in_order_follow_the_iterations():
+    """A loop's record lists its steps iteration after iteration (counted
+    by the executable), as the engine's own run lists them."""
+    def f(x, n):
+        def outer(i, x):
+            return lax.fori_loop(0, n, lambda j, y: y * 0.5 + 1.0, x) + 1.0
+        return lax.fori_loop(0, 3, outer, x)
+    got, want, loaded, fast_run, reference_run = run_both(f, np.ones(8, np.float32), np.int32(2))
+    assert_same_bits(got, want)
+    assert fast_run.steps == reference_run.steps
+
+
+def test_a_long_loop_runs_in_chunks_and_stops_when_cancelled(monkeypatch):
+    """A loop of more iterations than a chunk runs chunk after chunk, its
+    values the same; cancel_runs() stops it at a chunk's end."""
+    from jax_ipu.errors import IpuRunCancelled
+    from jax_ipu.model import engine
+
+    monkeypatch.setattr(loops, "FIRST_CHUNK", 4)
+    monkeypatch.setattr(loops, "GROWTH", 2)
+
+    def f(x, n):
+        return lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] * 0.5 + 1.0), (jnp.int32(0), x))[1]
+    x = np.ones(8, np.float32)
+    got, want, loaded, fast_run, _ = run_both(f, x, np.int32(50))
+    assert_same_bits(got, want)
+    program = compile_fn(f, x, np.int32(10 ** 9))
+    eng = Engine(SMALL)
+    calls = []
+    real = loops._Loop.run
+
+    def cancel_after_first_chunk(self, state):
+        calls.append(1)
+        engine.cancel_runs()
+        return real(self, state)
+    monkeypatch.setattr(loops._Loop, "run", cancel_after_first_chunk)
+    eng.load(program)
+    with pytest.raises(IpuRunCancelled):
+        eng.run(program, [x, np.array(10 ** 9, np.int32)])
+
+
+def test_what_runs_on_the_engine_instead():
+    """A loop holding a host callback runs on the engine's steps; a loop
+    inside it still runs as an executable; the values are the callback's."""
+    import jax
+
+    def f(x):
+        def body(i, x):
+            x = lax.fori_loop(0, 4, lambda j, y: y * 0.5 + 1.0, x)
+            return jax.pure_callback(lambda a: a + 1, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+        return lax.fori_loop(0, 2, body, x)
+    x = np.arange(4, dtype=np.float32)
+    on_ipu = jax.device_put(x, jax.devices("ipu")[0])        # lowered as for the IPU: the callback a HostCall
+    program = compile_fn(f, on_ipu)
+    assert any(isinstance(s, p.HostCall) for s in p.leaves(program.body))
+    loaded = Engine(SMALL).load(program)
+    assert len(loaded.engine_loops) == 1 and len(loaded.xla_loops) == 1
+    want = x
+    for _ in range(2):
+        for _ in range(4):
+            want = want * np.float32(0.5) + np.float32(1)
+        want = want + np.float32(1)
+    np.testing.assert_array_equal(np.asarray(jax.jit(f)(on_ipu)), want)
+
+
+def test_loops_moving_windows_of_streaming_memory():
+    """Loops that load and store windows of values in streaming memory
+    (StreamingCopy steps: a scan reading offloaded rows and stacking its
+    outputs there, a while reading rows at data-dependent offsets) run as
+    executables, with the reference's bits and record."""
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    ipu = jax.devices("ipu")[0]
+    host, device = jax.memory.Space.Host, jax.memory.Space.Device
+
+    def f(xs, n):
+        def body(carry, x):
+            x = jax.device_put(x, device)
+            return carry * 0.5 + x, jax.device_put(x * 2 + carry, host)
+        c, ys = lax.scan(body, jnp.zeros((16, 8), jnp.float32), xs)
+
+        def row(c):
+            i, acc = c
+            return i + 1, acc + jax.device_put(lax.dynamic_index_in_dim(ys, i * 5 - 3, keepdims=False), device)
+        return c, ys, lax.while_loop(lambda c: c[0] < n, row, (jnp.int32(0), jnp.zeros((16, 8), jnp.float32)))[1]
+    xs = np.random.default_rng(0).standard_normal((12, 16, 8)).astype(np.float32)
+    args = jax.device_put(xs, SingleDeviceSharding(ipu, memory_kind="pinned_host")), jax.device_put(np.int32(7), ipu)
+    got, want, loaded, fast_run, reference_run = run_both(f, *args)
+    assert len(loaded.xla_loops) == 2 and not loaded.engine_loops
+    assert any(isinstance(s, p.StreamingCopy) for s in p.leaves(compile_fn(f, *args).body))
+    assert_same_bits(got, want)
+    assert fast_run.cycles == reference_run.cycles and sorted(fast_run.steps) == sorted(reference_run.steps)
+
+
+def test_short_loops_stay_on_the_engine_and_long_whiles_move_to_xla(monkeypatch):
+    """By default a Repeat shorter than MIN_ITERATIONS runs on the engine's
+    steps, and a RepeatWhileTrue moves to its executable at the iteration
+    that reaches MIN_ITERATIONS (the condition first), with the same bits
+    and record as a run of the engine's steps; later runs use it from the
+    start."""
+    monkeypatch.setattr(loops, "MIN_ITERATIONS", 16)
+
+    def f(x, n):
+        x = lax.fori_loop(0, 5, lambda i, y: y * 0.5 + 1.0, x)
+        return lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] * 0.75 + c[0].astype(jnp.float32)),
+                              (jnp.int32(0), x))
+    x = np.linspace(-1, 1, 8, dtype=np.float32)
+    program = compile_fn(f, x, np.int32(40))
+    fast, reference = Engine(SMALL), Engine(SMALL, fast=False)
+    loaded = fast.load(program)
+    assert loaded.xla_loops == [] and len(loaded.engine_loops) == 0
+    for n in (10, 40, 40):          # under the threshold, across it, from the start
+        args = [x, np.array(n, np.int32)]
+        got, want = fast.run(program, [a.copy() for a in args]), reference.run(program, [a.copy() for a in args])
+        assert_same_bits(got, want)
+        assert fast.last_run.steps == reference.last_run.steps and fast.last_run.cycles == reference.last_run.cycles
+    assert len(loaded.xla_loops) == 1       # the while, translated once
+
+
+# -- the documented differences
+
+
+def test_library_functions_and_float_sums_are_within_float_tolerance():
+    """tanh is XLA:CPU's; a product's sum over K and a float sum over an
+    axis are added in XLA's order."""
+    rng = np.random.default_rng(1)
+    h, w = rng.standard_normal((8, 64)).astype(np.float32), (rng.standard_normal((64, 64)) / 8).astype(np.float32)
+    xs = rng.standard_normal((6, 8, 64)).astype(np.float32)
+
+    def f(h, w, xs):
+        h, ys = lax.scan(lambda h, x: (jnp.tanh(h @ w + x),) * 2, h, xs)
+        return h, ys, lax.fori_loop(0, 3, lambda i, s: s + jnp.sum(h * s), jnp.float32(0.5))
+    got, want, loaded, fast_run, reference_run = run_both(f, h, w, xs)
+    assert len(loaded.xla_loops) == 2 and fast_run.cycles == reference_run.cycles
+    for g, r in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
+
+
+def test_training_steps_in_a_fori_loop():
+    """An MLP's SGD steps (forward, gradients, update) inside one
+    fori_loop: within float tolerance of the reference (XLA's order of a product's
+    sums, its tanh and exp), the same cycles, and the loop on XLA:CPU."""
+    import jax
+
+    rng = np.random.default_rng(2)
+    x, y = rng.standard_normal((32, 16)).astype(np.float32), rng.standard_normal((32, 4)).astype(np.float32)
+    w1, w2 = (rng.standard_normal((16, 32)) / 4).astype(np.float32), (rng.standard_normal((32, 4)) / 6).astype(np.float32)
+
+    def loss(ws, x, y):
+        h = jnp.tanh(x @ ws[0])
+        return jnp.mean((jax.nn.softmax(h @ ws[1]) - y) ** 2)
+
+    def train(w1, w2, x, y):
+        def step(i, ws):
+            g = jax.grad(loss)(ws, x, y)
+            return tuple(w - 0.1 * d for w, d in zip(ws, g, strict=True))
+        return lax.fori_loop(0, 5, step, (w1, w2))
+    got, want, loaded, fast_run, reference_run = run_both(train, w1, w2, x, y)
+    assert len(loaded.xla_loops) == 1 and not loaded.engine_loops
+    assert fast_run.cycles == reference_run.cycles
+    for g, r in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+
+
+def test_xla_cpu_flushes_float32_subnormals_in_loops():
+    """The accepted difference of docs/fuzzing.md, in loops: XLA:CPU
+    flushes a subnormal float32 result to zero, the reference keeps it."""
+    def f(x):
+        return lax.fori_loop(0, 3, lambda i, y: y * jnp.float32(1e-13), x)
+    got, want, *_ = run_both(f, np.full(4, 1.0, np.float32))
+    assert np.all(want[0] > 0) and np.all(want[0] < np.finfo(np.float32).tiny)      # 1e-39: subnormal
+    assert np.all(got[0] == 0)
