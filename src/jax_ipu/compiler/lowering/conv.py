@@ -362,6 +362,49 @@ def _vertex_count(c: _Conv, plan: ConvPlan) -> int:
     return math.prod(len(r) for r in _block_ranges(c, plan))
 
 
+def rect_intervals(sizes, lows: np.ndarray, highs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The flat (C order) intervals of boxes [lows[i], highs[i]) (per axis)
+    of an array of `sizes`: (intervals [k, 2], offsets [boxes + 1], box i's
+    intervals[offsets[i]:offsets[i + 1]]). A box is a run per index of its
+    outer axes, along the innermost axis it does not fill. Boxes of one
+    shape are worked out together (a plan's blocks take a few shapes)."""
+    sizes = np.asarray(sizes, np.int64)
+    strides = np.cumprod(np.r_[1, sizes[::-1]])[:-1][::-1]
+    lengths = highs - lows
+    boxes = len(lows)
+    shapes, which = np.unique(lengths, axis=0, return_inverse=True)
+    which = which.ravel()
+    counts = np.zeros(boxes, np.int64)
+    made = []
+    for s, shape in enumerate(shapes):
+        members = np.flatnonzero(which == s)
+        if (shape == 0).any():
+            made.append((members, np.zeros((len(members), 0), np.int64), 0))
+            continue
+        j = len(sizes) - 1
+        while j >= 0 and shape[j] == sizes[j]:
+            j -= 1
+        if j < 0:
+            made.append((members, np.zeros((len(members), 1), np.int64), int(np.prod(sizes))))
+            counts[members] = 1
+            continue
+        combos = np.zeros(1, np.int64)
+        for a in range(j):
+            combos = (combos[:, None] + np.arange(shape[a]) * strides[a]).ravel()
+        base = (lows[members, :j + 1] * strides[:j + 1]).sum(axis=1)
+        made.append((members, base[:, None] + combos[None, :], int(shape[j] * strides[j])))
+        counts[members] = len(combos)
+    offsets = np.r_[0, np.cumsum(counts)]
+    intervals = np.zeros((int(offsets[-1]), 2), np.int64)
+    for members, starts, length in made:
+        if starts.shape[1] == 0:
+            continue
+        at = (offsets[members][:, None] + np.arange(starts.shape[1])[None, :]).ravel()
+        intervals[at, 0] = starts.ravel()
+        intervals[at, 1] = starts.ravel() + length
+    return intervals, offsets
+
+
 def _vertices(b: Builder, c: _Conv, plan: ConvPlan, lhs_axes: list, rhs_axes: list, shape: tuple, roles: list,
               start: int, in_dtype: np.dtype, partials_dtype: np.dtype) -> tuple:
     """(the partials' mapping, and the vertices as arrays: tiles, cycles,
@@ -374,60 +417,73 @@ def _vertices(b: Builder, c: _Conv, plan: ConvPlan, lhs_axes: list, rhs_axes: li
     counts = [len(r) for r in grid]
     vertices = math.prod(counts)
     index = np.stack(np.unravel_index(np.arange(vertices), counts), axis=1)     # [V, axes]
+    # Per grid axis, each vertex's block: lo and hi.
+    lo = np.stack([np.array([r[0] for r in grid[a]])[index[:, a]] for a in range(len(grid))], axis=1)
+    hi = np.stack([np.array([r[1] for r in grid[a]])[index[:, a]] for a in range(len(grid))], axis=1)
     ci_at, k_at, g_at, n_at = 0, 1, 1 + spatial, 2 + spatial
     o_at, co_at = 3 + spatial, 3 + 2 * spatial
-    lhs_sizes = [s for _, s in lhs_axes]
-    rhs_sizes = [s for _, s in rhs_axes]
 
-    def ranges(v, axis):
-        lo, hi = grid[axis][index[v, axis]]
-        return np.arange(lo, hi)
+    def box(axes: list, bounds: dict, rows) -> tuple[np.ndarray, np.ndarray]:
+        """Per row of `rows` (vertices), the (lows, highs) of a tensor laid
+        out as `axes` (role, size), from bounds[role] = (lo, hi) arrays."""
+        lows = np.stack([bounds[r][0][rows] if r in bounds else np.zeros(len(rows), np.int64) for r, _ in axes], 1)
+        highs = np.stack([bounds[r][1][rows] if r in bounds else np.ones(len(rows), np.int64) for r, _ in axes], 1)
+        return lows, highs
 
     def shared(key_axes, intervals_of):
         """Intervals of each distinct key (the vertex's blocks along
         key_axes), and each vertex's [start, stop) among them."""
-        keys, first, inverse = np.unique(index[:, key_axes], axis=0, return_index=True, return_inverse=True)
-        parts = [intervals_of(int(v)) for v in first]
-        bounds = np.r_[0, np.cumsum([len(p) for p in parts])]
-        at = np.stack([bounds[inverse.ravel()], bounds[inverse.ravel() + 1]], axis=1)
-        return (np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)), at
+        _, first, inverse = np.unique(index[:, key_axes], axis=0, return_index=True, return_inverse=True)
+        intervals, offsets = intervals_of(first)
+        inverse = inverse.ravel()
+        return intervals, np.stack([offsets[inverse], offsets[inverse + 1]], axis=1)
 
-    def input_region(v):
-        sets = {"g": ranges(v, g_at), "n": ranges(v, n_at), "c": ranges(v, ci_at)}
-        for d in range(spatial):
-            o_lo, o_hi = grid[o_at + d][index[v, o_at + d]]
-            k_lo, k_hi = grid[k_at + d][index[v, k_at + d]]
-            sets[("s", d)] = _touched(c.spec[d], c.in_sizes[d], o_lo, o_hi, k_lo, k_hi)
-        return block_intervals(lhs_sizes, [sets[r] for r, _ in lhs_axes])
+    def input_regions(rows):
+        bounds = {"g": (lo[:, g_at], hi[:, g_at]), "n": (lo[:, n_at], hi[:, n_at]),
+                  "c": (lo[:, ci_at], hi[:, ci_at])}
+        touched = [[_touched(c.spec[d], c.in_sizes[d], lo[v, o_at + d], hi[v, o_at + d], lo[v, k_at + d],
+                             hi[v, k_at + d]) for v in rows] for d in range(spatial)]
+        if all(len(t) == 0 or t[-1] - t[0] + 1 == len(t) for per in touched for t in per):
+            # Each region a box (a contiguous run of input along each axis).
+            for d in range(spatial):
+                first = np.array([t[0] if len(t) else 0 for t in touched[d]], np.int64)
+                size = np.array([len(t) for t in touched[d]], np.int64)
+                full_lo, full_hi = np.zeros(vertices, np.int64), np.zeros(vertices, np.int64)
+                full_lo[rows], full_hi[rows] = first, first + size
+                bounds[("s", d)] = (full_lo, full_hi)
+            return rect_intervals([s for _, s in lhs_axes], *box(lhs_axes, bounds, rows))
+        parts = []
+        for i, v in enumerate(rows):
+            sets = {r: np.arange(bounds[r][0][v], bounds[r][1][v]) for r in ("g", "n", "c")}
+            sets.update({("s", d): touched[d][i] for d in range(spatial)})
+            parts.append(block_intervals([s for _, s in lhs_axes], [sets.get(r, np.zeros(1, np.int64))
+                                                                     for r, _ in lhs_axes]))
+        return np.concatenate(parts), np.r_[0, np.cumsum([len(p) for p in parts])]
 
-    def kernel_block(v):
-        sets = {"g": ranges(v, g_at), "c": ranges(v, ci_at), "o": ranges(v, co_at),
-                **{("k", d): ranges(v, k_at + d) for d in range(spatial)}}
-        return block_intervals(rhs_sizes, [sets[r] for r, _ in rhs_axes])
-
-    def partials_block(v):
-        chunk = np.array([index[v, ci_at] * math.prod(counts[k_at:k_at + spatial])
-                          + np.ravel_multi_index(index[v, k_at:k_at + spatial], counts[k_at:k_at + spatial])])
-        sets = {"g": ranges(v, g_at), "n": ranges(v, n_at), "o": ranges(v, co_at),
-                **{("s", d): ranges(v, o_at + d) for d in range(spatial)}}
-        return block_intervals(shape, [chunk, *(sets[r] for r in roles)])
+    def kernel_blocks(rows):
+        bounds = {"g": (lo[:, g_at], hi[:, g_at]), "c": (lo[:, ci_at], hi[:, ci_at]),
+                  "o": (lo[:, co_at], hi[:, co_at]),
+                  **{("k", d): (lo[:, k_at + d], hi[:, k_at + d]) for d in range(spatial)}}
+        return rect_intervals([s for _, s in rhs_axes], *box(rhs_axes, bounds, rows))
 
     in_iv, in_at = shared([ci_at, *range(k_at, k_at + spatial), g_at, n_at, *range(o_at, o_at + spatial)],
-                          input_region)
-    w_iv, w_at = shared([ci_at, *range(k_at, k_at + spatial), g_at, co_at], kernel_block)
-    parts = [partials_block(v) for v in range(vertices)]
-    out_at = np.r_[0, np.cumsum([len(p) for p in parts])]
-    out_iv = np.concatenate(parts)
+                          input_regions)
+    w_iv, w_at = shared([ci_at, *range(k_at, k_at + spatial), g_at, co_at], kernel_blocks)
+    # Partials: chunk (input-channel block, kernel blocks), then the output block.
+    chunk = index[:, ci_at] * math.prod(counts[k_at:k_at + spatial]) + (
+        np.ravel_multi_index(index[:, k_at:k_at + spatial].T, counts[k_at:k_at + spatial]) if spatial else 0)
+    bounds = {"chunk": (chunk, chunk + 1), "g": (lo[:, g_at], hi[:, g_at]), "n": (lo[:, n_at], hi[:, n_at]),
+              "o": (lo[:, co_at], hi[:, co_at]), **{("s", d): (lo[:, o_at + d], hi[:, o_at + d]) for d in range(spatial)}}
+    out_axes = [("chunk", shape[0]), *((r, s) for r, s in zip(roles, shape[1:], strict=True))]
+    out_iv, out_at = rect_intervals(shape, *box(out_axes, bounds, np.arange(vertices)))
     tiles = (start + np.arange(vertices)) % b.target.num_tiles
     owner = np.repeat(tiles, np.diff(out_at))
     order = np.argsort(out_iv[:, 0], kind="stable")
     mapping = TileMapping.from_runs(int(np.prod(shape, dtype=np.int64)), owner[order], out_iv[order, 0])
-
-    def sizes_of(axis):
-        return np.array([hi - lo for lo, hi in grid[axis]])[index[:, axis]]
-    cycles = vertex_cycles(b.target, c, plan, in_dtype, partials_dtype, sizes_of(g_at), sizes_of(n_at),
-                           [sizes_of(o_at + d) for d in range(spatial)], sizes_of(ci_at), sizes_of(co_at),
-                           [sizes_of(k_at + d) for d in range(spatial)])
+    sizes = hi - lo
+    cycles = vertex_cycles(b.target, c, plan, in_dtype, partials_dtype, sizes[:, g_at], sizes[:, n_at],
+                           [sizes[:, o_at + d] for d in range(spatial)], sizes[:, ci_at], sizes[:, co_at],
+                           [sizes[:, k_at + d] for d in range(spatial)])
     return (mapping, tiles, np.asarray(cycles, np.int64), compact(in_iv), in_at, compact(w_iv), w_at,
             compact(out_iv), out_at)
 

@@ -125,6 +125,24 @@ def _divisors(extent: int, limit: int) -> list[int]:
     return [d for d in range(1, min(extent, limit) + 1) if extent % d == 0] or [1]
 
 
+def _candidates(axes: list, tiles: int) -> list[np.ndarray]:
+    """Every combination of the axes' tile counts whose product is at most
+    `tiles` and at least an eighth of the most any combination reaches
+    (partitions leaving most of the IPU idle are no contenders; poplin
+    spreads work over every tile it can): one array per axis."""
+    combos = np.ones((1, 0), np.int64)
+    product = np.ones(1, np.int64)
+    for values in axes:
+        values = np.asarray(values, np.int64)
+        product = (product[:, None] * values[None, :]).ravel()
+        combos = np.concatenate([np.repeat(combos, len(values), axis=0),
+                                 np.tile(values, len(combos))[:, None]], axis=1)
+        keep = product <= tiles
+        combos, product = combos[keep], product[keep]
+    keep = product * 8 >= product.max()
+    return list(combos[keep].T)
+
+
 def _blocks(extent: int, splits: np.ndarray) -> np.ndarray:
     return -(-extent // splits)
 
@@ -145,24 +163,11 @@ def plan_conv(target: Target, problem: ConvProblem, proportion: float) -> ConvPl
     tiles = target.num_tiles
     p = problem
     axes = [_powers(p.groups, tiles), _powers(p.batch, tiles)]
-    # The field over its outer dimension, and the next one a little.
-    for d, out in enumerate(p.outs):
-        axes.append(_powers(out, tiles if d == 0 else 16))
+    axes += [_powers(out, tiles) for out in p.outs]
     axes.append(_divisors(p.in_chans, tiles))
     axes.append(_powers(p.out_chans, tiles))
-    # Kernel positions along the kernel's outer dimension.
-    for d, w in enumerate(p.window):
-        axes.append(_divisors(w, tiles) if d == 0 else [1])
-    grids = np.meshgrid(*[np.asarray(a, np.int64) for a in axes], indexing="ij", sparse=True)
-    total = functools.reduce(np.multiply, grids)
-    flat = [np.broadcast_to(g, total.shape)[total <= tiles] for g in grids]
-    used = total[total <= tiles]
-    # Partitions using far fewer tiles than the problem could are no
-    # contenders (poplin spreads work over the IPU); a small problem keeps
-    # them all.
-    most = min(tiles, int(used.max()))
-    keep = used * 8 >= most
-    flat = [f[keep] for f in flat]
+    axes += [_divisors(w, tiles) for w in p.window]
+    flat = _candidates(axes, tiles)
     spatial = p.spatial
     g_s, n_s = flat[0], flat[1]
     o_s = flat[2:2 + spatial]
