@@ -43,22 +43,26 @@ _CALLEES = {"call": "callee", "composite": "decomposition"}
 @dataclasses.dataclass
 class FlatFunction:
     """main with every call inlined: `ops` in program order read `args`
-    (or earlier results) and produce `results`."""
+    (or earlier results) and produce `results`. `layouts`: the values JAX
+    constrained to a device-local layout (with_sharding_constraint with a
+    Format, an XLA LayoutConstraint), as minor_to_major."""
     args: list[ir.Value]
     ops: list[ir.Op]
     results: list[ir.Value]
+    layouts: dict = dataclasses.field(default_factory=dict)
 
 
 def legalize(module: ir.Module) -> FlatFunction:
     main = module.main
     ops: list[ir.Op] = []
-    results = _inline(module, main.body, {a: a for a in main.body.args}, ops, depth=0, site=None)
+    layouts: dict = {}
+    results = _inline(module, main.body, {a: a for a in main.body.args}, ops, depth=0, site=None, layouts=layouts)
     for value in main.body.args:
         _check_type(value.type, next((op for op in ops if value in op.operands), None),
                     "an argument of the program")
     for value in results:   # a constant returned as it is has no reader checking it
         _check_type(value.type, None, "a result of the program")
-    return FlatFunction(list(main.body.args), ops, results)
+    return FlatFunction(list(main.body.args), ops, results, layouts)
 
 
 _SOURCE_POSITION = re.compile(r":\d+:\d+")
@@ -73,7 +77,8 @@ def _located(op: ir.Op, site: str | None) -> ir.Op:
     return dataclasses.replace(op, loc=f"{site} (via {op.loc})")
 
 
-def _inline(module, block: ir.Block, env: dict, out: list, depth: int, site: str | None) -> list[ir.Value]:
+def _inline(module, block: ir.Block, env: dict, out: list, depth: int, site: str | None,
+            layouts: dict | None = None) -> list[ir.Value]:
     for op in block.ops:
         op = _located(op, site)
         operands = [env[v] for v in op.operands]
@@ -85,8 +90,15 @@ def _inline(module, block: ir.Block, env: dict, out: list, depth: int, site: str
                                              "The program is malformed; please report it")
             inner_site = op.loc if _SOURCE_POSITION.search(op.loc) else site
             inner = _inline(module, callee.body, dict(zip(callee.body.args, operands, strict=True)), out, depth + 1,
-                            inner_site)
+                            inner_site, layouts)
             env.update(zip(op.results, inner, strict=True))
+        elif op.name == "custom_call" and op.attrs.get("call_target_name") == "LayoutConstraint":
+            # Values have no layout inside a program (their tensors' tile
+            # mappings are the compiler's): the constraint is an identity
+            # that says which layout a result JAX leaves to the compiler takes.
+            env.update(zip(op.results, operands, strict=True))
+            if layouts is not None and op.attrs.get("result_layouts"):
+                layouts[operands[0]] = tuple(int(d) for d in op.attrs["result_layouts"][0])
         elif op.name in _IDENTITIES or (op.name == "custom_call"
                                         and op.attrs.get("call_target_name") in _IDENTITY_CUSTOM_CALLS):
             # (A sink such as dce_sink has operands and no results.)
