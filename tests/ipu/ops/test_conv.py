@@ -241,3 +241,40 @@ def test_kernel_in_another_layout_is_read_in_place():
     copies = _copied_shapes(_compiled(oihw, x, w2))
     assert copies == []
     assert_matches_cpu(oihw, x, w2, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("partials,out", [(None, np.float16), ("half", np.float16), ("half", np.float32)],
+                         ids=["default", "half", "half-f32-result"])
+def test_partials_type(partials, out):
+    """float16 convolutions keep float32 partials by default and float16
+    ones with partials_type="half" when the result is float16 (a float32
+    result keeps float32 partials); the values match XLA:CPU within
+    float16's error for a 36-term sum."""
+    from helpers import SMALL
+    from jax_ipu.model.engine import Engine
+    x, w = rand((2, 6, 6, 4), np.float16, 0), rand((3, 3, 4, 5), np.float16, 1)
+    conv = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=NHWC,  # noqa: E731
+                                                 preferred_element_type=out)
+    options = {} if partials is None else {"partials_type": partials}
+    from helpers import compile_fn
+    program = compile_fn(conv, x, w, **options)
+    (cs,) = _conv_steps(program)
+    want = np.float16 if partials == "half" and out == np.float16 else np.float32
+    assert cs.kernel.out.dtype == want
+    assert f"<float16,{np.dtype(want).name}>" in cs.vertices.codelet
+    got = Engine(SMALL).run(program, [x, w])
+    assert_matches_cpu(conv, x, w, rtol=0, atol=F16_TOL, scaled=True, got=got)
+
+
+def test_partials_type_as_a_compiler_option():
+    """partials_type through jax.jit's compiler_options: Poplar's names and
+    numpy's, anything else refused naming the choices."""
+    ipu = jax.devices("ipu")[0]
+    x, w = jax.device_put((rand((1, 5, 5, 2), np.float16, 0), rand((3, 3, 2, 3), np.float16, 1)), ipu)
+    conv = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=NHWC)  # noqa: E731
+    want = on_cpu(conv, np.asarray(x), np.asarray(w))
+    for value in ("half", "float16", "float"):
+        got = jax.jit(conv).lower(x, w).compile(compiler_options={"partials_type": value})(x, w)
+        np.testing.assert_allclose(np.asarray(got, np.float32), want.astype(np.float32), atol=2e-2 * abs(want).max())
+    with pytest.raises(Exception, match="partials_type"):
+        jax.jit(conv).lower(x, w).compile(compiler_options={"partials_type": "double"})

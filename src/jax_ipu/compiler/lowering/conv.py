@@ -46,12 +46,11 @@ MAX_AXIS_PAIRS = 1 << 22
 
 
 def partials_type(options, in_dtype: np.dtype, out_dtype: np.dtype) -> np.dtype:
-    """The type of the partial sums of a product (convolution or matmul) of
-    `in_dtype` operands into `out_dtype`: Poplar's partialsType, float32
-    by default for float inputs; float16 when asked (partials_type="half")
-    and the output is float16 (partials are never narrower than the output,
-    as PopLibs ignores a narrower request); the output's own type for
-    integers. The one place the types of products are decided."""
+    """The type of the partial sums of a convolution of `in_dtype` operands
+    into `out_dtype`: Poplar's partialsType, float32 by default for float
+    inputs; float16 when asked (partials_type="half") and the output is
+    float16 (partials are never narrower than the output, as PopLibs
+    ignores a narrower request); the output's own type for integers."""
     in_dtype, out_dtype = np.dtype(in_dtype), np.dtype(out_dtype)
     if out_dtype.kind != "f":
         return out_dtype
