@@ -94,7 +94,8 @@ def test_random_convolutions_and_gradients(case, seed):
 
 
 @pytest.mark.slow
-@settings(max_examples=300, **SETTINGS)
+@pytest.mark.timeout(3600)
+@settings(max_examples=150, **SETTINGS)
 @given(convolutions(), st.integers(0, 2 ** 31))
 def test_many_random_convolutions_and_gradients(case, seed):
     _check(case, seed)
