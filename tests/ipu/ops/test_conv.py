@@ -278,3 +278,29 @@ def test_partials_type_as_a_compiler_option():
         np.testing.assert_allclose(np.asarray(got, np.float32), want.astype(np.float32), atol=2e-2 * abs(want).max())
     with pytest.raises(Exception, match="partials_type"):
         jax.jit(conv).lower(x, w).compile(compiler_options={"partials_type": "double"})
+
+
+@pytest.mark.parametrize("reverse", [(True, False), (True, True)], ids=["reverse-h", "reverse-hw"])
+def test_window_reversal(reverse):
+    """stablehlo.convolution's window_reversal (JAX never emits it; other
+    front ends may): the planned convolution reads the kernel from the far
+    end along each reversed dimension, as a convolution of the flipped
+    kernel does on XLA:CPU. The module is JAX's, its reverse attribute
+    edited."""
+    from helpers import SMALL
+    from jax_ipu.compiler import compile_module
+    from jax_ipu.compiler.options import CompileOptions
+    from jax_ipu.model.engine import Engine
+    from jax_ipu.stablehlo import import_module
+    x, w = rand((2, 7, 6, 3), np.float32, 0), rand((3, 2, 3, 4), np.float32, 1)
+    conv = lambda x, w: lax.conv_general_dilated(x, w, (2, 1), ((1, 1), (0, 1)),  # noqa: E731
+                                                 rhs_dilation=(1, 2), dimension_numbers=NHWC)
+    text = jax.jit(conv).lower(x, w).as_text()
+    flags = ", ".join("true" if r else "false" for r in reverse)
+    assert "reverse = [false, false]" in text
+    program = compile_module(import_module(text.replace("reverse = [false, false]", f"reverse = [{flags}]")),
+                             SMALL, CompileOptions())
+    assert len(_conv_steps(program)) == 1
+    (got,) = Engine(SMALL).run(program, [x, w])
+    flipped = w[::-1] if reverse == (True, False) else w[::-1, ::-1]
+    np.testing.assert_allclose(got, on_cpu(conv, x, np.ascontiguousarray(flipped)), rtol=1e-5, atol=1e-5)
