@@ -8,6 +8,8 @@ default ipu2 and for XLA:CPU in the same process, one program per run:
     python benchmarks/models.py --model bert --mode infer --dtype f16 --batch 4
     python benchmarks/models.py --model gpt2 --mode infer --dtype f16 --batch 4
     python benchmarks/models.py --model gpt2 --mode train --dtype f32 --batch 1
+    python benchmarks/models.py --model resnet50 --mode train --dtype f16 --batch 20 --remat \
+        --partials half --amp 0.15      (Graphcore's MLPerf settings)
     (--steps 0 skips running the step; --json prints the figures as JSON;
      --tiles T compiles for a T-tile ipu2; --image and --length shrink inputs;
      --remat recomputes each ResNet-50 bottleneck block in the backward
@@ -143,6 +145,10 @@ def main():
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--remat", action="store_true",
                         help="ResNet-50: each bottleneck block under nn.remat (activation checkpointing)")
+    parser.add_argument("--partials", choices=["float", "half"], default="float",
+                        help="the partials_type compiler option (Poplar's partialsType)")
+    parser.add_argument("--amp", type=float, default=None,
+                        help="the available_memory_proportion compiler option (default 0.6)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.tiles:
@@ -154,7 +160,9 @@ def main():
     # CPU is itself, and donating it would delete the benchmark's input).
     host_args = jax.tree.map(np.asarray, host_args)
     ipu, cpu = jax.devices("ipu")[0], jax.devices("cpu")[0]
-    label = f"{args.model} {args.mode} {args.dtype} batch {args.batch}{' remat' if args.remat else ''}"
+    label = (f"{args.model} {args.mode} {args.dtype} batch {args.batch}{' remat' if args.remat else ''}"
+             f"{' half partials' if args.partials == 'half' else ''}"
+             f"{f' available_memory_proportion {args.amp}' if args.amp is not None else ''}")
 
     # IPU first, so that the peak RSS it adds is its own.
     # Lowered from shapes, so that a program whose arguments do not fit the
@@ -166,7 +174,10 @@ def main():
     start, cpu_start = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        compiled_ipu = lowered.compile(compiler_options={"allow_out_of_memory": True})
+        options = {"allow_out_of_memory": True, "partials_type": args.partials}
+        if args.amp is not None:
+            options["available_memory_proportion"] = args.amp
+        compiled_ipu = lowered.compile(compiler_options=options)
     ipu_compile, ipu_compile_cpu = time.perf_counter() - start, time.process_time() - cpu_start
     host_added = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
     program = CAPTURED["program"]
@@ -227,6 +238,16 @@ def main():
     total = max(r["cycles"], 1)
     print(f"  cycles by kind ({r['steps']} steps): " + ", ".join(
         f"{k} {v / total:.0%}" for k, v in r["cycles_by_kind"].items() if v / total >= 0.005))
+    if args.model == "resnet50" and args.mode == "train":
+        # Per image: over batch 1's (which holds what does not grow with the
+        # batch: float16 copies of the weights, for one).
+        saved = models_zoo.resnet50_saved_bytes(args.batch, args.dtype, args.remat, args.image)
+        one = models_zoo.resnet50_saved_bytes(1, args.dtype, args.remat, args.image)
+        per_image = (saved - one) / (args.batch - 1) if args.batch > 1 else float(saved)
+        r["saved_residual_bytes"], r["saved_residual_bytes_per_image"] = saved, per_image
+        temporaries = r["by_category"]["temporaries (sum of tile peaks)"]
+        print(f"  JAX's saved residuals (the forward's tensors its backward reads): {saved / mb:.1f} MB, "
+              f"{per_image / mb:.1f} MB an image past the first; the plan's temporaries {temporaries / mb:.1f} MB")
     if args.steps:
         (r["wall_ipu_s"], r["wall_cpu_s"]), r["wall_ratio"] = step_seconds(
             [(compiled_ipu, ipu), (compiled_cpu, cpu)], host_args, args.steps)

@@ -201,6 +201,19 @@ def resnet50_parts(batch: int, dtype, image: int = 224, classes: int = 1000, rem
     return loss_fn, tx, scale, variables, x, y
 
 
+def resnet50_saved_bytes(batch: int, dtype: str, remat: bool, image: int = 224) -> int:
+    """The bytes of the tensors JAX's ResNet-50 training program saves from
+    its forward pass for its backward pass (jax's saved_residuals of the
+    loss, the parameters themselves left out: they are arguments): what
+    any plan must keep at the step's peak, the activations' lower bound."""
+    from jax._src.ad_checkpoint import saved_residuals
+    dt = jnp.float16 if dtype == "f16" else jnp.float32
+    loss_fn, _, _, variables, x, y = resnet50_parts(batch, dt, image, remat=remat)
+    saved = saved_residuals(lambda p, s, x, y: loss_fn(p, s, x, y)[0], variables["params"],
+                            variables["batch_stats"], x, y)
+    return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a, why in saved if "argument" not in why)
+
+
 def resnet50_train(batch: int, dtype, image: int = 224, classes: int = 1000, remat: bool = False,
                    stages: Sequence[int] = (3, 4, 6, 3), width: int = 64):
     """(step, args): one SGD-momentum step of ResNet-50 on a batch, the

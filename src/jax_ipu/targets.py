@@ -54,6 +54,19 @@ class Target:
     # AMP [N,16]x[16,16] in fp16 takes 4N + 330 cycles: 256N multiply-adds
     # at fp16_flops_per_cycle / 2 a cycle, plus this fixed cost.
     amp_fixed_cycles: int = 330
+    # The AMP as PopLibs' convolution vertices use it (docs/ipu.md): conv
+    # units per tile by (input, partials) type (16 for float16 with float16
+    # partials, 8 with float32 partials or float32 inputs: PopLibs' vertex
+    # tests, "16 only on IPU2 / IPU21"), input bytes loaded a cycle (the
+    # 64-bit data path: 4 float16 or 2 float32), the conv unit's chain
+    # (4 input loads: 16 float16 or 8 float32 weights per unit), and the
+    # weight loads (ld128, which PopLibs halves unless asked otherwise).
+    conv_units_f16_f16: int = 16
+    conv_units_f16_f32: int = 8
+    conv_units_f32_f32: int = 8
+    conv_input_load_bytes: int = 8
+    conv_unit_chain_length: int = 4
+    conv_coeff_load_bytes_per_cycle: int = 16
     vertex_state_bytes: int = 32            # per vertex, always-live
     code_bytes_per_codelet: int = 1024      # per codelet kind on a tile
     # IPU-Links between chips (Mk2: 10 links at 32 GB/s each, 320 GB/s a chip;
@@ -84,6 +97,13 @@ class Target:
         return (f"IPU Model {self.name} ({self.num_tiles} tiles, {self.bytes_per_tile // 1024} KiB/tile, "
                 f"{self.clock_hz / 1e9:.3g} GHz)")
 
+    def conv_units(self, in_dtype: np.dtype, partials_dtype: np.dtype) -> int:
+        """AMP conv units a tile's convolution vertices use (PopLibs'
+        getNumConvUnits): each accumulates one output channel."""
+        if np.dtype(in_dtype).itemsize == 4:
+            return self.conv_units_f32_f32
+        return self.conv_units_f16_f16 if np.dtype(partials_dtype).itemsize == 2 else self.conv_units_f16_f32
+
     def vector_width(self, dtype: np.dtype) -> int:
         """Elements one vector instruction handles."""
         dtype = np.dtype(dtype)
@@ -94,7 +114,8 @@ class Target:
 
 _TARGETS = {
     "ipu1": Target("ipu1", num_tiles=1216, bytes_per_tile=256 * 1024, clock_hz=1.6e9,
-                   fp32_flops_per_cycle=16, fp16_flops_per_cycle=64),
+                   fp32_flops_per_cycle=16, fp16_flops_per_cycle=64, conv_units_f16_f16=8,
+                   conv_coeff_load_bytes_per_cycle=8),
     "ipu2": Target("ipu2", num_tiles=1472, bytes_per_tile=624 * 1024, clock_hz=1.33e9),
     "ipu21": Target("ipu21", num_tiles=1472, bytes_per_tile=624 * 1024, clock_hz=1.85e9,
                     host_link_bytes_per_second=100e9 / 8),   # 100 GbE RoCE (Bow-2000; unverified)

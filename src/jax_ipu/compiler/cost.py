@@ -84,7 +84,8 @@ def _read_exchange(num_tiles: int, mapping, intervals, of, readers, groups) -> t
         kept = np.bincount(owners[local], weights=lengths[local], minlength=num_tiles)
         return (np.bincount(owners, weights=lengths, minlength=num_tiles) - kept,
                 np.bincount(reader, weights=intervals[:, 1] - intervals[:, 0], minlength=num_tiles) - kept)
-    count = len(intervals) and int(of.max()) + 1
+    # (A group may read nothing: a kernel block that meets only padding.)
+    count = max(int(of.max()) + 1 if len(of) else 0, int(groups.max()) + 1 if len(groups) else 0)
     # Elements of each group held by each tile, keyed group * tiles + tile.
     keys, at = np.unique(per_piece(of) * num_tiles + owners, return_inverse=True)
     held = np.bincount(at.ravel(), weights=lengths, minlength=len(keys))

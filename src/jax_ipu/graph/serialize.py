@@ -48,7 +48,7 @@ import numpy as np
 from jax_ipu import ir
 
 # The kernel classes register their records (graph.records.RECORDS) when imported.
-from jax_ipu.graph import codelets, codelets_collectives, codelets_indexing, codelets_linalg  # noqa: F401
+from jax_ipu.graph import codelets, codelets_collectives, codelets_conv, codelets_indexing, codelets_linalg  # noqa: F401
 from jax_ipu.graph import programs as p
 from jax_ipu.graph.compute import ComputeSet, DataDependentExchange, Region, Vertex, VertexArray
 from jax_ipu.graph.mapping import TileMapping

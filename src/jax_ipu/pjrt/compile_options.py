@@ -38,7 +38,13 @@ OWN = {
                                    "matmul's plan may use (PopLibs' availableMemoryProportion)",
     "allow_out_of_memory": "True or False (default False): compile programs that do not fit, keeping their "
                            "memory report (Poplar's debug.allowOutOfMemory)",
+    "partials_type": "'float' (default) or 'half': the type of float16 convolutions' partial sums "
+                     "(Poplar's partialsType; 'half' applies where the result is float16)",
 }
+
+# partials_type's values (Poplar's names first) and what each means.
+PARTIALS_TYPES = {"float": "float", "half": "half", "float32": "float", "float16": "half", "f32": "float",
+                  "f16": "half"}
 
 # XLA's options that act here: name -> what it does.
 ACTING = {
@@ -114,6 +120,11 @@ def _own_value(name: str, value):
         if not 0 < proportion <= 1:
             raise IpuInvalidArgument(f"compiler option {name}={proportion}: expected 0 < p <= 1")
         return proportion
+    if name == "partials_type":
+        chosen = PARTIALS_TYPES.get(str(value).strip().lower()) if isinstance(value, str) else None
+        if chosen is None:
+            raise IpuInvalidArgument(f"compiler option {name}={value!r}: expected 'float' or 'half'")
+        return chosen
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()

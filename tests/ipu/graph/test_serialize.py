@@ -146,13 +146,15 @@ def test_size_grows_with_the_program_not_with_its_elements():
     small = serialize.dumps(compile_fn(f, np.ones(4096, np.float32), target=ipu2))
     big = serialize.dumps(compile_fn(f, np.ones(1 << 20, np.float32), target=ipu2))
     assert len(big) < 2 * len(small) + 32 * 1024, (len(small), len(big))
-    # A convolution's im2col patches and its pooling windows are patterns
+    # A planned convolution's vertices name their input regions, kernel
+    # blocks and partials as intervals, a run per row of each region (as
+    # Poplar's vertices list theirs), and its pooling windows are patterns
     # (windows view ops), not an index per element: 8x the batch (8x the
-    # patches' elements) adds 11% to the bytes on an ipu2 (41 -> 46 KB; through
-    # gather indices it was 72 -> 298 KB).
+    # elements, and more tiles in use) takes 2.3x the bytes on an ipu2
+    # (93 -> 212 KB; through gather indices it was 72 -> 298 KB).
     sizes = [len(serialize.dumps(compile_fn(conv_step, f32(3, 3, 8, 8), f32(n, 16, 16, 8), target=ipu2)))
              for n in (4, 32)]
-    assert sizes[1] < 1.5 * sizes[0], sizes
+    assert sizes[1] < 3 * sizes[0], sizes
 
 
 # ----------------------------------------------------------- malformed --

@@ -31,6 +31,7 @@ from jax import lax
 
 from helpers import SMALL, compile_fn
 from jax_ipu.graph import codelets
+from jax_ipu.graph.codelets_conv import ConvPartials
 from jax_ipu.graph.programs import Execute, leaves
 from jax_ipu.model import registry
 from jax_ipu.model.engine import Engine
@@ -40,7 +41,8 @@ from jax_ipu.model.fast import reduce as fast_reduce
 # The kernels whose fast executors (and fusions) the families of programs
 # below reach, and which tests reach them.
 COVERED = {codelets.ElementwiseChain: "elementwise chains, updates", codelets.MatMulPartials: "products",
-           codelets.ReducePartials: "reductions", codelets.ReduceCombine: "reductions, products"}
+           codelets.ReducePartials: "reductions", codelets.ReduceCombine: "reductions, products",
+           ConvPartials: "convolutions"}
 EXAMPLES = settings(max_examples=12, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
@@ -146,6 +148,31 @@ def product_programs(draw):
 
 
 @st.composite
+def convolution_programs(draw):
+    """Planned convolutions (strided, dilated, grouped, in several
+    layouts) and their gradients: several chunks of partials, summed."""
+    dtype = draw(st.sampled_from([np.float32, np.float16]))
+    groups = draw(st.sampled_from([1, 2]))
+    cin, cout = groups * draw(st.integers(1, 20)), groups * draw(st.integers(1, 6))
+    k, stride, dil = draw(st.integers(1, 3)), draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    specs = draw(st.sampled_from([("NHWC", "HWIO", "NHWC"), ("NCHW", "OIHW", "NCHW")]))
+    grads = draw(st.booleans())
+    x = floats(draw, (2, 9, 8, cin) if specs[0] == "NHWC" else (2, cin, 9, 8), dtype)
+    w = floats(draw, (k, k, cin // groups, cout) if specs[1] == "HWIO" else (cout, cin // groups, k, k), dtype, 0.3)
+
+    def conv(x, w):
+        return lax.conv_general_dilated(x, w, (stride, stride), "SAME", rhs_dilation=(dil, dil),
+                                        dimension_numbers=specs, feature_group_count=groups,
+                                        preferred_element_type=jnp.float32)
+
+    def f(x, w):
+        if grads:
+            return jax.grad(lambda x, w: (conv(x, w) ** 2).sum(), argnums=(0, 1))(x, w)
+        return conv(x, w)
+    return f, (x, w)
+
+
+@st.composite
 def reduction_programs(draw):
     dtype = draw(st.sampled_from([np.float32, np.float16, np.int32]))
     shape = draw(st.sampled_from([(64, 5), (40, 12), (600, 3), (9, 130), (3, 40, 9)]))
@@ -195,6 +222,14 @@ def test_products_and_their_sums_are_within_float_tolerance(case):
     f, args = case
     found = run_both(f, *args, exact=False)
     assert codelets.MatMulPartials in found
+
+
+@pytest.mark.usefixtures("fast_everywhere")
+@given(convolution_programs())
+@EXAMPLES
+def test_convolutions_and_their_sums_are_within_float_tolerance(case):
+    f, args = case
+    assert ConvPartials in run_both(f, *args, exact=False)
 
 
 @pytest.mark.usefixtures("fast_everywhere")

@@ -6,12 +6,15 @@ Tolerances: f32 rtol/atol 1e-5 (the planned matmul sums K-chunks in
 another order than XLA:CPU's), f16 2e-2 relative to the output's scale."""
 from __future__ import annotations
 
+import logging
+import re
+
 import jax
 import numpy as np
 import pytest
 from jax import lax
 
-from helpers import assert_matches_cpu
+from helpers import assert_matches_cpu, on_cpu, run_ipu
 
 F16_TOL = 2e-2
 
@@ -129,31 +132,175 @@ def test_boolean_convolution_is_an_or_of_ands(shapes):
     np.testing.assert_array_equal(got, want)
 
 
-def _copied_shapes(f, *args) -> list[tuple]:
-    """The shapes of the tensors the compiled program's Copies write."""
+def _compiled(f, *args):
     from helpers import compile_fn
+    return compile_fn(f, *args)
+
+
+def _copied_shapes(program) -> list[tuple]:
+    """The shapes of the tensors the compiled program's Copies write."""
     from jax_ipu.graph import programs as p
-    program = compile_fn(f, *args)
     return [tuple(s.dst.shape) for s in p.leaves(program.body) if isinstance(s, p.Copy)]
 
 
-def test_channels_last_convolutions_copy_only_their_patches():
-    """An NHWC x HWIO convolution contracts over (window, input features):
-    its kernel is read in place (no Copy of it), its product is the NHWC
-    output as it stands, and its weight gradient ([*window, in, out], rows
-    ordered as the output walks them) is the product reshaped. The only
-    Copies are the im2col patches; the values match XLA:CPU."""
+def _compute_sets(program) -> list:
+    from jax_ipu.graph import programs as p
+    return [s.compute_set for s in p.leaves(program.body) if isinstance(s, p.Execute)]
+
+
+def _conv_steps(program) -> list:
+    """The planned convolutions' ConvPartials compute sets."""
+    from jax_ipu.graph.codelets_conv import ConvPartials
+    return [cs for cs in _compute_sets(program) if isinstance(cs.kernel, ConvPartials)]
+
+
+def test_planned_3x3_convolution_copies_no_patch_matrix():
+    """A 3x3 NHWC x HWIO convolution and its two gradients: no Copy of
+    window x input size (no patch matrix), no im2col compute set, every
+    product a ConvPartials compute set; the forward convolution copies
+    nothing (input and kernel read in place); the values match XLA:CPU."""
     x, w = rand((2, 6, 6, 4), np.float32, 0), rand((3, 3, 4, 5), np.float32, 1)
     conv = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=NHWC)  # noqa: E731
-    patches = (1, 2 * 6 * 6, 3 * 3 * 4)
-    assert _copied_shapes(conv, x, w) == [patches]
-    weight_grad = lambda x, w: jax.grad(lambda w: (conv(x, w) ** 2).sum())(w)  # noqa: E731
-    copies = _copied_shapes(weight_grad, x, w)
-    assert (3 * 3 * 4, 2 * 6 * 6) not in copies and w.shape not in copies
-    assert_matches_cpu(weight_grad, x, w, rtol=1e-4, atol=1e-4)
-    # A kernel in another layout (OIHW) is copied into [window, in, out].
+    grads = jax.grad(lambda x, w: (conv(x, w) ** 2).sum(), argnums=(0, 1))
+    for f, convs in ((conv, 1), (grads, 3)):
+        program = _compiled(f, x, w)
+        sizes = [int(np.prod(s)) for s in _copied_shapes(program)]
+        assert all(size < 9 * x.size for size in sizes), sizes
+        assert f is not conv or sizes == []
+        names = [cs.name for cs in _compute_sets(program)]
+        assert not any("im2col" in n for n in names), names
+        assert len(_conv_steps(program)) == convs
+        assert_matches_cpu(f, x, w, rtol=1e-4, atol=1e-4)
+
+
+def _splits(name: str) -> list[int]:
+    """A ConvPartials compute set's splits (groups, batch, each output
+    dimension, input channels, output channels, each kernel dimension)."""
+    return [int(s) for s in re.search(r" ([0-9x]+) tiles", name).group(1).split("x")]
+
+
+@pytest.mark.parametrize("shape,strides", [((2, 16, 16, 8), (1, 1)), ((1, 15, 17, 3), (2, 2))],
+                         ids=["16x16-stride1", "15x17-stride2"])
+def test_each_tile_receives_its_input_region_once_plus_halo(shape, strides):
+    """In a 3x3 convolution's ConvPartials step, a tile reads no input
+    element twice, and each vertex's input is at most its output block's
+    receptive field (the block, its stride, and the kernel's halo)."""
+    x, w = rand(shape, np.float32, 0), rand((3, 3, shape[-1], 4), np.float32, 1)
+    conv = lambda x, w: lax.conv_general_dilated(x, w, strides, "SAME", dimension_numbers=NHWC)  # noqa: E731
+    program = _compiled(conv, x, w)
+    (cs,) = _conv_steps(program)
+    vertices = cs.vertices
+    tensor, intervals, offsets = vertices.reads[0]
+    assert tensor.size == x.size
+    _, n_s, h_s, w_s, c_s, _, kh_s, kw_s = _splits(cs.name)
+    out = [-(-shape[1] // strides[0]), -(-shape[2] // strides[1])]
+    n_b, c_b = -(-shape[0] // n_s), -(-shape[-1] // c_s)
+    o_b = [-(-out[0] // h_s), -(-out[1] // w_s)]
+    k_b = [-(-3 // kh_s), -(-3 // kw_s)]
+    field = [(o - 1) * s + k for o, s, k in zip(o_b, strides, k_b, strict=True)]
+    bound = n_b * c_b * field[0] * field[1]
+    per_tile = {}
+    for v in range(len(vertices)):
+        lo, hi = offsets[v]
+        iv = np.asarray(intervals[lo:hi], np.int64)
+        received = int((iv[:, 1] - iv[:, 0]).sum())
+        assert received <= bound, (v, received, bound)
+        per_tile.setdefault(int(vertices.tiles[v]), []).append(iv)
+    for tile, ivs in per_tile.items():
+        elements = np.concatenate([np.arange(a, b) for a, b in np.concatenate(ivs)])
+        assert len(np.unique(elements)) == len(elements), tile
+    assert_matches_cpu(conv, x, w, rtol=1e-5, atol=1e-5)
+
+
+def test_fallback_is_named_in_the_log_and_the_profile(monkeypatch, caplog):
+    """A convolution the planned path does not take (here: every axis made
+    too long for it) falls back to the im2col matmul, logged with its
+    reason, its compute sets named so, its values still right."""
+    from jax_ipu.compiler.lowering import conv as conv_lowering
+    monkeypatch.setattr(conv_lowering, "MAX_AXIS_PAIRS", 4)
+    x, w = rand((2, 6, 6, 4), np.float32, 0), rand((3, 3, 4, 5), np.float32, 1)
+    conv = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=NHWC)  # noqa: E731
+    with caplog.at_level(logging.INFO, logger="jax_ipu.compiler.lowering.conv"):
+        program = _compiled(conv, x, w)
+    assert any("im2col" in r.getMessage() and "a window of 3 over 6 outputs" in r.getMessage()
+               for r in caplog.records)
+    names = [cs.name for cs in _compute_sets(program)]
+    assert any("im2col: a window of 3 over 6 outputs" in n for n in names), names
+    assert not _conv_steps(program)
+    assert (1, 2 * 6 * 6, 3 * 3 * 4) in _copied_shapes(program)
+    np.testing.assert_allclose(run_ipu(conv, x, w)[0], on_cpu(conv, x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_in_another_layout_is_read_in_place():
+    """An OIHW kernel is read through a view (the vertices' intervals name
+    its elements where they lie), as is the NHWC input: nothing copied."""
+    x = rand((2, 6, 6, 4), np.float32, 0)
     oihw = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME",  # noqa: E731
                                                  dimension_numbers=("NHWC", "OIHW", "NHWC"))
     w2 = rand((5, 4, 3, 3), np.float32, 2)
-    assert (1, 3 * 3 * 4, 5) in _copied_shapes(oihw, x, w2)
+    copies = _copied_shapes(_compiled(oihw, x, w2))
+    assert copies == []
     assert_matches_cpu(oihw, x, w2, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("partials,out", [(None, np.float16), ("half", np.float16), ("half", np.float32)],
+                         ids=["default", "half", "half-f32-result"])
+def test_partials_type(partials, out):
+    """float16 convolutions keep float32 partials by default and float16
+    ones with partials_type="half" when the result is float16 (a float32
+    result keeps float32 partials); the values match XLA:CPU within
+    float16's error for a 36-term sum."""
+    from helpers import SMALL
+    from jax_ipu.model.engine import Engine
+    x, w = rand((2, 6, 6, 4), np.float16, 0), rand((3, 3, 4, 5), np.float16, 1)
+    conv = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=NHWC,  # noqa: E731
+                                                 preferred_element_type=out)
+    options = {} if partials is None else {"partials_type": partials}
+    from helpers import compile_fn
+    program = compile_fn(conv, x, w, **options)
+    (cs,) = _conv_steps(program)
+    want = np.float16 if partials == "half" and out == np.float16 else np.float32
+    assert cs.kernel.out.dtype == want
+    assert f"<float16,{np.dtype(want).name}>" in cs.vertices.codelet
+    got = Engine(SMALL).run(program, [x, w])
+    assert_matches_cpu(conv, x, w, rtol=0, atol=F16_TOL, scaled=True, got=got)
+
+
+def test_partials_type_as_a_compiler_option():
+    """partials_type through jax.jit's compiler_options: Poplar's names and
+    numpy's, anything else refused naming the choices."""
+    ipu = jax.devices("ipu")[0]
+    x, w = jax.device_put((rand((1, 5, 5, 2), np.float16, 0), rand((3, 3, 2, 3), np.float16, 1)), ipu)
+    conv = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=NHWC)  # noqa: E731
+    want = on_cpu(conv, np.asarray(x), np.asarray(w))
+    for value in ("half", "float16", "float"):
+        got = jax.jit(conv).lower(x, w).compile(compiler_options={"partials_type": value})(x, w)
+        np.testing.assert_allclose(np.asarray(got, np.float32), want.astype(np.float32), atol=2e-2 * abs(want).max())
+    with pytest.raises(Exception, match="partials_type"):
+        jax.jit(conv).lower(x, w).compile(compiler_options={"partials_type": "double"})
+
+
+@pytest.mark.parametrize("reverse", [(True, False), (True, True)], ids=["reverse-h", "reverse-hw"])
+def test_window_reversal(reverse):
+    """stablehlo.convolution's window_reversal (JAX never emits it; other
+    front ends may): the planned convolution reads the kernel from the far
+    end along each reversed dimension, as a convolution of the flipped
+    kernel does on XLA:CPU. The module is JAX's, its reverse attribute
+    edited."""
+    from helpers import SMALL
+    from jax_ipu.compiler import compile_module
+    from jax_ipu.compiler.options import CompileOptions
+    from jax_ipu.model.engine import Engine
+    from jax_ipu.stablehlo import import_module
+    x, w = rand((2, 7, 6, 3), np.float32, 0), rand((3, 2, 3, 4), np.float32, 1)
+    conv = lambda x, w: lax.conv_general_dilated(x, w, (2, 1), ((1, 1), (0, 1)),  # noqa: E731
+                                                 rhs_dilation=(1, 2), dimension_numbers=NHWC)
+    text = jax.jit(conv).lower(x, w).as_text()
+    flags = ", ".join("true" if r else "false" for r in reverse)
+    assert "reverse = [false, false]" in text
+    program = compile_module(import_module(text.replace("reverse = [false, false]", f"reverse = [{flags}]")),
+                             SMALL, CompileOptions())
+    assert len(_conv_steps(program)) == 1
+    (got,) = Engine(SMALL).run(program, [x, w])
+    flipped = w[::-1] if reverse == (True, False) else w[::-1, ::-1]
+    np.testing.assert_allclose(got, on_cpu(conv, x, np.ascontiguousarray(flipped)), rtol=1e-5, atol=1e-5)

@@ -245,8 +245,14 @@ def _partial_pattern(b: Builder, in_dtype: np.dtype, window: tuple, batch: int, 
 
 
 def _reduce_partials(b: Builder, op: ir.Op, partials: View, out: Tensor) -> None:
+    reduce_partials(b, op, partials, out, "matmul reduce",
+                    lambda n, count: cost.reduce_cycles(b.target, n * count, partials.dtype))
+
+
+def reduce_partials(b: Builder, op: ir.Op, partials: View, out: Tensor, kind: str, cycles) -> None:
     """out[i] = sum over j of partials[j, i], each tile summing the
-    partials of its own elements of out."""
+    partials of its own elements of out; cycles(elements, partials each)
+    of a tile's vertex. `kind` begins the compute set's name."""
     count, size = partials.shape
     codelet = f"ReduceAdd<{partials.dtype.name},{out.dtype.name}>"
 
@@ -254,10 +260,10 @@ def _reduce_partials(b: Builder, op: ir.Op, partials: View, out: Tensor) -> None
         tiles, intervals, offsets, counts = b.by_tile(out.mapping)
         # Each tile reads its elements' partials, count intervals per interval of out.
         reads = (intervals[:, None, :] + (np.arange(count) * size)[None, :, None]).reshape(-1, 2)
-        cycles = b.cycles_by_count(counts, lambda n: cost.reduce_cycles(b.target, n * count, partials.dtype))
-        return tiles, cycles, compact(reads), offsets * count, compact(intervals), offsets
-    tiles, cycles, reads, read_offsets, intervals, offsets = b.pattern(
-        ("matmul reduce", codelet, count, size, out.mapping), pattern)
-    vertices = VertexArray(codelet, tiles, cycles, ((partials.tensor, reads, read_offsets),),
+        per_vertex = b.cycles_by_count(counts, lambda n: cycles(n, count))
+        return tiles, per_vertex, compact(reads), offsets * count, compact(intervals), offsets
+    tiles, per_vertex, reads, read_offsets, intervals, offsets = b.pattern(
+        (kind, codelet, count, size, out.mapping), pattern)
+    vertices = VertexArray(codelet, tiles, per_vertex, ((partials.tensor, reads, read_offsets),),
                            ((out, intervals, offsets),))
-    b.execute(f"matmul reduce {name_of(op)}", codelets.ReduceCombine(partials, 0, "add", None, out), vertices)
+    b.execute(f"{kind} {name_of(op)}", codelets.ReduceCombine(partials, 0, "add", None, out), vertices)

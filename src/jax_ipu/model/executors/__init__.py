@@ -5,4 +5,4 @@ partitioned form the compiler planned (K-chunk partial products, partial
 reductions, then a fixed-order combine), so rounding follows the plan.
 model/fast/ registers faster executors beside them."""
 # Each module registers its executors (registry.reference) when imported.
-from jax_ipu.model.executors import collectives, elementwise, indexing, linalg, matmul, reduce  # noqa: F401
+from jax_ipu.model.executors import collectives, conv, elementwise, indexing, linalg, matmul, reduce  # noqa: F401

@@ -16,10 +16,11 @@ big compute set cut in halves, become lanes."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
-from jax_ipu.graph import codelets
+from jax_ipu.graph import codelets, codelets_conv
 from jax_ipu.graph.records import RECORDS, record_of
 from jax_ipu.model.fast import helper
 
@@ -57,8 +58,15 @@ def _product_work(k: codelets.MatMulPartials) -> float:
 # element-operations. A lane holds kernels whose records say they are
 # pure (they read and write only the tensors they name) and whose cost is
 # known here.
+def _conv_work(k: codelets_conv.ConvPartials) -> float:
+    chunks, groups, *positions, out_chans = k.out.shape
+    depth = k.input.shape[2] * math.prod(size for size, *_ in k.window)
+    return groups * math.prod(positions) * depth * out_chans * MAC_COST
+
+
 WORK = {
     codelets.MatMulPartials: _product_work,
+    codelets_conv.ConvPartials: _conv_work,
     codelets.ElementwiseChain: lambda k: float(np.prod(k.shape, dtype=np.float64)) * max(len(k.instructions), 1),
     codelets.ReducePartials: lambda k: float(np.prod(k.input.shape, dtype=np.float64)),
     codelets.ReduceCombine: lambda k: float(np.prod(k.partials.shape, dtype=np.float64)),

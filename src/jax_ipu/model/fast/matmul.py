@@ -18,14 +18,14 @@ from jax_ipu.model.registry import Fusion, fast, fusion
 
 def _operands(k: codelets.MatMulPartials, read):
     """fn(state) -> (lhs, rhs) in the partials' dtype."""
-    lhs, rhs = _converted(k.lhs, k.out.dtype, read), _converted(k.rhs, k.out.dtype, read)
+    lhs, rhs = converted(k.lhs, k.out.dtype, read), converted(k.rhs, k.out.dtype, read)
 
     def get(state):
         return lhs(state), rhs(state)
     return get
 
 
-def _converted(view, acc: np.dtype, read):
+def converted(view, acc: np.dtype, read):
     """fn(state) -> the view's array in `acc` (float16 operands of float32
     partials: the products are exact in float32): one strided view or
     copy of its tensor where fast.strided plans the view, else _unplanned.

@@ -1,0 +1,54 @@
+"""ResNet-50's memory at small scale (the textbook Flax model of
+benchmarks/models_zoo.py with one bottleneck block in each of two stages,
+16 filters, 32x32 images, float16 compute and float32 master weights, on a
+64-tile IPU): what the plan keeps grows with the batch by no more than
+what JAX's program saves from its forward pass for its backward pass (the
+activations' lower bound: jax's saved_residuals), and its convolutions are
+all planned (no im2col patches). docs/models.md gives the full-size
+figures. Slow (about 20 s of CPU: two compiles of a training step):
+`pytest -m slow tests/ipu/user_programs/test_resnet_activation_memory.py`."""
+from __future__ import annotations
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src.ad_checkpoint import saved_residuals
+
+from helpers import compile_fn
+from jax_ipu.graph import programs as p
+from jax_ipu.targets import get_target
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "benchmarks"))
+import models_zoo  # noqa: E402
+
+TARGET = get_target("ipu2", num_tiles=64)
+
+
+def _measure(batch: int) -> tuple[int, int, list[str]]:
+    """(the plan's temporaries, the bytes JAX saves for the backward pass,
+    the compute sets' names) of the loss's gradient at `batch`."""
+    loss_fn, _, _, variables, x, y = models_zoo.resnet50_parts(batch, jnp.float16, image=32, stages=(1, 1),
+                                                               width=16)
+    loss = lambda params, stats, x, y: loss_fn(params, stats, x, y)[0]  # noqa: E731
+    args = (variables["params"], variables["batch_stats"], x, y)
+    program = compile_fn(jax.grad(loss), *args, target=TARGET, allow_out_of_memory=True)
+    saved = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize
+                for a, why in saved_residuals(loss, *args) if "argument" not in why)
+    names = [s.compute_set.name for s in p.leaves(program.body) if isinstance(s, p.Execute)]
+    return int(program.memory.not_always_live_peak.sum()), saved, names
+
+
+@pytest.mark.slow
+def test_activation_memory_grows_as_what_jax_saves():
+    temporaries_2, saved_2, names = _measure(2)
+    temporaries_4, saved_4, _ = _measure(4)
+    assert not any("im2col" in n for n in names)
+    assert sum(n.startswith("conv ") and "reduce" not in n for n in names) >= 10
+    per_image, bound = (temporaries_4 - temporaries_2) / 2, (saved_4 - saved_2) / 2
+    # At most a quarter above the bound (the backward pass's own gradients
+    # of the largest activations live at the same time as what is saved).
+    assert 0 < per_image <= 1.25 * bound, (per_image, bound)
