@@ -112,7 +112,7 @@ def _demote_64bit(c: Compilation) -> None:
 
 
 def _legalize(c: Compilation) -> None:
-    c.flat = legalize(c.module)
+    c.flat = legalize(c.module, c.options.emulate_types)
 
 
 def _plan_streaming(c: Compilation) -> None:

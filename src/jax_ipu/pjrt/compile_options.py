@@ -38,6 +38,8 @@ OWN = {
                                    "matmul's plan may use (PopLibs' availableMemoryProportion)",
     "allow_out_of_memory": "True or False (default False): compile programs that do not fit, keeping their "
                            "memory report (Poplar's debug.allowOutOfMemory)",
+    "emulate_types": "True or False (default True, JAX_IPU_EMULATE_TYPES): emulate bfloat16 and complex64, which "
+                     "the IPU lacks; False refuses them at compile time (hardware-native programs only)",
 }
 
 # XLA's options that act here: name -> what it does.

@@ -13,12 +13,22 @@ from jax_ipu.compiler.passes.fuse import Cluster
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
 from jax_ipu.graph.views import View
+from jax_ipu.targets import COMPLEX64
 
 # Attributes an element-wise op's semantics depend on.
 SEMANTIC_ATTRS = ("comparison_direction", "compare_type", "exponent_bits", "mantissa_bits")
 
 
 def _check(op: ir.Op) -> None:
+    complex_values = any(v.type.dtype == COMPLEX64 for v in list(op.operands) + list(op.results))
+    if complex_values and op.name not in ops.COMPLEX_OPS:
+        raise IpuUnimplementedError.for_op(
+            op, f"stablehlo.{op.name} is not defined on complex numbers",
+            "Apply it to the real and imaginary parts (jnp.real, jnp.imag)")
+    if complex_values and op.name == "compare" and op.attrs.get("comparison_direction") not in ("EQ", "NE"):
+        raise IpuUnimplementedError.for_op(
+            op, "complex numbers have no order (only EQ and NE compare them)",
+            "Compare their real and imaginary parts, or their absolute values")
     if op.name == "bitcast_convert":
         src, dst = op.operands[0].type, op.results[0].type
         if src.dtype.itemsize != dst.dtype.itemsize:
@@ -29,11 +39,9 @@ def _check(op: ir.Op) -> None:
 
 def evaluate(op: str, args: list, dtype: np.dtype, attrs: dict):
     """One element-wise op on numpy values, as the engine computes it."""
-    ufunc = ops.ufunc_for(op, np.asarray(args[0]).dtype)
+    fn, _ = ops.implementation(op, [np.asarray(a).dtype for a in args], dtype, attrs)
     with np.errstate(all="ignore"):
-        if ufunc is not None:
-            return np.asarray(ufunc(*args)).astype(dtype)
-        return np.asarray(ops.function_for(op)(*args, dtype=dtype, attrs=attrs)).astype(dtype)
+        return np.asarray(fn(*args)).astype(dtype)
 
 
 def lower_cluster(b: Builder, cluster: Cluster, used_outside: set) -> None:
