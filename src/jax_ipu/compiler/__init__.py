@@ -41,6 +41,7 @@ from jax_ipu.compiler.lowering import (  # noqa: F401
 from jax_ipu.compiler.options import CompileOptions
 from jax_ipu.compiler.passes import spmd, streaming
 from jax_ipu.compiler.passes.demote import demote_64bit
+from jax_ipu.compiler.passes.emulate import emulate_products
 from jax_ipu.compiler.passes.fold_transposes import fold_result_transposes
 from jax_ipu.compiler.passes.fuse import fuse
 from jax_ipu.compiler.passes.legalize import FlatFunction, legalize
@@ -113,6 +114,11 @@ def _demote_64bit(c: Compilation) -> None:
 
 def _legalize(c: Compilation) -> None:
     c.flat = legalize(c.module, c.options.emulate_types)
+
+
+def _emulate_types(c: Compilation) -> None:
+    """bfloat16 and complex64 products as float32 ones (passes/emulate.py)."""
+    c.flat.ops = emulate_products(c.flat.ops)
 
 
 def _plan_streaming(c: Compilation) -> None:
@@ -191,6 +197,7 @@ PASSES: list[tuple[str, Callable[[Compilation], None]]] = [
     ("expand-rng", _expand_rng),
     ("demote-64bit", _demote_64bit),
     ("legalize", _legalize),
+    ("emulate-types", _emulate_types),
     ("plan-streaming", _plan_streaming),
     ("fold-transposes", _fold_transposes),
     ("fuse", _fuse),
