@@ -42,6 +42,7 @@ from jax_ipu.compiler.options import CompileOptions
 from jax_ipu.compiler.passes import spmd, streaming
 from jax_ipu.compiler.passes.demote import demote_64bit
 from jax_ipu.compiler.passes.emulate import emulate_products
+from jax_ipu.compiler.passes.fft import expand_ffts
 from jax_ipu.compiler.passes.fold_transposes import fold_result_transposes
 from jax_ipu.compiler.passes.fuse import fuse
 from jax_ipu.compiler.passes.legalize import FlatFunction, legalize
@@ -117,8 +118,9 @@ def _legalize(c: Compilation) -> None:
 
 
 def _emulate_types(c: Compilation) -> None:
-    """bfloat16 and complex64 products as float32 ones (passes/emulate.py)."""
-    c.flat.ops = emulate_products(c.flat.ops)
+    """FFTs as products and element-wise ops on tiles (passes/fft.py), and
+    bfloat16 and complex64 products as float32 ones (passes/emulate.py)."""
+    c.flat.ops = emulate_products(expand_ffts(c.flat.ops))
 
 
 def _plan_streaming(c: Compilation) -> None:

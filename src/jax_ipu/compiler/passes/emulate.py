@@ -10,7 +10,8 @@ so that their planners, vertices and cost rules stay those of float32:
   upcasts bfloat16 products), the result rounded to bfloat16 once;
 - a complex64 one: four real products of the parts, re = ar.br - ai.bi
   and im = ar.bi + ai.br (two when an operand is real), joined by
-  stablehlo.complex.
+  stablehlo.complex;
+- (an FFT is expanded before, into such ops: fft.py).
 
 Every op made here carries the attribute EMULATES, naming what it
 emulates, so that the compile log and the profile can charge it to the
