@@ -639,6 +639,7 @@ def dumps(program: Program, meta: dict | None = None) -> bytes:
             "token_outputs": [int(i) for i in program.token_outputs],
             "streaming_inputs": [int(i) for i in program.streaming_inputs],
             "streaming_outputs": [int(i) for i in program.streaming_outputs],
+            "emulated": [[str(e["op"]), int(e["count"]), int(e["cycles"])] for e in program.emulated],
         },
         "meta": enc.value(meta or {}),
     }
@@ -1208,7 +1209,7 @@ def _program(h, dec: _Decoder, tensors: list[Tensor]) -> Program:
               "outputs": None, "input_types": "*type", "output_types": "*type", "aliases": None, "in_place": None,
               "cycles": "int", "unknown_trip_loops": "[any", "host_cycles": "int", "memory": "?memory",
               "flops": "float", "shardings": "any", "bytes_accessed": "float", "transcendentals": "float",
-              "token_outputs": None, "streaming_inputs": None, "streaming_outputs": None}
+              "token_outputs": None, "streaming_inputs": None, "streaming_outputs": None, "emulated": None}
     if type(h) is not dict or set(h) != set(fields):
         _fail("program: malformed")
     values = {}
@@ -1236,6 +1237,11 @@ def _program(h, dec: _Decoder, tensors: list[Tensor]) -> Program:
             values[f][o] = i
     for f in ("token_outputs", "streaming_inputs", "streaming_outputs"):
         values[f] = tuple(_int_list(h[f], f"program.{f}"))
+    rows = h["emulated"]
+    if type(rows) is not list or not all(type(r) is list and len(r) == 3 and type(r[0]) is str
+                                         and type(r[1]) is int and type(r[2]) is int for r in rows):
+        _fail("program.emulated: malformed")
+    values["emulated"] = [{"op": op, "count": count, "cycles": cycles} for op, count, cycles in rows]
     if len(values["input_types"]) != len(values["inputs"]) or len(values["output_types"]) != len(values["outputs"]):
         _fail("program: types do not match inputs and outputs")
     for loop in values["unknown_trip_loops"]:

@@ -14,17 +14,21 @@ so that their planners, vertices and cost rules stay those of float32:
 - (an FFT is expanded before, into such ops: fft.py).
 
 Every op made here carries the attribute EMULATES, naming what it
-emulates, so that the compile log and the profile can charge it to the
+emulates, so that the compile log and the profile charge it to the
 emulated op (compiler/emulation.py)."""
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 
 from jax_ipu import ir
 from jax_ipu.targets import BFLOAT16, COMPLEX64
 
-# The attribute naming what an op made by an expansion emulates.
+# The attribute of an op made by an expansion: (what it emulates, the
+# number of the op it stands for), read by the lower pass to charge it.
 EMULATES = "jax_ipu.emulates"
+_sources = itertools.count()
 _F32 = np.dtype(np.float32)
 _PRODUCTS = ("dot_general", "convolution")
 
@@ -34,14 +38,14 @@ class Emitter:
     with what they emulate."""
 
     def __init__(self, op: ir.Op, what: str):
-        self.loc, self.what = op.loc, what
+        self.loc, self.tag = op.loc, (what, next(_sources))
         self.ops: list[ir.Op] = []
         self._parts: dict = {}
 
     def __call__(self, name: str, operands, result, **attrs) -> ir.Value:
         """result: an ir.Value to define, or the ir.Type of a new one."""
         value = result if isinstance(result, ir.Value) else ir.Value(result)
-        self.ops.append(ir.Op(name, list(operands), [value], {**attrs, EMULATES: self.what}, [], self.loc))
+        self.ops.append(ir.Op(name, list(operands), [value], {**attrs, EMULATES: self.tag}, [], self.loc))
         return value
 
     def constant(self, value: np.ndarray) -> ir.Value:
