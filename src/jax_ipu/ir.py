@@ -167,6 +167,10 @@ class Function:
     # Per argument / result: JAX's memory kind (mhlo.memory_kind), when given.
     arg_memory_kinds: list[str | None] = dataclasses.field(default_factory=list)
     result_memory_kinds: list[str | None] = dataclasses.field(default_factory=list)
+    # Per argument / result: JAX's device-local layout (mhlo.layout_mode:
+    # "default", "auto", or an XLA layout "{minor,...,major}"), when given.
+    arg_layout_modes: list[str | None] = dataclasses.field(default_factory=list)
+    result_layout_modes: list[str | None] = dataclasses.field(default_factory=list)
 
     @property
     def arg_types(self) -> list[Type]:

@@ -39,6 +39,10 @@ DEFAULT_FILES = ["lax_test", "lax_numpy_test", "lax_numpy_reducers_test", "lax_n
 MULTI_DEVICE_FILES = {"shard_map_test", "pjit_test", "pmap_test", "array_test", "memories_test",
                       "multi_device_test", "shard_alike_test", "layout_test"}
 MULTI_DEVICE_COUNT = 8
+# Files run as if the IPU were a GPU (the as_gpu.py plugin): JAX runs most
+# of memories_test (memory kinds, host offloading, compute_on) only when the
+# device under test is a TPU or a GPU; jax-ipu implements what it checks.
+AS_GPU_FILES = {"memories_test"}
 
 
 def known_failures(path: pathlib.Path) -> list[tuple[str, str]]:
@@ -89,7 +93,7 @@ def check_default_backend(jax_src: pathlib.Path) -> None:
 
 
 def run_file(jax_src: pathlib.Path, name: str, out: pathlib.Path, workers: int, timeout: int,
-             extra: list[str]) -> pathlib.Path:
+             extra: list[str], as_gpu: bool = False) -> pathlib.Path:
     junit = out / f"{name}.xml"
     command = [sys.executable, "-m", "pytest", str(jax_src / "tests" / f"{name}.py"), "-q",
                "-p", "no:cacheprovider", "-p", "no:benchmark", "-o", "addopts=",
@@ -97,6 +101,9 @@ def run_file(jax_src: pathlib.Path, name: str, out: pathlib.Path, workers: int, 
     if workers > 1:
         command += ["-n", str(workers), "--max-worker-restart", "1000"]
     env = dict(os.environ, JAX_PLATFORMS=PLATFORMS)
+    if as_gpu:
+        command += ["-p", "as_gpu"]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
     if name in MULTI_DEVICE_FILES:
         env.setdefault("JAX_IPU_DEVICE_COUNT", str(MULTI_DEVICE_COUNT))
     print("+", " ".join(command), flush=True)
@@ -129,6 +136,8 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--timeout", type=int, default=300, help="seconds per test")
     parser.add_argument("--known", type=pathlib.Path, default=HERE / "known_failures.txt")
+    parser.add_argument("--as-gpu", nargs="*", default=sorted(AS_GPU_FILES),
+                        help="files run as if the IPU were a GPU (JAX's device under test)")
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest after --")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -139,7 +148,8 @@ def main(argv=None) -> int:
     rows, buckets = [], collections.defaultdict(list)
     new_failures, fixed = [], []
     for name in args.files:
-        junit = run_file(args.jax_src, name, args.out, args.workers, args.timeout, args.pytest_args)
+        junit = run_file(args.jax_src, name, args.out, args.workers, args.timeout, args.pytest_args,
+                         as_gpu=name in args.as_gpu)
         counts = collections.Counter()
         for test_id, outcome, message in read_junit(junit):
             counts[outcome] += 1
@@ -157,7 +167,7 @@ def main(argv=None) -> int:
             elif outcome == "passed" and reason is not None:
                 fixed.append(test_id)
         ran = counts["passed"] + counts["failed"]
-        rows.append((name, counts["passed"], counts["failed"], counts["skipped"], counts["excluded"],
+        rows.append((f"{name} (as gpu)" if name in args.as_gpu else name, counts["passed"], counts["failed"], counts["skipped"], counts["excluded"],
                      100.0 * counts["passed"] / ran if ran else 0.0))
 
     passed = sum(r[1] for r in rows)

@@ -32,9 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_ipu.model.executors import elementwise as model_elementwise
-from jax_ipu.model.executors import reduce as model_reduce
 from jax_ipu.model.fast import blas, lanes, xla_chains
+from jax_ipu.model.fast import chains as model_elementwise
+from jax_ipu.model.fast import reduce as model_reduce
 from jax_ipu.pjrt.executable import QUICK_ELEMENTS
 from values import (
     ARR_SOURCE,

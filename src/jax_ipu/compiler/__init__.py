@@ -40,7 +40,7 @@ from jax_ipu.compiler.lowering import (  # noqa: F401
     windows,
 )
 from jax_ipu.compiler.options import CompileOptions
-from jax_ipu.compiler.passes import spmd, streaming
+from jax_ipu.compiler.passes import layouts, spmd, streaming
 from jax_ipu.compiler.passes.demote import demote_64bit
 from jax_ipu.compiler.passes.emulate import emulate_products
 from jax_ipu.compiler.passes.fft import expand_ffts
@@ -76,6 +76,8 @@ class Compilation:
     input_types: list = dataclasses.field(default_factory=list)    # as JAX sees them
     output_types: list = dataclasses.field(default_factory=list)
     flat: FlatFunction | None = None     # main with calls inlined, after legalize
+    input_layouts: tuple = ()            # device-local layouts (major_to_minor or None
+    output_layouts: tuple = ()           # each; empty: all row-major)
     streaming_inputs: tuple = ()         # indices of arguments and results held in
     streaming_outputs: tuple = ()        # streaming memory, not on the tiles
     nodes: list | None = None            # ops and fused element-wise clusters
@@ -125,6 +127,13 @@ def _emulate_types(c: Compilation) -> None:
     """FFTs as products and element-wise ops on tiles (passes/fft.py), and
     bfloat16 and complex64 products as float32 ones (passes/emulate.py)."""
     c.flat.ops = emulate_products(expand_ffts(c.flat.ops))
+
+
+def _plan_layouts(c: Compilation) -> None:
+    """Arguments and results in a layout other than row-major: the device
+    holds them transposed."""
+    main = c.module.main
+    c.input_layouts, c.output_layouts = layouts.plan(c.flat, main.arg_layout_modes, main.result_layout_modes)
 
 
 def _plan_streaming(c: Compilation) -> None:
@@ -203,7 +212,8 @@ def _build_program(c: Compilation) -> None:
         shardings=c.layout, flops=b.flops, transcendentals=b.transcendentals,
         bytes_accessed=float(sum(t.nbytes for t in b.tensors if t.constant is None)),
         token_outputs=c.token_outputs, streaming_inputs=c.streaming_inputs,
-        streaming_outputs=c.streaming_outputs, emulated=c.emulated)
+        streaming_outputs=c.streaming_outputs, input_layouts=c.input_layouts, output_layouts=c.output_layouts,
+        emulated=c.emulated)
 
 
 def _check_fits(c: Compilation) -> None:
@@ -218,6 +228,7 @@ PASSES: list[tuple[str, Callable[[Compilation], None]]] = [
     ("demote-64bit", _demote_64bit),
     ("legalize", _legalize),
     ("emulate-types", _emulate_types),
+    ("plan-layouts", _plan_layouts),
     ("plan-streaming", _plan_streaming),
     ("fold-transposes", _fold_transposes),
     ("fuse", _fuse),

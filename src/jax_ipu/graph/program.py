@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import numpy as np
+
 from jax_ipu import ir
 from jax_ipu.graph.codelets_collectives import COLLECTIVES
 from jax_ipu.graph.memory import MemoryReport
-from jax_ipu.graph.programs import Copy, Execute, Sequence, leaves
+from jax_ipu.graph.programs import Copy, Execute, Sequence, StreamingCopy, leaves
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View
 
@@ -46,6 +48,11 @@ class Program:
     # pinned_host), not in tile SRAM.
     streaming_inputs: tuple[int, ...] = ()
     streaming_outputs: tuple[int, ...] = ()
+    # The device-local layouts of the arguments and results: per one, its
+    # dimensions major first (the tensor holds it transposed so), or None
+    # for row-major; empty when all are row-major.
+    input_layouts: tuple = ()
+    output_layouts: tuple = ()
     # The ops computing on types the IPU emulates (bfloat16, complex64), by
     # what they emulate ("bfloat16 multiply", "complex64 dot_general"):
     # {"op", "count" (ops of the program), "cycles" (their steps' share,
@@ -126,4 +133,7 @@ class Program:
                              f"{len(cs.tiles())} tiles, {step.cycles} cycles")
             elif isinstance(step, Copy):
                 lines.append(f"  Copy -> {step.dst.name}: {step.exchange_bytes} B, {step.cycles} cycles")
+            elif isinstance(step, StreamingCopy):
+                nbytes = int(np.prod(step.sizes, dtype=np.int64)) * step.tile.dtype.itemsize
+                lines.append(f"  StreamingCopy {step.name}: {nbytes} B, {step.cycles} cycles")
         return "\n".join(lines)

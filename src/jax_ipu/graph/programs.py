@@ -36,6 +36,24 @@ class Copy:
 
 
 @dataclasses.dataclass(eq=False)
+class StreamingCopy:
+    """A window of `buffer` (a tensor in streaming memory, read through
+    reshapes only) copied onto the tiles into `tile` (store False), or
+    `tile` copied into that window (store True): Poplar's Copy between a
+    RemoteBuffer and a tensor at an offset read at run time. The window
+    has `sizes` and starts at `starts`, per axis a scalar integer view on
+    the tiles or a constant, clamped so that the window fits (as XLA's
+    dynamic_slice); `tile` holds its elements in order."""
+    buffer: View
+    tile: Tensor
+    starts: tuple
+    sizes: tuple[int, ...]
+    store: bool
+    name: str = ""
+    cycles: int = 0                # streaming memory's bandwidth and latency
+
+
+@dataclasses.dataclass(eq=False)
 class Repeat:
     count: int
     body: Sequence

@@ -60,7 +60,7 @@ from jax_ipu.graph.views import _SHAPE, Concat, View
 from jax_ipu.utils import gc_pause
 
 MAGIC = b"JAXIPUPG"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 4   # 3: StreamingCopy steps, argument and result layouts; 4: emulated ops
 _MARK = struct.Struct("<8sI")
 PREFIX = struct.Struct("<8sIQQQQ32s")
 _ALIGN = 64
@@ -398,6 +398,8 @@ _SCHEMA: dict[type, dict[str, str]] = {
                 "sync_cycles": "int"},
     p.Copy: {"src": "viewlike", "dst": "tensor", "cycles": "int", "exchange_bytes": "int",
              "exchange_cycles": "int", "sync_cycles": "int"},
+    p.StreamingCopy: {"buffer": "view", "tile": "tensor", "starts": "any", "sizes": "*int", "store": "bool",
+                      "name": "str", "cycles": "int"},
     p.Repeat: {"count": "int", "body": "seq", "name": "str"},
     p.RepeatWhileTrue: {"condition": "seq", "predicate": "tensor", "body": "seq", "name": "str"},
     p.If: {"predicate": "tensor", "then_body": "seq", "else_body": "seq"},
@@ -423,7 +425,7 @@ _SCHEMA: dict[type, dict[str, str]] = {
 # and scatters), by name.
 _LATE = {cls.__name__: cls for cls in (ir.GatherDimensionNumbers, ir.ScatterDimensionNumbers)}
 _BY_NAME = {cls.__name__: cls for cls in _SCHEMA}
-_STEPS = (p.Sequence, p.Execute, p.Copy, p.Repeat, p.RepeatWhileTrue, p.If, p.Switch, p.Call, p.HostToDevice,
+_STEPS = (p.Sequence, p.Execute, p.Copy, p.StreamingCopy, p.Repeat, p.RepeatWhileTrue, p.If, p.Switch, p.Call, p.HostToDevice,
           p.DeviceToHost, p.HostCall)
 _KERNELS = tuple(RECORDS)
 # The fields written by the vertex table, not the tree.
@@ -639,6 +641,8 @@ def dumps(program: Program, meta: dict | None = None) -> bytes:
             "token_outputs": [int(i) for i in program.token_outputs],
             "streaming_inputs": [int(i) for i in program.streaming_inputs],
             "streaming_outputs": [int(i) for i in program.streaming_outputs],
+            "input_layouts": [None if x is None else [int(d) for d in x] for x in program.input_layouts],
+            "output_layouts": [None if x is None else [int(d) for d in x] for x in program.output_layouts],
             "emulated": [[str(e["op"]), int(e["count"]), int(e["cycles"])] for e in program.emulated],
         },
         "meta": enc.value(meta or {}),
@@ -1209,7 +1213,8 @@ def _program(h, dec: _Decoder, tensors: list[Tensor]) -> Program:
               "outputs": None, "input_types": "*type", "output_types": "*type", "aliases": None, "in_place": None,
               "cycles": "int", "unknown_trip_loops": "[any", "host_cycles": "int", "memory": "?memory",
               "flops": "float", "shardings": "any", "bytes_accessed": "float", "transcendentals": "float",
-              "token_outputs": None, "streaming_inputs": None, "streaming_outputs": None, "emulated": None}
+              "token_outputs": None, "streaming_inputs": None, "streaming_outputs": None,
+              "input_layouts": None, "output_layouts": None, "emulated": None}
     if type(h) is not dict or set(h) != set(fields):
         _fail("program: malformed")
     values = {}
@@ -1244,6 +1249,15 @@ def _program(h, dec: _Decoder, tensors: list[Tensor]) -> Program:
     values["emulated"] = [{"op": op, "count": count, "cycles": cycles} for op, count, cycles in rows]
     if len(values["input_types"]) != len(values["inputs"]) or len(values["output_types"]) != len(values["outputs"]):
         _fail("program: types do not match inputs and outputs")
+    for f, types in (("input_layouts", values["input_types"]), ("output_layouts", values["output_types"])):
+        found = h[f]
+        if type(found) is not list or (found and len(found) != len(types)):
+            _fail(f"program.{f}: malformed")
+        for x, t in zip(found, types, strict=False):
+            if x is not None and (type(x) is not list or sorted(x) != list(range(len(t.shape)))
+                                  or not all(type(d) is int for d in x)):
+                _fail(f"program.{f}: not an order of the dimensions")
+        values[f] = tuple(None if x is None else tuple(x) for x in found)
     for loop in values["unknown_trip_loops"]:
         if type(loop) is not dict or not {"cycles_per_iteration", "entered"} <= set(loop):
             _fail("program.unknown_trip_loops: malformed")

@@ -31,6 +31,7 @@ from jax_ipu.graph.views import View
 # the reference ones, and the fast ones beside them.
 from jax_ipu.model import links, registry
 from jax_ipu.model.executors import common
+from jax_ipu.model.executors.indexing import clamped_window
 from jax_ipu.model.fast import fusion, helper, lanes, lazy_copies, straight_line, views
 from jax_ipu.model.fast.xla_chains import aligned_copy
 from jax_ipu.targets import Target
@@ -62,6 +63,10 @@ def _describe(step) -> tuple[str, str, int, int]:
         return ("Copy", step.dst.name, step.cycles, step.exchange_bytes)
     if isinstance(step, p.HostCall):
         return ("HostCall", f"host callback {step.callback_id} {step.name}".rstrip(), step.cycles, 0)
+    if isinstance(step, p.StreamingCopy):
+        return ("Copy", step.name, step.cycles, 0)
+    if isinstance(step, p.StreamingCopy):
+        return ("Copy", step.name, step.cycles, 0)
     return (type(step).__name__, str(step.index), step.cycles, 0)
 
 
@@ -219,6 +224,8 @@ class _Loaded:
             return copy
         if isinstance(step, p.HostCall):
             return _host_call(step, self.read)
+        if isinstance(step, p.StreamingCopy):
+            return _streaming_copy(step, self.read)
         return None   # host streams: run() binds inputs and collects outputs
 
     def _control(self, step):
@@ -261,6 +268,29 @@ class _Loaded:
 
 def _no_op(state) -> None:
     pass
+
+
+def _streaming_copy(step: p.StreamingCopy, read):
+    """A window of a tensor in streaming memory loaded onto the tiles, or
+    stored from them into its place (the tensor's memory, which the
+    compiler writes only when nothing else reads it)."""
+    bid, shape, tid, tile_shape = step.buffer.tensor.id, step.buffer.shape, step.tile.id, step.tile.shape
+    dtype, window = step.tile.dtype, clamped_window(step.starts, step.buffer.shape, step.sizes, read)
+    if step.store:
+        def store(state):
+            buffer = state[bid]
+            if buffer is None or not buffer.flags.writeable:   # not yet written (its contents are undefined)
+                buffer = np.zeros(shape, dtype) if buffer is None else np.array(buffer)
+            buffer = buffer.reshape(shape)
+            buffer[window(state)] = state[tid].reshape(step.sizes)
+            state[bid] = buffer.reshape(step.buffer.tensor.shape)
+        return store
+
+    def load(state):
+        buffer = state[bid]
+        buffer = np.zeros(shape, dtype) if buffer is None else buffer.reshape(shape)
+        state[tid] = np.array(buffer[window(state)]).reshape(tile_shape)
+    return load
 
 
 # The host's side of HostCall steps: fn(callback id, operands, result specs,

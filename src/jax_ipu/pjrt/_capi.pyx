@@ -17,6 +17,7 @@ from cpython.pycapsule cimport PyCapsule_New
 from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, calloc, free
+from libc.stdio cimport snprintf
 from libc.string cimport memcpy, memset, strlen
 
 cdef extern from "Python.h" nogil:
@@ -213,6 +214,35 @@ cdef extern from "pjrt_decls.h" nogil:
         PJRT_Extension_Base base
         void* parameter_shardings
         void* output_shardings
+    int IPU_EXTENSION_TYPE_LAYOUTS
+    ctypedef struct PJRT_Layouts_MemoryLayout:
+        char* text
+        size_t text_size
+    ctypedef PJRT_Layouts_MemoryLayout PJRT_Layouts_SerializedLayout
+    ctypedef struct PJRT_Layouts_MemoryLayout_Destroy_Args:
+        PJRT_Layouts_MemoryLayout* layout
+    ctypedef struct PJRT_Layouts_MemoryLayout_Serialize_Args:
+        PJRT_Layouts_MemoryLayout* layout
+        const char* serialized_bytes
+        size_t serialized_bytes_size
+        PJRT_Layouts_SerializedLayout* serialized_layout
+        void (*serialized_layout_deleter)(PJRT_Layouts_SerializedLayout*) noexcept nogil
+    ctypedef struct PJRT_Layouts_PJRT_Buffer_MemoryLayout_Args:
+        PJRT_Buffer* buffer
+        PJRT_Layouts_MemoryLayout* layout
+    ctypedef struct PJRT_Layouts_DefaultLayout_Args:
+        const int64_t* dims
+        size_t num_dims
+        PJRT_Layouts_MemoryLayout* layout
+    ctypedef struct PJRT_Layouts_Extension:
+        PJRT_Extension_Base base
+        void* memory_layout_destroy
+        void* memory_layout_serialize
+        void* client_get_default_layout
+        void* buffer_memory_layout
+        void* topology_get_default_layout
+        void* executable_get_output_layouts
+        void* executable_get_parameter_layouts
     int IPU_EXTENSION_TYPE_PROFILER
     ctypedef PJRT_Error PLUGIN_Profiler_Error
     ctypedef struct PLUGIN_Profiler:
@@ -625,6 +655,7 @@ include "plugin.pxi"
 include "client.pxi"
 include "distributed.pxi"
 include "buffer.pxi"
+include "layouts.pxi"
 include "executable.pxi"
 include "profiler.pxi"
 include "api_table.pxi"

@@ -24,6 +24,16 @@ PROFILER.base.struct_size = sizeof(PJRT_Profiler_Extension)
 PROFILER.base.type = IPU_EXTENSION_TYPE_PROFILER
 PROFILER.base.next = NULL
 PROFILER.profiler_api = PROFILER_API
+# ... and buffers' device-local layouts.
+cdef PJRT_Layouts_Extension* LAYOUTS = <PJRT_Layouts_Extension*>calloc(1, sizeof(PJRT_Layouts_Extension))
+LAYOUTS.base.struct_size = sizeof(PJRT_Layouts_Extension)
+LAYOUTS.base.type = IPU_EXTENSION_TYPE_LAYOUTS
+LAYOUTS.memory_layout_destroy = <void*>e_layout_destroy
+LAYOUTS.memory_layout_serialize = <void*>e_layout_serialize
+LAYOUTS.client_get_default_layout = <void*>e_default_layout
+LAYOUTS.buffer_memory_layout = <void*>e_buffer_layout
+LAYOUTS.topology_get_default_layout = <void*>e_default_layout
+PROFILER.base.next = &LAYOUTS.base
 SHARDINGS.base.next = &PROFILER.base
 API.extension_start = <void*>SHARDINGS
 API.pjrt_api_version.struct_size = sizeof(PJRT_Api_Version)

@@ -175,7 +175,7 @@ cdef PJRT_Error* e_buffer_copy_raw_to_host(PJRT_Buffer_CopyRawToHost_Args* a) no
         saved = py_enter()
         try:
             dst = PyMemoryView_FromMemory(<char*>a.dst, a.transfer_size, PyBUF_WRITE)
-            a.event = event_of((<object>b.py).copy_to_host(dst, a.offset))
+            a.event = event_of((<object>b.py).copy_to_host(dst, a.offset, None, True))
             return NULL
         except BaseException as exc:
             return error_from_exception(exc)
@@ -236,11 +236,10 @@ cdef PJRT_Error* e_client_buffer_from_host(PJRT_Client_BufferFromHostBuffer_Args
     with gil:
         saved = py_enter()
         try:
-            if a.device_layout != NULL:
-                raise NotImplementedError("jax-ipu keeps arrays in the default (row-major) layout; "
-                                          "custom device layouts are not supported")
+            order = device_layout_order(<PJRT_Buffer_MemoryLayout*>a.device_layout, a.num_dims)
             drain_released_now()
-            py_buffer = (<object>a.client.py).buffer_from_host(host_array(a), dev.id, memory, dev.bytes_in_use)
+            py_buffer = (<object>a.client.py).buffer_from_host(host_array(a), dev.id, memory, dev.bytes_in_use,
+                                                              order)
             a.buffer = wrap_buffer(a.client, py_buffer)
             # The data was copied during the call: the host buffer is free now.
             a.done_with_host_buffer = ready_event()

@@ -72,11 +72,17 @@ class ArraySpec:
     """What a buffer's C handle reports: computed once per shape, shared by
     every buffer of it (executables make one per output at compile time).
     `dtype` is what JAX sees; `device_dtype` what the device holds (a
-    64-bit type's 32-bit sibling, under JAX_IPU_F64_AS_F32)."""
+    64-bit type's 32-bit sibling, under JAX_IPU_F64_AS_F32). `layout`: the
+    order of the dimensions the elements are held in, major first (None:
+    row-major); the buffer holds the array transposed so, of `held_shape`
+    (compiler.passes.layouts)."""
 
-    __slots__ = ("dtype", "device_dtype", "shape", "dims", "dims_address", "pjrt_type", "nbytes")
+    __slots__ = ("dtype", "device_dtype", "shape", "dims", "dims_address", "pjrt_type", "nbytes", "layout",
+                 "held_shape")
 
-    def __init__(self, dtype: np.dtype, shape: tuple[int, ...]):
+    def __init__(self, dtype: np.dtype, shape: tuple[int, ...], layout: tuple[int, ...] | None = None):
+        self.layout = layout
+        self.held_shape = tuple(int(d) for d in shape) if layout is None else tuple(int(shape[d]) for d in layout)
         self.dtype = np.dtype(dtype)
         self.device_dtype = AS_32.get(self.dtype, self.dtype)
         self.shape = tuple(int(d) for d in shape)
@@ -87,10 +93,12 @@ class ArraySpec:
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
     @classmethod
-    def of(cls, dtype, shape) -> ArraySpec:
-        """The one spec of a dtype and shape, so that checks on every call
-        compare identities (comparing numpy dtypes is slow)."""
-        key = (np.dtype(dtype), tuple(int(d) for d in shape))
+    def of(cls, dtype, shape, layout: tuple[int, ...] | None = None) -> ArraySpec:
+        """The one spec of a dtype, shape and layout, so that checks on every
+        call compare identities (comparing numpy dtypes is slow)."""
+        if layout is not None and tuple(layout) == tuple(range(len(layout))):
+            layout = None
+        key = (np.dtype(dtype), tuple(int(d) for d in shape), None if layout is None else tuple(layout))
         spec = _SPECS.get(key)
         if spec is None:
             spec = _SPECS.setdefault(key, cls(*key))
@@ -164,22 +172,28 @@ class DeviceBuffer:
         self._array = None
 
     # -- transfers --
-    def copy_to_host(self, dst: memoryview, offset: int = 0, order=None) -> Event:
-        """Copies bytes [offset, offset+len(dst)) into dst once ready;
-        `order` permutes the dimensions (major to minor) for the host."""
+    def copy_to_host(self, dst: memoryview, offset: int = 0, order=None, raw: bool = False) -> Event:
+        """Copies bytes [offset, offset+len(dst)) of the array into dst once
+        ready; `order` permutes the dimensions (major to minor) for the host.
+        raw: the bytes as the device holds them (in the buffer's layout)."""
         done = Event()
         if not self.ready.is_ready:
             self.device.worker.help()      # the host waits for it: no grace
         if self.ready.is_ready:
-            self._copy(dst, offset, order, done)
+            self._copy(dst, offset, order, raw, done)
         else:
-            self.device.worker.submit(lambda: self._copy(dst, offset, order, done))
+            self.device.worker.submit(lambda: self._copy(dst, offset, order, raw, done))
         return done
 
-    def _copy(self, dst: memoryview, offset: int, order, done: Event) -> None:
+    def _copy(self, dst: memoryview, offset: int, order, raw: bool, done: Event) -> None:
         self.ready.wait()
         try:
-            data = self.array() if order is None else np.ascontiguousarray(self.array().transpose(order))
+            data = self.array()
+            if self.spec.layout is not None and not raw:
+                data = data.transpose(np.argsort(self.spec.layout))
+            if order is not None:
+                data = data.transpose(order)
+            data = np.ascontiguousarray(data)
             if data.dtype != self.spec.dtype:   # held narrower (JAX_IPU_F64_AS_F32)
                 data = data.astype(self.spec.dtype)
             flat = data.reshape(-1).view(np.uint8)

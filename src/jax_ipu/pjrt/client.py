@@ -152,13 +152,18 @@ class Client:
         return from_bytes(self, data, options)
 
     def buffer_from_host(self, array: np.ndarray, device_id: int, memory: int = 0,
-                         bytes_in_use: int = 0) -> DeviceBuffer:
+                         bytes_in_use: int = 0, layout: tuple[int, ...] | None = None) -> DeviceBuffer:
+        """`layout`: the order of dimensions (major first) the device holds
+        the array in (JAX's device_layout), None for row-major."""
         check_ipu_dtype(array.dtype, self.f64_as_f32, self.config.emulate_types)
         device = self.device(device_id)
-        spec = ArraySpec.of(array.dtype, array.shape)
+        if layout is not None and sorted(layout) != list(range(array.ndim)):
+            raise IpuInvalidArgument(f"layout {tuple(layout)} does not order the {array.ndim} dimensions of "
+                                     f"a {array.dtype}{list(array.shape)} array")
+        spec = ArraySpec.of(array.dtype, array.shape, layout)
         if memory == 0 and not self.config.allow_out_of_memory:   # (Poplar's debug.allowOutOfMemory)
             _check_room(device, spec, bytes_in_use, "device_put")
-        data = to_device(array, spec)
+        data = to_device(array if spec.layout is None else array.transpose(spec.layout), spec)
         device.transfers.host_to_device += data.nbytes
         return DeviceBuffer(device, spec, data, memory=memory)
 

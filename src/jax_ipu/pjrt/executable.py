@@ -84,10 +84,12 @@ class Executable:
         self.local_device_ids = [self.device_ids[r] for r in self.local_ranks]
         self.local_logical_ids = [self.logical_ids[r] for r in self.local_ranks]
         self.serialized_device_assignment = serialized_assignment
-        self.output_specs = [ArraySpec.of(t.dtype, t.shape) for t in program.output_types]
+        self.output_specs = [ArraySpec.of(t.dtype, t.shape, _layout(program.output_layouts, i))
+                             for i, t in enumerate(program.output_types)]
         self.output_types = [spec.pjrt_type for spec in self.output_specs]
         self.output_shapes = [spec.shape for spec in self.output_specs]
-        self.input_specs = [ArraySpec.of(t.dtype, t.shape) for t in program.input_types]
+        self.input_specs = [ArraySpec.of(t.dtype, t.shape, _layout(program.input_layouts, i))
+                            for i, t in enumerate(program.input_types)]
         self.donated = sorted(set(program.aliases.values()))
         self.donated_set = frozenset(self.donated)
         self.num_params = len(program.input_types)
@@ -257,11 +259,24 @@ class Executable:
             if buf.device is not device:
                 raise IpuInvalidArgument(f"argument {i} of {self.name} is on {buf.device.to_string}, "
                                          f"not on {device.to_string}")
+            if spec.layout != expected.layout:
+                raise IpuInvalidArgument(
+                    f"argument {i} of {self.name} is in layout {_named(spec.layout, spec.shape)} but the program "
+                    f"was compiled for {_named(expected.layout, expected.shape)}: move it with "
+                    "jax.device_put(x, Format(layout, sharding)) first")
             if buf.memory != self.input_memories[i]:
                 raise IpuInvalidArgument(
                     f"argument {i} of {self.name} is in memory kind {Device.memories[buf.memory][0]!r} but the "
                     f"program was compiled for {Device.memories[self.input_memories[i]][0]!r}: move it with "
                     "jax.device_put(x, sharding.with_memory_kind(...)) first")
+
+
+def _layout(layouts: tuple, i: int) -> tuple[int, ...] | None:
+    return layouts[i] if layouts else None
+
+
+def _named(layout: tuple[int, ...] | None, shape: tuple[int, ...]) -> str:
+    return f"Layout(major_to_minor={layout or tuple(range(len(shape)))})"
 
 
 def _check_donations(row: list[DeviceBuffer], donated: frozenset) -> None:
@@ -316,7 +331,21 @@ def program_text(name: str, program, stablehlo: str | None = None) -> str:
     attributes = f"ipu_program = {_mlir_string(program.summary())}"
     if stablehlo is not None:
         attributes += f", stablehlo = {_mlir_string(stablehlo)}"
-    lines = [f"module @{symbol} attributes {{mhlo.frontend_attributes = {{{attributes}}}}} {{",
+    layouts = ""
+    if program.input_layouts or program.output_layouts:
+        # XLA reads the executable's layouts from these (XLA's minor to major).
+        def minor_to_major(layout_list, types) -> str:
+            dense = []
+            for i, t in enumerate(types):
+                order = _layout(layout_list, i) or tuple(range(len(t.shape)))
+                dense.append(f"dense<[{', '.join(str(d) for d in order[::-1])}]> : tensor<{len(order)}xindex>"
+                             if order else "dense<> : tensor<0xindex>")
+            return "[" + ", ".join(dense) + "]"
+        layouts = (f"mhlo.xla_entry_computation_parameter_layouts = "
+                   f"{minor_to_major(program.input_layouts, program.input_types)}, "
+                   f"mhlo.xla_entry_computation_result_layout = "
+                   f"{minor_to_major(program.output_layouts, program.output_types)}, ")
+    lines = [f"module @{symbol} attributes {{{layouts}mhlo.frontend_attributes = {{{attributes}}}}} {{",
              f"  func.func public @main({args}) -> ({', '.join(results)}) {{"]
     lines += [f"    %{i} = {zero(t)}" for i, t in enumerate(program.output_types)]
     lines += [f"    return {', '.join(f'%{i}' for i in range(len(results)))}"

@@ -193,6 +193,34 @@ typedef struct {
   int64_t traceme_context_id; /* for args extensions only */
 } PJRT_Profiler_Extension;
 
+/* The layouts extension (xla/pjrt/c/pjrt_c_api_layouts_extension.h,
+ * version 4): a buffer's device-local layout. A layout is held as the text
+ * XLA prints it in ("{1,0}", minor to major), which is also the serialized
+ * form jaxlib reads (PjRtLayout::Deserialize). The executables' layouts are
+ * left NULL: jaxlib then reads them from the optimized program. */
+#define IPU_EXTENSION_TYPE_LAYOUTS 4 /* PJRT_Extension_Type_Layouts */
+typedef struct PJRT_Layouts_MemoryLayout { char* text; size_t text_size; } PJRT_Layouts_MemoryLayout;
+typedef struct PJRT_Layouts_MemoryLayout PJRT_Layouts_SerializedLayout; /* a copy, freed by its deleter */
+typedef struct { ARGS_HEAD PJRT_Layouts_MemoryLayout* layout; } PJRT_Layouts_MemoryLayout_Destroy_Args;
+typedef struct {
+  ARGS_HEAD PJRT_Layouts_MemoryLayout* layout;
+  const char* serialized_bytes; size_t serialized_bytes_size;      /* out */
+  PJRT_Layouts_SerializedLayout* serialized_layout;                /* out */
+  void (*serialized_layout_deleter)(PJRT_Layouts_SerializedLayout*); /* out */
+} PJRT_Layouts_MemoryLayout_Serialize_Args;
+typedef struct { ARGS_HEAD PJRT_Buffer* buffer; PJRT_Layouts_MemoryLayout* layout; } PJRT_Layouts_PJRT_Buffer_MemoryLayout_Args;
+/* Client_GetDefaultLayout and Topology_GetDefaultLayout: a client or topology, then these. */
+typedef struct {
+  ARGS_HEAD void* owner; int type; const int64_t* dims; size_t num_dims;
+  PJRT_Layouts_MemoryLayout* layout; /* out */
+} PJRT_Layouts_DefaultLayout_Args;
+typedef struct {
+  PJRT_Extension_Base base;
+  void* memory_layout_destroy; void* memory_layout_serialize; void* client_get_default_layout;
+  void* buffer_memory_layout; void* topology_get_default_layout;
+  void* executable_get_output_layouts; void* executable_get_parameter_layouts;
+} PJRT_Layouts_Extension;
+
 /* ---- argument structs ----------------------------------------------- */
 typedef struct { ARGS_HEAD int major_version; int minor_version; } PJRT_Api_Version;
 typedef struct { ARGS_HEAD PJRT_Error* error; } PJRT_Error_Destroy_Args;

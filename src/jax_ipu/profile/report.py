@@ -148,6 +148,8 @@ def _name(step) -> str:
         return step.control.name
     if isinstance(step, p.HostCall):
         return f"host callback {step.callback_id}"
+    if isinstance(step, p.StreamingCopy):
+        return step.name
     if isinstance(step, p.HostToDevice):
         return f"argument {step.index}"
     if isinstance(step, p.DeviceToHost):

@@ -104,6 +104,8 @@ class _FunctionImporter:
             result_shardings=[_lookup(r, _SHARDING_KEYS, _sharding_text, None) for r in results],
             arg_memory_kinds=[_lookup(a, ("mhlo.memory_kind",), _value, None) for a in args],
             result_memory_kinds=[_lookup(r, ("mhlo.memory_kind",), _value, None) for r in results],
+            arg_layout_modes=[_lookup(a, ("mhlo.layout_mode",), _value, None) for a in args],
+            result_layout_modes=[_lookup(r, ("mhlo.layout_mode",), _value, None) for r in results],
         )
 
     def block(self, region, where: str) -> ir.Block:

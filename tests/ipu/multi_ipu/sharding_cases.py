@@ -221,6 +221,30 @@ def offload_of_a_split_value(devices):
 
 
 @case
+def partial_sums_offloaded_whole(devices):
+    """A sum over split axes stored whole in streaming memory: the partial
+    sums are added up on the tiles before the move (streaming memory adds
+    nothing)."""
+    mesh = mesh_of(devices, (2, 2), ("x", "y"))
+    host = NamedSharding(mesh, P(), memory_kind="pinned_host")
+    out = jax.jit(lambda a: jnp.sum(a * 2, axis=0), out_shardings=host)(put(normal(16, 8, 4), mesh, P("x", "y")))
+    assert out.sharding.memory_kind == "pinned_host", out.sharding
+    return [out], {0: P()}
+
+
+@case
+def whole_value_stored_split(devices):
+    """A value every IPU computes whole, stored split in streaming memory:
+    each IPU takes its block on the tiles, then stores it."""
+    mesh = mesh_of(devices, (4,), ("d",))
+    host = NamedSharding(mesh, P("d"), memory_kind="pinned_host")
+    both = jax.jit(lambda: (jax.random.normal(jax.random.key(3), (16, 4)),) * 2,
+                   out_shardings=(NamedSharding(mesh, P("d")), host))()
+    assert both[1].sharding.memory_kind == "pinned_host", both[1].sharding
+    return list(both), {0: P("d"), 1: P("d")}
+
+
+@case
 def reversed_split_dimension(devices):
     """A split dimension reversed keeps its split: blocks swap places."""
     mesh = mesh_of(devices, (2, 2, 2), ("x", "y", "z"))

@@ -16,7 +16,8 @@ NAMES = ["matmul_output_split_along_another_axis", "matmul_with_one_axis_split_o
          "unreduced_sum_carried_into_a_shard_map", "unreduced_result_of_a_jit",
          "shard_map_without_replication_checks_and_its_gradient", "all_gather_to_reduced_and_its_gradient",
          "shard_map_over_some_axes", "nested_shard_maps", "device_put_between_meshes", "loop_over_split_weights",
-         "offload_of_a_split_value", "reversed_split_dimension", "values_split_alike",
+         "offload_of_a_split_value", "partial_sums_offloaded_whole", "whole_value_stored_split",
+         "reversed_split_dimension", "values_split_alike",
          "sharding_inspected_inside_jit"]
 
 

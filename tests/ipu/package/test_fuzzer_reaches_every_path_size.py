@@ -2,7 +2,7 @@
 programs.generate_sized) reach every size at which the IPU Model runs an op
 another way (model/, model/fast/), on both sides of it: element-wise chains
 and conversions of float32 and float16, reductions over short axes, and
-products by their multiply-adds. (tests/ipu/test_fuzz.py runs such programs
+products by their multiply-adds. (tests/ipu/user_programs/test_fuzz.py runs such programs
 against XLA:CPU.)"""
 from __future__ import annotations
 

@@ -142,7 +142,7 @@ def _foreign(data: bytes) -> bytes:
     (lambda data: data[:len(data) // 3], "checksum"),
     (lambda data: b"", "too few"),
     (_foreign, "saved by jax-ipu 0.0.1"),
-    (lambda data: data[:8] + struct.pack("<I", 1) + data[12:], "program format 1, this jax-ipu reads format 2"),
+    (lambda data: data[:8] + struct.pack("<I", 1) + data[12:], f"program format 1, this jax-ipu reads format {serialize.FORMAT_VERSION}"),
 ])
 def test_an_unusable_entry_is_compiled_again_with_a_warning(tmp_path, spoil, words):
     env = {"JAX_IPU_MODEL_NUM_TILES": "32"}

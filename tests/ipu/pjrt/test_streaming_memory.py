@@ -84,7 +84,7 @@ def test_computing_on_streaming_memory_is_refused(ipus):
     def loop(a):
         return jax.lax.fori_loop(0, 3, lambda i, c: c + a.sum(), 0.0)
     x = jax.device_put(np.ones(8, np.float32), SingleDeviceSharding(ipus[0], memory_kind="pinned_host"))
-    with pytest.raises(jax.errors.JaxRuntimeError, match="while at .* a value in streaming memory"):
+    with pytest.raises(jax.errors.JaxRuntimeError, match="reduce at .* computes on a value in streaming memory"):
         jax.jit(loop)(x)
 
 

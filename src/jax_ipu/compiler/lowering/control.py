@@ -18,6 +18,7 @@ from jax_ipu import ir
 from jax_ipu.compiler.builder import Builder, Lowered, Splat
 from jax_ipu.compiler.lowering.layout import copy_to_new, name_of
 from jax_ipu.compiler.lowering.registry import register
+from jax_ipu.compiler.passes import streaming
 from jax_ipu.compiler.passes.fuse import fuse
 from jax_ipu.compiler.passes.legalize import FlatFunction
 from jax_ipu.compiler.passes.lower import lower
@@ -123,13 +124,32 @@ def optimization_barrier(b: Builder, op: ir.Op) -> None:
         b.values[result] = b.values[operand]
 
 
+def _carried_in_streaming_memory(b: Builder, op: ir.Op, i: int) -> Tensor | None:
+    """The tensor in streaming memory a loop carries value i in: the one
+    it enters in, when the body never changes it or nothing else reads
+    it (a stack the body writes a row at a time), else None (a copy)."""
+    lowered = b.values[op.operands[i]]
+    if not isinstance(lowered, View) or not lowered.is_whole_tensor or not lowered.tensor.streaming:
+        return None
+    body = op.regions[1]
+    if body.results[i] is body.args[i] or b.writable_in_place(lowered, op):
+        return lowered.tensor
+    return None
+
+
 @register("while")
 def while_(b: Builder, op: ir.Op) -> None:
     cond, body = op.regions
     count = trip_count(b, op)
+    in_streaming = set(op.attrs.get(streaming.CARRIED, ()))
     carried = []
     for i, value in enumerate(op.operands):
+        t = _carried_in_streaming_memory(b, op, i) if i in in_streaming else None
+        if t is not None:                   # no copy of it in streaming memory
+            carried.append(t)
+            continue
         t = b.tensor(f"{name_of(op)}/carried {i}", value.type.shape, value.type.dtype)
+        t.streaming = i in in_streaming
         lowered = b.values[value]
         if isinstance(lowered, Splat):      # e.g. a scan's stacked outputs, zeros at first
             b.fill(t, lowered.value)
@@ -153,6 +173,8 @@ def while_(b: Builder, op: ir.Op) -> None:
 
 def _branches(b: Builder, op: ir.Op) -> tuple[list[Sequence], list[Tensor]]:
     outs = [b.tensor(f"{name_of(op)}/result {i}", r.type.shape, r.type.dtype) for i, r in enumerate(op.results)]
+    for i in op.attrs.get(streaming.RESULTS, ()):
+        outs[i].streaming = True
     sequences = []
     for region in op.regions:
         with collecting(b) as sequence:

@@ -40,10 +40,13 @@ _CALLEES = {"call": "callee", "composite": "decomposition"}
 @dataclasses.dataclass
 class FlatFunction:
     """main with every call inlined: `ops` in program order read `args`
-    (or earlier results) and produce `results`."""
+    (or earlier results) and produce `results`. `layouts`: the values JAX
+    constrained to a device-local layout (with_sharding_constraint with a
+    Format, an XLA LayoutConstraint), as minor_to_major."""
     args: list[ir.Value]
     ops: list[ir.Op]
     results: list[ir.Value]
+    layouts: dict = dataclasses.field(default_factory=dict)
 
 
 def legalize(module: ir.Module, emulate_types: bool = True) -> FlatFunction:
@@ -51,14 +54,16 @@ def legalize(module: ir.Module, emulate_types: bool = True) -> FlatFunction:
     them), else they are refused like every type the IPU lacks."""
     main = module.main
     ops: list[ir.Op] = []
+    layouts: dict = {}
     allowed = IPU_DTYPES | EMULATED_DTYPES if emulate_types else IPU_DTYPES
-    results = _inline(module, main.body, {a: a for a in main.body.args}, ops, depth=0, site=None, allowed=allowed)
+    results = _inline(module, main.body, {a: a for a in main.body.args}, ops, depth=0, site=None, allowed=allowed,
+                     layouts=layouts)
     for value in main.body.args:
         _check_type(value.type, next((op for op in ops if value in op.operands), None),
                     "an argument of the program", allowed)
     for value in results:   # a constant returned as it is has no reader checking it
         _check_type(value.type, None, "a result of the program", allowed)
-    return FlatFunction(list(main.body.args), ops, results)
+    return FlatFunction(list(main.body.args), ops, results, layouts)
 
 
 _SOURCE_POSITION = re.compile(r":\d+:\d+")
@@ -74,7 +79,7 @@ def _located(op: ir.Op, site: str | None) -> ir.Op:
 
 
 def _inline(module, block: ir.Block, env: dict, out: list, depth: int, site: str | None,
-            allowed: frozenset) -> list[ir.Value]:
+            allowed: frozenset, layouts: dict | None = None) -> list[ir.Value]:
     for op in block.ops:
         op = _located(op, site)
         operands = [env[v] for v in op.operands]
@@ -86,8 +91,15 @@ def _inline(module, block: ir.Block, env: dict, out: list, depth: int, site: str
                                              "The program is malformed; please report it")
             inner_site = op.loc if _SOURCE_POSITION.search(op.loc) else site
             inner = _inline(module, callee.body, dict(zip(callee.body.args, operands, strict=True)), out, depth + 1,
-                            inner_site, allowed)
+                            inner_site, allowed, layouts)
             env.update(zip(op.results, inner, strict=True))
+        elif op.name == "custom_call" and op.attrs.get("call_target_name") == "LayoutConstraint":
+            # Values have no layout inside a program (their tensors' tile
+            # mappings are the compiler's): the constraint is an identity
+            # that says which layout a result JAX leaves to the compiler takes.
+            env.update(zip(op.results, operands, strict=True))
+            if layouts is not None and op.attrs.get("result_layouts"):
+                layouts[operands[0]] = tuple(int(d) for d in op.attrs["result_layouts"][0])
         elif op.name in _IDENTITIES or (op.name == "custom_call"
                                         and op.attrs.get("call_target_name") in _IDENTITY_CUSTOM_CALLS):
             # (A sink such as dce_sink has operands and no results.)

@@ -9,7 +9,17 @@ import numpy as np
 
 from jax_ipu.graph import codelets
 from jax_ipu.graph.compute import region_tensor_ids
-from jax_ipu.graph.programs import CONTROL, Copy, DeviceToHost, Execute, HostCall, HostToDevice, Sequence, leaves
+from jax_ipu.graph.programs import (
+    CONTROL,
+    Copy,
+    DeviceToHost,
+    Execute,
+    HostCall,
+    HostToDevice,
+    Sequence,
+    StreamingCopy,
+    leaves,
+)
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View
 from jax_ipu.targets import Target
@@ -22,6 +32,9 @@ def reads(step) -> set[int]:
         return {t.id for t in step.src.tensors}
     if isinstance(step, HostCall):
         return {t.id for v in step.inputs for t in v.tensors}
+    if isinstance(step, StreamingCopy):
+        starts = {s.tensor.id for s in step.starts if isinstance(s, View)}
+        return starts | {step.tile.id if step.store else step.buffer.tensor.id}
     if isinstance(step, CONTROL):       # its sub-programs and predicate
         control = getattr(step, "predicate", None) or getattr(step, "control", None)
         return set().union({control.id} if control is not None else set(), *map(reads, leaves(step)))
@@ -35,6 +48,8 @@ def writes(step) -> set[int]:
         return {step.dst.id}
     if isinstance(step, HostCall):
         return {t.id for t in step.outputs}
+    if isinstance(step, StreamingCopy):
+        return {step.buffer.tensor.id if step.store else step.tile.id}
     if isinstance(step, CONTROL):
         return set().union(*map(writes, leaves(step)))
     return set()

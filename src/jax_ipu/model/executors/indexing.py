@@ -18,7 +18,7 @@ from jax_ipu.ops import REDUCE_OPS, total_order_key
 from jax_ipu.targets import is_float
 
 
-def _window(starts, shape, sizes, read) -> Callable:
+def clamped_window(starts, shape, sizes, read) -> Callable:
     """fn(state) -> the slices of a dynamic slice's window, each start
     clamped so that the window fits (as XLA). Constant starts are clamped
     once, here; a start read from a tensor (a loop counter) on each run."""
@@ -50,7 +50,7 @@ def _window(starts, shape, sizes, read) -> Callable:
 @reference(ci.DynamicSlice)
 def _build_dynamic_slice(k: ci.DynamicSlice, read):
     get, tid = read(k.operand), k.out.id
-    window = _window(k.starts, k.operand.shape, k.out.shape, read)
+    window = clamped_window(k.starts, k.operand.shape, k.out.shape, read)
 
     def run(state):
         state[tid] = np.array(get(state)[window(state)])
@@ -60,7 +60,7 @@ def _build_dynamic_slice(k: ci.DynamicSlice, read):
 @reference(ci.DynamicUpdateSlice)
 def _build_dynamic_update_slice(k: ci.DynamicUpdateSlice, read):
     get, update, tid = read(k.operand), read(k.update), k.out.id
-    window = _window(k.starts, k.operand.shape, k.update.shape, read)
+    window = clamped_window(k.starts, k.operand.shape, k.update.shape, read)
 
     # The compiler writes the result into the operand's tensor when nothing
     # reads the operand afterwards.

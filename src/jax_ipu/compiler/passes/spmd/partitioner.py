@@ -42,6 +42,7 @@ class Partitioner:
         self.scopes: list[Scope] = [Scope([])]
         self.manual: frozenset[str] = frozenset()        # axes manual here (inside shard_map)
         self.sharding_groups: dict[int, list] = {}       # shard_alike's groups: their (global) values
+        self.placed: dict[ir.Value, tuple] = {}          # local results of moves between memories: (operand, move)
         self.loc = "unknown location"
 
     def _default_mesh(self) -> ir.Mesh:
@@ -158,6 +159,8 @@ class Partitioner:
 
     # -- collectives --
     def _collective(self, name: str, value: ir.Value, result_type, groups, body=None, **attrs) -> ir.Value:
+        if np.shape(groups)[-1] == 1 and result_type == value.type:
+            return value        # over mesh axes of size 1: each IPU keeps what it has
         result = ir.Value(result_type)
         regions = [body] if body is not None else []
         op = ir.Op(name, [value], [result], {"replica_groups": groups, "use_global_device_ids": True, **attrs},
@@ -220,6 +223,13 @@ class Partitioner:
         return self.once(("reshard", value, want), make)
 
     def _reshard(self, value: ir.Value, have: Sharding, want: Sharding) -> ir.Value:
+        placed = self.placed.get(value)
+        if placed is not None:
+            # A value just moved to another memory is resharded before the
+            # move, on the tiles: streaming memory moves data, it computes
+            # nothing (no sum, slice or exchange of its own).
+            operand, move = placed
+            return self.place(self.reshard(operand, want), want, move)
         if have.mesh != want.mesh:
             if self.manual:
                 raise IpuUnimplementedError(f"at {self.loc}: a value moves between meshes inside a shard_map")
@@ -288,6 +298,14 @@ class Partitioner:
                           ir.TensorType((), np.dtype(np.bool_)), comparison_direction="EQ", compare_type="SIGNED")
         zero = self.broadcast(self.constant(0, t.dtype), t.shape)
         return self.emit("select", [self.broadcast(first, t.shape), value, zero], t)
+
+    def place(self, operand: ir.Value, sharding: Sharding, move: ir.Op) -> ir.Value:
+        """`move` (an annotate_device_placement) of the local `operand`,
+        sharded as it is."""
+        result = ir.Value(operand.type)
+        self.ops.append(ir.Op(move.name, [operand], [result], move.attrs, [], move.loc))
+        self.placed[result] = (operand, move)
+        return self.set(result, sharding)
 
     def reduced(self, value: ir.Value) -> ir.Value:
         s = self.sharding_of(value)
@@ -394,11 +412,17 @@ _PURE = {"constant", "iota", "broadcast_in_dim", "reshape", "transpose", "slice"
          "all_to_all", "pad", "reverse", "select", "sharding_constraint"}
 
 
+def _moves_data(op: ir.Op) -> bool:
+    """A move between memories (its result unread when the value was
+    resharded before it and moved again)."""
+    return op.name == "custom_call" and op.attrs.get("call_target_name") == "annotate_device_placement"
+
+
 def live(ops: list[ir.Op], results: list[ir.Value]) -> list[ir.Op]:
     read = set(results)
     kept = []
     for op in reversed(ops):
-        if (op.name in _PURE or op.name in ELEMENTWISE_OPS) and not any(r in read for r in op.results):
+        if (op.name in _PURE or op.name in ELEMENTWISE_OPS or _moves_data(op)) and not any(r in read for r in op.results):
             continue
         kept.append(op)
         read.update(reads_of(op))

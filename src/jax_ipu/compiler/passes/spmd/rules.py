@@ -32,7 +32,7 @@ def partition_op(p, op: ir.Op) -> None:
         return special(p, op)
     operands = [p.env[v] for v in op.operands]
     if all(p.sharding_of(v).replicated for v in operands) and op.name not in REGION_RULES and not (
-            op.name == "custom_call" and op.attrs.get("call_target_name") == "InspectSharding"):
+            op.name == "custom_call" and op.attrs.get("call_target_name") in _CALLS_OF_THEIR_OWN):
         return _as_is(p, op, operands)
     rule = RULES.get(op.name, gathered)
     rule(p, op, operands)
@@ -628,14 +628,19 @@ def optimization_barrier(p, op: ir.Op, operands: list) -> None:
     emit_like(p, op, operands, [p.sharding_of(v) for v in operands])
 
 
-# custom calls whose result is their operand (sharded alike): moves between
-# tile SRAM and streaming memory.
-_SHARDING_PRESERVING_CALLS = {"annotate_device_placement"}
+# Custom calls partitioned by custom_call below even on whole values.
+_CALLS_OF_THEIR_OWN = {"InspectSharding", "annotate_device_placement"}
 
 
 def custom_call(p, op: ir.Op, operands: list) -> None:
     target = str(op.attrs.get("call_target_name"))
-    if target in _SHARDING_PRESERVING_CALLS and len(operands) == 1:
+    if target == "annotate_device_placement" and len(operands) == 1:
+        # A move between tile SRAM and streaming memory: its result is its
+        # operand, sharded alike (and resharded before the move, see
+        # Partitioner.place).
+        p.env[op.results[0]] = p.place(operands[0], p.sharding_of(operands[0]), op)
+        return None
+    if target == "LayoutConstraint" and len(operands) == 1:    # a layout: sharded as its operand
         return emit_like(p, op, operands, [p.sharding_of(operands[0])])
     if target == "InspectSharding" and len(operands) == 1:
         # jax.debug.inspect_array_sharding: JAX's callback is told the
