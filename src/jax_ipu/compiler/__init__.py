@@ -178,7 +178,8 @@ def _emulated(charges: list[tuple]) -> list[dict]:
         sources, cycles = by_what.get(what, (set(), 0.0))
         sources.add(source)
         by_what[what] = (sources, cycles + share * (getattr(step, "cycles", 0) or 0))
-    rows = [{"op": what, "count": len(sources), "cycles": int(round(cycles))}
+    # (Rounded down, so that the rows never sum past the program's cycles.)
+    rows = [{"op": what, "count": len(sources), "cycles": int(cycles)}
             for what, (sources, cycles) in by_what.items()]
     return sorted(rows, key=lambda row: (-row["cycles"], row["op"]))
 
