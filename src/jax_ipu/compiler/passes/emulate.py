@@ -15,7 +15,7 @@ so that their planners, vertices and cost rules stay those of float32:
 
 Every op made here carries the attribute EMULATES, naming what it
 emulates, so that the compile log and the profile charge it to the
-emulated op (compiler/emulation.py)."""
+emulated op (compiler/passes/lower.py)."""
 from __future__ import annotations
 
 import itertools
