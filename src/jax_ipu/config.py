@@ -10,6 +10,8 @@ JAX_IPU_ALLOW_OUT_OF_MEMORY=1 compile programs that do not fit (Poplar's
 JAX_IPU_PROFILE=DIR           write a profile of every executed program to DIR
 JAX_IPU_F64_AS_F32=1          run 64-bit types as 32-bit ones (f64 as f32, i64/u64 as
                               i32/u32), as PopTorch does; JAX still sees 64-bit arrays
+JAX_IPU_EMULATE_TYPES=0       refuse bfloat16 and complex64 (which the IPU lacks) at compile
+                              time instead of emulating them (the default)
 JAX_IPU_EXECUTABLE_CACHE=DIR  load compiled programs from DIR and save new ones there
                               (TF_POPLAR_FLAGS=--executable_cache_path=DIR, Poplar's spelling)
 JAX_IPU_MODEL_XLA_CHAINS=0    run all element-wise compute sets on numpy, none on XLA:CPU
@@ -42,6 +44,8 @@ class Config:
     allow_out_of_memory: bool = False
     profile_directory: str | None = None
     f64_as_f32: bool = False
+    # bfloat16 and complex64 emulated (on by default), or refused.
+    emulate_types: bool = True
     dump_to: str | None = None
     executable_cache: str | None = None
     # Seconds a collective waits for the other replicas (and processes).
@@ -127,6 +131,7 @@ def from_environment(env=None, overrides: dict | None = None) -> Config:
         allow_out_of_memory=_flag("JAX_IPU_ALLOW_OUT_OF_MEMORY", allow_oom),
         profile_directory=_profile_directory(env, engine),
         f64_as_f32=_flag("JAX_IPU_F64_AS_F32", env.get("JAX_IPU_F64_AS_F32", "0")),
+        emulate_types=_flag("JAX_IPU_EMULATE_TYPES", env.get("JAX_IPU_EMULATE_TYPES", "1")),
         dump_to=env.get("JAX_IPU_DUMP_TO") or None,
         executable_cache=env.get("JAX_IPU_EXECUTABLE_CACHE") or poplar.get("executable_cache_path") or None,
         collective_timeout=float(_int("JAX_IPU_COLLECTIVE_TIMEOUT", env.get("JAX_IPU_COLLECTIVE_TIMEOUT", "600"), 1)),

@@ -13,9 +13,12 @@ memory speed (SIMD, one pass).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
+
+from jax_ipu import ops_complex
+from jax_ipu.targets import BFLOAT16, COMPLEX64
 
 
 def _unsigned(dtype: np.dtype) -> np.dtype:
@@ -256,7 +259,8 @@ def _lax_compare(lax):
 class Op:
     name: str
     arity: int
-    # The element types it takes, as numpy kinds: f float, i signed and u
+    # The element types it takes, as numpy kinds: f float (bfloat16 too,
+    # computed in float32), c complex (ops_complex), i signed and u
     # unsigned integer, b bool (compare, select, clamp, convert, bitcast:
     # every type).
     kinds: str
@@ -280,37 +284,37 @@ def _round(method):
 
 _RECORDS = [
     # name, arity, lax, semantics, flags and cost
-    Op("add", 2, "fiu", lambda lax: lax.add, ufunc=np.add, fast_in_numpy=True),
-    Op("subtract", 2, "fiu", lambda lax: lax.sub, ufunc=np.subtract, fast_in_numpy=True),
-    Op("multiply", 2, "fiu", lambda lax: lax.mul, ufunc=np.multiply, fast_in_numpy=True),
-    Op("divide", 2, "fiu", lambda lax: lax.div, float_ufunc=np.divide, function=_int_divide, cycles_per_vector=4),
+    Op("add", 2, "fiuc", lambda lax: lax.add, ufunc=np.add, fast_in_numpy=True),
+    Op("subtract", 2, "fiuc", lambda lax: lax.sub, ufunc=np.subtract, fast_in_numpy=True),
+    Op("multiply", 2, "fiuc", lambda lax: lax.mul, ufunc=np.multiply, fast_in_numpy=True),
+    Op("divide", 2, "fiuc", lambda lax: lax.div, float_ufunc=np.divide, function=_int_divide, cycles_per_vector=4),
     Op("remainder", 2, "fiu", lambda lax: lax.rem, float_ufunc=np.fmod, function=_int_remainder, cycles_per_vector=8),
-    Op("power", 2, "f", lambda lax: lax.pow, function=_power, transcendental=True, cycles_per_vector=20),
+    Op("power", 2, "fc", lambda lax: lax.pow, function=_power, transcendental=True, cycles_per_vector=20),
     Op("maximum", 2, "fiub", lambda lax: lax.max, ufunc=np.maximum, fast_in_numpy=True),
     Op("minimum", 2, "fiub", lambda lax: lax.min, ufunc=np.minimum, fast_in_numpy=True),
     Op("atan2", 2, "f", lambda lax: lax.atan2, ufunc=np.arctan2, transcendental=True, cycles_per_vector=20),
-    Op("negate", 1, "fi", lambda lax: lax.neg, ufunc=np.negative, fast_in_numpy=True),
-    Op("abs", 1, "fi", lambda lax: lax.abs, ufunc=np.absolute, fast_in_numpy=True),
-    Op("sign", 1, "fi", lambda lax: lax.sign, function=_sign),
+    Op("negate", 1, "fic", lambda lax: lax.neg, ufunc=np.negative, fast_in_numpy=True),
+    Op("abs", 1, "fic", lambda lax: lax.abs, ufunc=np.absolute, fast_in_numpy=True),
+    Op("sign", 1, "fic", lambda lax: lax.sign, function=_sign),
     Op("floor", 1, "f", lambda lax: lax.floor, ufunc=np.floor, fast_in_numpy=True),
     Op("ceil", 1, "f", lambda lax: lax.ceil, ufunc=np.ceil, fast_in_numpy=True),
     Op("round_nearest_even", 1, "f", _round("TO_NEAREST_EVEN"), ufunc=np.rint, fast_in_numpy=True),
     Op("round_nearest_afz", 1, "f", _round("AWAY_FROM_ZERO"), function=_round_afz, cycles_per_vector=2),
-    Op("sqrt", 1, "f", lambda lax: lax.sqrt, ufunc=np.sqrt, transcendental=True, cycles_per_vector=4,
+    Op("sqrt", 1, "fc", lambda lax: lax.sqrt, ufunc=np.sqrt, transcendental=True, cycles_per_vector=4,
        fast_in_numpy=True),
-    Op("rsqrt", 1, "f", lambda lax: lax.rsqrt, function=_rsqrt, transcendental=True, cycles_per_vector=4,
+    Op("rsqrt", 1, "fc", lambda lax: lax.rsqrt, function=_rsqrt, transcendental=True, cycles_per_vector=4,
        fast_in_numpy=True),
     Op("cbrt", 1, "f", lambda lax: lax.cbrt, ufunc=np.cbrt, transcendental=True, cycles_per_vector=20),
-    Op("exponential", 1, "f", lambda lax: lax.exp, ufunc=np.exp, transcendental=True, cycles_per_vector=8),
-    Op("exponential_minus_one", 1, "f", lambda lax: lax.expm1, ufunc=np.expm1, transcendental=True,
+    Op("exponential", 1, "fc", lambda lax: lax.exp, ufunc=np.exp, transcendental=True, cycles_per_vector=8),
+    Op("exponential_minus_one", 1, "fc", lambda lax: lax.expm1, ufunc=np.expm1, transcendental=True,
        cycles_per_vector=10),
-    Op("log", 1, "f", lambda lax: lax.log, ufunc=np.log, transcendental=True, cycles_per_vector=8),
-    Op("log_plus_one", 1, "f", lambda lax: lax.log1p, ufunc=np.log1p, transcendental=True, cycles_per_vector=10),
-    Op("logistic", 1, "f", lambda lax: lax.logistic, function=_logistic, transcendental=True, cycles_per_vector=10),
-    Op("tanh", 1, "f", lambda lax: lax.tanh, ufunc=np.tanh, transcendental=True, cycles_per_vector=8),
-    Op("sine", 1, "f", lambda lax: lax.sin, ufunc=np.sin, transcendental=True, cycles_per_vector=12),
-    Op("cosine", 1, "f", lambda lax: lax.cos, ufunc=np.cos, transcendental=True, cycles_per_vector=12),
-    Op("tan", 1, "f", lambda lax: lax.tan, ufunc=np.tan, transcendental=True, cycles_per_vector=16),
+    Op("log", 1, "fc", lambda lax: lax.log, ufunc=np.log, transcendental=True, cycles_per_vector=8),
+    Op("log_plus_one", 1, "fc", lambda lax: lax.log1p, ufunc=np.log1p, transcendental=True, cycles_per_vector=10),
+    Op("logistic", 1, "fc", lambda lax: lax.logistic, function=_logistic, transcendental=True, cycles_per_vector=10),
+    Op("tanh", 1, "fc", lambda lax: lax.tanh, ufunc=np.tanh, transcendental=True, cycles_per_vector=8),
+    Op("sine", 1, "fc", lambda lax: lax.sin, ufunc=np.sin, transcendental=True, cycles_per_vector=12),
+    Op("cosine", 1, "fc", lambda lax: lax.cos, ufunc=np.cos, transcendental=True, cycles_per_vector=12),
+    Op("tan", 1, "fc", lambda lax: lax.tan, ufunc=np.tan, transcendental=True, cycles_per_vector=16),
     Op("is_finite", 1, "f", lambda lax: lax.is_finite, function=_is_finite, fast_in_numpy=True),
     Op("not", 1, "iub", lambda lax: lax.bitwise_not, ufunc=np.invert, fast_in_numpy=True),
     Op("and", 2, "iub", lambda lax: lax.bitwise_and, ufunc=np.bitwise_and, fast_in_numpy=True),
@@ -321,11 +325,14 @@ _RECORDS = [
     Op("shift_right_arithmetic", 2, "iu", lambda lax: lax.shift_right_arithmetic, function=_shift_right_arithmetic),
     Op("popcnt", 1, "iu", lambda lax: lax.population_count, function=_popcnt, cycles_per_vector=2),
     Op("count_leading_zeros", 1, "iu", lambda lax: lax.clz, function=_count_leading_zeros, cycles_per_vector=2),
-    Op("compare", 2, "fiub", _lax_compare, function=_compare, fast_in_numpy=True),
-    Op("select", 3, "fiub", lambda lax: lax.select, function=_select, fast_in_numpy=True),
+    Op("compare", 2, "fiubc", _lax_compare, function=_compare, fast_in_numpy=True),
+    Op("select", 3, "fiubc", lambda lax: lax.select, function=_select, fast_in_numpy=True),
     Op("clamp", 3, "fiub", lambda lax: lax.clamp, function=_clamp, fast_in_numpy=True),
-    Op("convert", 1, "fiub", lambda lax: lax.convert_element_type, function=_convert),
-    Op("bitcast_convert", 1, "fiub", lambda lax: lax.bitcast_convert_type, function=_bitcast_convert),
+    Op("convert", 1, "fiubc", lambda lax: lax.convert_element_type, function=_convert),
+    Op("bitcast_convert", 1, "fiubc", lambda lax: lax.bitcast_convert_type, function=_bitcast_convert),
+    Op("real", 1, "c", lambda lax: lax.real, function=ops_complex.real, fast_in_numpy=True),
+    Op("imag", 1, "c", lambda lax: lax.imag, function=ops_complex.imag, fast_in_numpy=True),
+    Op("complex", 2, "f", lambda lax: lax.complex, function=ops_complex.complex_, fast_in_numpy=True),
     Op("reduce_precision", 1, "f", lambda lax: (lambda x, *, exponent_bits, mantissa_bits: lax.reduce_precision(
         x, int(exponent_bits), int(mantissa_bits))), function=_reduce_precision),
 ]
@@ -342,6 +349,86 @@ FAST_IN_NUMPY = frozenset(name for name, op in OPS.items() if op.fast_in_numpy) 
 REDUCE_OPS: dict[str, np.ufunc] = {"add": np.add, "multiply": np.multiply, "maximum": np.maximum,
                                    "minimum": np.minimum, "and": np.bitwise_and, "or": np.bitwise_or,
                                    "xor": np.bitwise_xor}
+
+
+# The element-wise ops defined on complex64 (ops_complex): arithmetic, the
+# transcendental functions XLA defines on complex numbers, EQ and NE, the
+# parts, and the moves.
+COMPLEX_OPS = frozenset(name for name, op in OPS.items() if "c" in op.kinds) | {"complex"}
+# Ops that move bits, whatever the type: never widened.
+_MOVES = frozenset({"select", "bitcast_convert"})
+_F32 = np.dtype(np.float32)
+
+
+def emulates(op: str, operand_dtypes: Sequence[np.dtype], dtype: np.dtype) -> str | None:
+    """The emulated type an element-wise op computes in ("bfloat16" or
+    "complex64"), or None when the IPU runs it natively."""
+    if op in _MOVES:
+        return None
+    types = set(operand_dtypes) | {np.dtype(dtype)}
+    if COMPLEX64 in types or op in ("real", "imag", "complex"):
+        return "complex64"
+    if BFLOAT16 in types:
+        return "bfloat16"
+    return None
+
+
+def implementation(op: str, operand_dtypes: Sequence[np.dtype], dtype: np.dtype,
+                   attrs: dict) -> tuple[Callable, bool]:
+    """fn(*operands) computing `op` on operands of `operand_dtypes` into
+    `dtype` as the IPU does, and whether fn is a numpy ufunc taking `out`.
+    bfloat16 operands are widened to float32, the float32 op runs, and a
+    bfloat16 result is rounded to nearest even (NaN stays a quiet NaN), as
+    XLA:CPU normalizes bfloat16 ops; complex64 ops are ops_complex's."""
+    operand_dtypes = [np.dtype(d) for d in operand_dtypes]
+    dtype = np.dtype(dtype)
+    emulated = emulates(op, operand_dtypes, dtype)
+    if emulated == "complex64":
+        return _complex(op, operand_dtypes, dtype, attrs)
+    if emulated == "bfloat16":
+        return _widened(op, operand_dtypes, dtype, attrs), False
+    ufunc = ufunc_for(op, operand_dtypes[0]) if operand_dtypes else None
+    if ufunc is not None:
+        return ufunc, True
+    fn = function_for(op)
+    return (lambda *a: fn(*a, dtype=dtype, attrs=attrs)), False
+
+
+def _widened(op: str, operand_dtypes: list, dtype: np.dtype, attrs: dict) -> Callable:
+    widen = [d == BFLOAT16 for d in operand_dtypes]
+    fn, _ = implementation(op, [_F32 if w else d for d, w in zip(operand_dtypes, widen, strict=True)],
+                           _F32 if dtype == BFLOAT16 else dtype, attrs)
+    rounds = dtype == BFLOAT16
+
+    def widened(*operands):
+        result = fn(*[np.asarray(a).astype(_F32) if w else a for a, w in zip(operands, widen, strict=True)])
+        return np.asarray(result).astype(BFLOAT16) if rounds else result
+    return widened
+
+
+def _complex(op: str, operand_dtypes: list, dtype: np.dtype, attrs: dict) -> tuple[Callable, bool]:
+    if op in ops_complex.BY_PARTS:
+        return ops_complex.BY_PARTS[op], True
+    if op == "convert":
+        return _convert_complex(operand_dtypes[0], dtype, attrs), False
+    function = ops_complex.FUNCTIONS.get(op)
+    if function is None:
+        raise ValueError(f"stablehlo.{op} is not defined on complex numbers")
+    return (lambda *a: function(*a, dtype, attrs)), False
+
+
+def _convert_complex(source: np.dtype, dtype: np.dtype, attrs: dict) -> Callable:
+    """convert to complex64 (the real part converted to float32, the
+    imaginary part zero) or from it (its real part converted; to bool:
+    whether it is nonzero)."""
+    if dtype == COMPLEX64:
+        to_f32, _ = implementation("convert", [source], _F32, attrs) if source != COMPLEX64 else (None, False)
+        return (lambda a: np.array(a, dtype=COMPLEX64)) if to_f32 is None else \
+            (lambda a: ops_complex.pair(to_f32(a), 0.0))
+    if dtype == np.bool_:
+        return lambda a: np.asarray(a) != 0
+    from_f32, _ = implementation("convert", [_F32], dtype, attrs)
+    return lambda a: from_f32(ops_complex.parts(a)[0])
 
 
 def ufunc_for(op: str, operand_dtype: np.dtype) -> np.ufunc | None:

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 
+import ml_dtypes
 import numpy as np
 
 from jax_ipu.errors import IpuInvalidArgument
 
-# The element types IPU tiles hold; no 64-bit, bfloat16 or complex types.
+# The element types IPU tiles hold and compute in; no 64-bit, bfloat16 or
+# complex types.
 IPU_DTYPES: frozenset[np.dtype] = frozenset(np.dtype(t) for t in (
     np.float32, np.float16, np.int32, np.uint32, np.int16, np.uint16, np.int8, np.uint8, np.bool_))
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+COMPLEX64 = np.dtype(np.complex64)
+# Types the IPU holds but has no arithmetic for, emulated unless a program
+# asks for native types only (JAX_IPU_EMULATE_TYPES=0, the compiler option
+# emulate_types): bfloat16 stored in 16 bits and computed in float32,
+# rounded after every op; complex64 as pairs of float32 (docs/semantics.md).
+EMULATED_DTYPES: frozenset[np.dtype] = frozenset({BFLOAT16, COMPLEX64})
 # The JAX memory kind of an IPU's streaming memory. JAX's host-offloading
 # idioms (memory_kind="pinned_host", jax.memory.Space.Host) name the memory
 # beside a device's own that values are parked in and moved back from; on
@@ -18,10 +27,12 @@ IPU_DTYPES: frozenset[np.dtype] = frozenset(np.dtype(t) for t in (
 STREAMING_MEMORY_KIND = "pinned_host"
 # What a compile error for a type outside IPU_DTYPES advises.
 USE_IPU_TYPES = "Use float32 or float16 (the IPU holds f32, f16, i32, u32, i16, u16, i8, u8, bool)"
-# The 64-bit types the IPU runs as 32-bit ones when asked to (JAX_IPU_F64_AS_F32).
+# The 64-bit types the IPU runs as 32-bit ones when asked to (JAX_IPU_F64_AS_F32);
+# complex128 becomes complex64, itself emulated.
 AS_32: dict[np.dtype, np.dtype] = {np.dtype(np.float64): np.dtype(np.float32),
                                    np.dtype(np.int64): np.dtype(np.int32),
-                                   np.dtype(np.uint64): np.dtype(np.uint32)}
+                                   np.dtype(np.uint64): np.dtype(np.uint32),
+                                   np.dtype(np.complex128): COMPLEX64}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +78,18 @@ class Target:
     conv_input_load_bytes: int = 8
     conv_unit_chain_length: int = 4
     conv_coeff_load_bytes_per_cycle: int = 16
+    # Emulated types (docs/ipu.md, "Emulated types"), per element on the
+    # integer pipe (int_elements_per_cycle a cycle): a bfloat16 widened to
+    # float32 is its 16 bits moved into the high half of a register (one
+    # permute instruction); a float32 rounded to bfloat16 (to nearest, ties
+    # to even, NaN kept quiet) takes an integer sequence: the rounding bit,
+    # the bias added, the shift, and a NaN select.
+    bf16_widen_cycles: int = 1
+    bf16_round_cycles: int = 6
+    # A complex64 op on float2 registers moves the real and imaginary parts
+    # between lanes (swaps, broadcasts of one part) besides its real ops:
+    # this many permute cycles per element, per complex operand.
+    complex_permute_cycles: int = 1
     vertex_state_bytes: int = 32            # per vertex, always-live
     code_bytes_per_codelet: int = 1024      # per codelet kind on a tile
     # IPU-Links between chips (Mk2: 10 links at 32 GB/s each, 320 GB/s a chip;
@@ -105,10 +128,13 @@ class Target:
         return self.conv_units_f16_f16 if np.dtype(partials_dtype).itemsize == 2 else self.conv_units_f16_f32
 
     def vector_width(self, dtype: np.dtype) -> int:
-        """Elements one vector instruction handles."""
+        """Elements one vector instruction handles: bfloat16 is computed in
+        float32 (widened first), a complex64 is one float2."""
         dtype = np.dtype(dtype)
-        if dtype.kind == "f":
-            return self.vector_bytes // dtype.itemsize
+        if dtype == BFLOAT16:
+            return self.vector_bytes // 4
+        if dtype.kind in "fc":
+            return max(1, self.vector_bytes // dtype.itemsize)
         return self.int_elements_per_cycle
 
 
@@ -120,6 +146,13 @@ _TARGETS = {
     "ipu21": Target("ipu21", num_tiles=1472, bytes_per_tile=624 * 1024, clock_hz=1.85e9,
                     host_link_bytes_per_second=100e9 / 8),   # 100 GbE RoCE (Bow-2000; unverified)
 }
+
+
+def is_float(dtype) -> bool:
+    """Whether `dtype` is a real floating-point type (bfloat16 included,
+    whose numpy kind is 'V')."""
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or dtype == BFLOAT16
 
 
 def get_target(name: str = "ipu2", num_tiles: int | None = None) -> Target:

@@ -17,6 +17,7 @@ import tempfile
 import zlib
 
 import jax
+import ml_dtypes
 import numpy as np
 from jax._src.lib import _jax
 from jaxlib.mlir.dialects import stablehlo
@@ -31,6 +32,10 @@ from jax_ipu.targets import get_target
 # Every dtype the IPU holds.
 IPU_DTYPES = [np.float32, np.float16, np.int32, np.uint32, np.int16, np.uint16,
               np.int8, np.uint8, np.bool_]
+# The types it emulates (docs/semantics.md).
+BF16 = np.dtype(ml_dtypes.bfloat16)
+C64 = np.dtype(np.complex64)
+EMULATED_DTYPES = [BF16, C64]
 
 
 def run_on(device, fn, *args):
@@ -82,7 +87,14 @@ def run_cpu(f, *args) -> list[np.ndarray]:
 # movement); tests whose sums run in another order than XLA:CPU's (planned
 # matmuls, reductions over tiles) state their own. Integers and booleans are
 # always compared exactly.
-TOLERANCE = {np.dtype(np.float32): (2e-6, 1e-6), np.dtype(np.float16): (2e-3, 2e-3)}
+TOLERANCE = {np.dtype(np.float32): (2e-6, 1e-6), np.dtype(np.float16): (2e-3, 2e-3),
+             BF16: (1.6e-2, 1.6e-2), C64: (2e-6, 1e-6)}
+
+
+def is_inexact(dtype) -> bool:
+    """Floats (bfloat16, whose numpy kind is 'V', included) and complex."""
+    dtype = np.dtype(dtype)
+    return dtype.kind in "fc" or dtype == BF16
 
 
 def assert_matches_cpu(fn, *args, rtol=None, atol=None, scaled=False, exact=None, device=None,
@@ -135,7 +147,9 @@ def _tolerance(value, dtype, which: int) -> float:
 def _assert_leaf_matches(where, g, w, rtol, atol, scaled, exact):
     assert g.dtype == w.dtype and g.shape == w.shape, \
         f"{where}: the IPU gives {g.dtype}{list(g.shape)}, XLA:CPU {w.dtype}{list(w.shape)}"
-    is_float = w.dtype.kind == "f"
+    is_float = is_inexact(w.dtype)
+    # Compared in float64 (complex128): bfloat16 has no arithmetic of its own.
+    wide = np.complex128 if w.dtype.kind == "c" else np.float64
     with np.errstate(invalid="ignore", over="ignore"):
         if exact == "bits":
             bits = f"u{w.dtype.itemsize}"
@@ -144,17 +158,17 @@ def _assert_leaf_matches(where, g, w, rtol, atol, scaled, exact):
         elif exact or not is_float:
             bad = g != w
             if is_float:
-                bad &= ~(np.isnan(g) & np.isnan(w))
+                bad &= ~(_nan(g) & _nan(w))
             rule = "equal to"
         else:
             rtol, atol = _tolerance(rtol, w.dtype, 0), _tolerance(atol, w.dtype, 1)
-            g64, w64 = g.astype(np.float64), w.astype(np.float64)
+            g64, w64 = g.astype(wide), w.astype(wide)
             finite = np.isfinite(w64)
             if scaled:
                 atol *= max(1.0, float(np.abs(w64[finite]).max(initial=0)))
             within = np.abs(g64 - w64) <= atol + rtol * np.abs(w64)
             # Where XLA:CPU gives an infinity or NaN, the IPU must give the same.
-            same = (g64 == w64) | (np.isnan(g64) & np.isnan(w64))
+            same = (g64 == w64) | (_nan(g64) & _nan(w64))
             bad = ~np.where(finite, within, same)
             rule = f"within rtol={rtol:g}, atol={atol:g} of"
         if not bad.any():
@@ -164,7 +178,7 @@ def _assert_leaf_matches(where, g, w, rtol, atol, scaled, exact):
         if w.dtype == np.bool_:
             diff = bad.astype(np.float64)
         else:
-            diff = np.abs(g.astype(np.float64) - w.astype(np.float64))
+            diff = np.abs(g.astype(wide) - w.astype(wide))
             diff = np.where(np.isnan(diff), np.inf, diff)
     worst = np.unravel_index(np.argmax(np.where(bad, diff, -1.0)), w.shape)
     raise AssertionError(
@@ -172,11 +186,21 @@ def _assert_leaf_matches(where, g, w, rtol, atol, scaled, exact):
         f"the worst at index {tuple(int(i) for i in worst)}: IPU {g[worst]!s}, XLA:CPU {w[worst]!s}")
 
 
+def _nan(x):
+    """NaN, or a complex number with a NaN part."""
+    x = np.asarray(x)
+    if x.dtype.kind == "c":
+        return np.isnan(x.real) | np.isnan(x.imag)
+    return np.isnan(x.astype(np.float64) if x.dtype == BF16 else x)
+
+
 def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     if dtype == np.bool_:
         return rng.random(shape) < 0.5
-    if dtype.kind == "f":
+    if dtype.kind == "c":
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    if is_inexact(dtype):
         return rng.standard_normal(shape).astype(dtype)
     info = np.iinfo(dtype)
     return rng.integers(max(info.min, -100), min(info.max, 100), size=shape, endpoint=True).astype(dtype)
@@ -189,7 +213,14 @@ def values(dtype, shape=(1001,), seed=0, positive=False) -> np.ndarray:
     size = int(np.prod(shape))
     if dtype == np.bool_:
         return rng.random(shape) < 0.5
-    if dtype.kind == "f":
+    if dtype.kind == "c":
+        # Each edge case as the real part, the imaginary part, and both.
+        re, im = values(np.float32, shape, seed, positive), values(np.float32, shape, seed + 7, positive)
+        n = min(12, size)
+        im.flat[n:2 * n] = re.flat[:n]
+        re.flat[n:2 * n] = 0.0
+        return _complex(re, im, dtype)
+    if is_inexact(dtype):
         x = rng.standard_normal(size) * 4
         edges = [0.0, -0.0, 0.5, -0.5, 1.5, -2.5, 1e-3, 60000.0, -60000.0]
         if not positive:
@@ -202,13 +233,21 @@ def values(dtype, shape=(1001,), seed=0, positive=False) -> np.ndarray:
     n = min(len(edges), size)
     x[:n] = np.array(edges[:n]).astype(dtype)
     if positive:
-        x = np.abs(x) if dtype.kind == "f" else x
+        x = np.abs(x) if is_inexact(dtype) else x
     return x.reshape(shape)
+
+
+def _complex(re, im, dtype):
+    """The complex array of these parts (re + 1j * im would turn an
+    infinite part into NaN)."""
+    out = np.empty(np.shape(re), dtype)
+    out.real, out.imag = re, im
+    return out
 
 
 def with_specials(x):
     """Floats with NaN, infinities and signed zeros."""
-    if x.dtype.kind == "f" and x.size >= 6:
+    if is_inexact(x.dtype) and x.dtype.kind != "c" and x.size >= 6:
         x = x.copy()
         x.flat[:6] = [np.nan, -np.inf, np.inf, -0.0, 0.0, -np.nan]
     return x

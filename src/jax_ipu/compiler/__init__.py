@@ -15,6 +15,7 @@ builder.py the graph being built; cost.py cycles of vertices and exchanges
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -41,6 +42,8 @@ from jax_ipu.compiler.lowering import (  # noqa: F401
 from jax_ipu.compiler.options import CompileOptions
 from jax_ipu.compiler.passes import layouts, spmd, streaming
 from jax_ipu.compiler.passes.demote import demote_64bit
+from jax_ipu.compiler.passes.emulate import emulate_products
+from jax_ipu.compiler.passes.fft import expand_ffts
 from jax_ipu.compiler.passes.fold_transposes import fold_result_transposes
 from jax_ipu.compiler.passes.fuse import fuse
 from jax_ipu.compiler.passes.legalize import FlatFunction, legalize
@@ -57,6 +60,8 @@ from jax_ipu.targets import Target
 from jax_ipu.utils import gc_pause
 
 __all__ = ["CompileOptions", "Compilation", "PASSES", "compile_module"]
+# The compile log: what each program emulates (INFO).
+log = logging.getLogger("jax_ipu.compiler")
 
 
 @dataclasses.dataclass(eq=False)
@@ -87,6 +92,7 @@ class Compilation:
     last: Any = None
     in_place: dict = dataclasses.field(default_factory=dict)   # outputs written into donated inputs
     memory: Any = None                   # the per-tile memory plan
+    emulated: list = dataclasses.field(default_factory=list)   # Program.emulated
     program: Program | None = None
 
 
@@ -114,7 +120,13 @@ def _demote_64bit(c: Compilation) -> None:
 
 
 def _legalize(c: Compilation) -> None:
-    c.flat = legalize(c.module)
+    c.flat = legalize(c.module, c.options.emulate_types)
+
+
+def _emulate_types(c: Compilation) -> None:
+    """FFTs as products and element-wise ops on tiles (passes/fft.py), and
+    bfloat16 and complex64 products as float32 ones (passes/emulate.py)."""
+    c.flat.ops = emulate_products(expand_ffts(c.flat.ops))
 
 
 def _plan_layouts(c: Compilation) -> None:
@@ -155,6 +167,21 @@ def _cost(c: Compilation) -> None:
     c.received = cost_steps(c.target, c.builder.steps)
     collectives.charge_links(c.target, c.builder.steps, c.ranks, c.options.link_domains)
     streaming.charge_streaming(c.target, c.builder.steps)
+    c.emulated = _emulated(c.builder.emulated)
+
+
+def _emulated(charges: list[tuple]) -> list[dict]:
+    """The builder's charges (step or None, what, share of the step's
+    cycles, source op) summed by what they emulate, costliest first."""
+    by_what: dict[str, tuple[set, float]] = {}
+    for step, what, share, source in charges:
+        sources, cycles = by_what.get(what, (set(), 0.0))
+        sources.add(source)
+        by_what[what] = (sources, cycles + share * (getattr(step, "cycles", 0) or 0))
+    # (Rounded down, so that the rows never sum past the program's cycles.)
+    rows = [{"op": what, "count": len(sources), "cycles": int(cycles)}
+            for what, (sources, cycles) in by_what.items()]
+    return sorted(rows, key=lambda row: (-row["cycles"], row["op"]))
 
 
 def _schedule(c: Compilation) -> None:
@@ -186,7 +213,8 @@ def _build_program(c: Compilation) -> None:
         shardings=c.layout, flops=b.flops, transcendentals=b.transcendentals,
         bytes_accessed=float(sum(t.nbytes for t in b.tensors if t.constant is None)),
         token_outputs=c.token_outputs, streaming_inputs=c.streaming_inputs,
-        streaming_outputs=c.streaming_outputs, input_layouts=c.input_layouts, output_layouts=c.output_layouts)
+        streaming_outputs=c.streaming_outputs, input_layouts=c.input_layouts, output_layouts=c.output_layouts,
+        emulated=c.emulated)
 
 
 def _check_fits(c: Compilation) -> None:
@@ -200,6 +228,7 @@ PASSES: list[tuple[str, Callable[[Compilation], None]]] = [
     ("expand-rng", _expand_rng),
     ("demote-64bit", _demote_64bit),
     ("legalize", _legalize),
+    ("emulate-types", _emulate_types),
     ("plan-layouts", _plan_layouts),
     ("plan-streaming", _plan_streaming),
     ("fold-transposes", _fold_transposes),
@@ -258,4 +287,6 @@ def compile_module(module: ir.Module, target: Target, options: CompileOptions = 
                 run(c)
             if dumping and (options.dump_pass_re is None or re.search(options.dump_pass_re, name)):
                 _dump(c, index, name)
+    if c.program.emulated:     # once per program, in the compile log
+        log.info("%s", c.program.describe_emulation())
     return c.program

@@ -99,6 +99,12 @@ class Builder:
         self.block_carried: frozenset[int] = frozenset()
         # Broadcast results only element-wise clusters read (see Broadcast).
         self.lazy_broadcasts: set = set()
+        # While an op made to emulate a type is lowered: (what it emulates,
+        # the op it stands for). Every step emitted then is charged to it:
+        # `emulated` holds (step, what, share of its cycles, source op)
+        # (compiler/emulation.py sums them after the cost pass).
+        self.emulating: tuple[str, int] | None = None
+        self.emulated: list[tuple] = []
 
     # -- tensors --
     def linear_mapping(self, size: int, dtype: np.dtype) -> TileMapping:
@@ -245,11 +251,21 @@ class Builder:
                      self.vertices_over(f"Fill<{t.dtype.name}>", [t], [],
                                         lambda n: cost.elementwise_cycles(self.target, n, t.dtype, [])))
 
-    def execute(self, name: str, kernel, vertices, exchange=None) -> None:
-        self.steps.append(Execute(ComputeSet(name, vertices, kernel, exchange)))
+    def execute(self, name: str, kernel, vertices, exchange=None) -> Execute:
+        step = Execute(ComputeSet(name, vertices, kernel, exchange))
+        self.steps.append(step)
+        self._charge(step)
+        return step
 
     def copy(self, src: View | Concat, dst: Tensor) -> None:
-        self.steps.append(Copy(src, dst))
+        step = Copy(src, dst)
+        self.steps.append(step)
+        self._charge(step)
+
+    def _charge(self, step) -> None:
+        if self.emulating is not None:
+            what, source = self.emulating
+            self.emulated.append((step, what, 1.0, source))
 
     @staticmethod
     def by_tile(m: TileMapping) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from jax_ipu import ops_complex
 from jax_ipu.graph import programs as p
 from jax_ipu.graph.compute import VertexArray, range_index, region_groups, spans, vertex_cycles, vertex_tiles
 from jax_ipu.graph.programs import CONTROL, Copy, Execute, HostCall, leaves
 from jax_ipu.graph.views import Concat, source_tiles
-from jax_ipu.ops import cycles_per_vector
-from jax_ipu.targets import Target
+from jax_ipu.ops import cycles_per_vector, emulates
+from jax_ipu.targets import BFLOAT16, Target
 
 
 def worker_cycles(target: Target, n: int, per_vector: float, vector_width: int) -> int:
@@ -29,6 +30,42 @@ def elementwise_cycles(target: Target, n: int, dtype: np.dtype, ops: list[str]) 
     return target.supervisor_cycles + worker_cycles(target, n, per_vector, target.vector_width(dtype))
 
 
+_F32 = np.dtype(np.float32)
+
+
+def emulated_cycles_per_element(target: Target, op: str, operand_dtypes, dtype: np.dtype) -> float:
+    """A worker's issue cycles for one element of an element-wise op on an
+    emulated type (docs/ipu.md, "Emulated types"), or 0 for a native op.
+    bfloat16: each bfloat16 operand widened and a bfloat16 result rounded
+    (integer instructions, one element each), around the float32 op at the
+    float32 vector width. complex64: the float32 ops it expands to
+    (ops_complex.COMPONENTS), two lanes a cycle, plus lane permutes for
+    ops that mix the real and imaginary parts."""
+    kind = emulates(op, operand_dtypes, dtype)
+    lanes = target.vector_width(_F32)
+    if kind == "bfloat16":
+        integer = (target.bf16_widen_cycles * sum(np.dtype(d) == BFLOAT16 for d in operand_dtypes)
+                   + (target.bf16_round_cycles if np.dtype(dtype) == BFLOAT16 else 0))
+        return integer / target.int_elements_per_cycle + cycles_per_vector([op]) / lanes
+    if kind == "complex64":
+        components = ops_complex.COMPONENTS.get(op, {})
+        real_ops = sum(count * cycles_per_vector([name]) for name, count in components.items()) / lanes
+        mixes = op not in ops_complex.BY_PARTS and op not in ("select", "convert")
+        return real_ops + (target.complex_permute_cycles if mixes else 0)
+    return 0.0
+
+
+def chain_cycles(target: Target, n: int, dtype: np.dtype, instructions: list[tuple]) -> tuple[int, list[float]]:
+    """A fused chain's vertex over n elements: (cycles, the cycles of each
+    instruction's emulation). instructions: (op, operand dtypes, dtype);
+    the native ones cost as elementwise_cycles at the chain's vector width,
+    the emulated ones their emulated_cycles_per_element each."""
+    per_element = [emulated_cycles_per_element(target, op, operands, out) for op, operands, out in instructions]
+    native = [op for (op, _, _), emulated in zip(instructions, per_element, strict=True) if not emulated]
+    emulated = [worker_cycles(target, n, c, 1) if c else 0 for c in per_element]
+    return elementwise_cycles(target, n, dtype, native) + sum(emulated), emulated
+
+
 def matmul_cycles(target: Target, macs, dtype: np.dtype):
     """A tile's partial product of `macs` multiply-adds (a number or an
     array of them). AMP: amp_fixed_cycles + macs / (flops per cycle / 2);
@@ -41,7 +78,10 @@ def matmul_cycles(target: Target, macs, dtype: np.dtype):
 
 
 def reduce_cycles(target: Target, n: int, dtype: np.dtype) -> int:
-    return target.supervisor_cycles + worker_cycles(target, n, 1, target.vector_width(dtype))
+    """n elements combined in pairs; bfloat16 ones widened to float32 first."""
+    widen = worker_cycles(target, n, target.bf16_widen_cycles, target.int_elements_per_cycle) \
+        if np.dtype(dtype) == BFLOAT16 else 0
+    return target.supervisor_cycles + worker_cycles(target, n, 1, target.vector_width(dtype)) + widen
 
 
 def exchange_cycles(target: Target, sent: np.ndarray, received: np.ndarray) -> int:

@@ -22,6 +22,10 @@ class CompileOptions:
     # them, naming the op) or "as_f32" (run f64/i64/u64 as f32/i32/u32:
     # JAX_IPU_F64_AS_F32, see compiler.passes.demote).
     f64_policy: str = "error"
+    # Types the IPU holds but cannot compute in (bfloat16, complex64): True
+    # emulates them (compiler/passes/emulate.py, ops.py), False refuses them
+    # at compile time, naming the op (JAX_IPU_EMULATE_TYPES=0).
+    emulate_types: bool = True
     # A directory to write the IR after every pass to (JAX_IPU_DUMP_TO), as
     # XLA's --xla_dump_to; None writes nothing. The regular expressions, when
     # set, choose the programs and the passes dumped (XLA's

@@ -7,8 +7,8 @@ rules only for named platforms (jax/_src/lax/linalg.py):
 - geqrf, householder_product (QR): the generic rules emit custom_calls
   "Qr" and "ProductOfElementaryHouseholderReflectors", implemented too.
 - lu: the generic rule is a Python loop of dynamic slices and scatters;
-  eigh, svd and tridiagonal have CPU/GPU (LAPACK, cuSOLVER) and TPU rules
-  only. These
+  eigh, svd, tridiagonal and eig have CPU/GPU (LAPACK, cuSOLVER) and TPU
+  rules only. These
   get a custom_call "jax_ipu.<op>:<options>" here, which the compiler
   runs as a Factorize kernel (LAPACK's algorithm, as XLA:CPU).
 
@@ -74,6 +74,12 @@ def _svd(ctx, operand, *, full_matrices, compute_uv, subset_by_index, algorithm=
     if not (subset_by_index is None or tuple(subset_by_index) == (0, min(m, n))):
         raise NotImplementedError("svd with subset_by_index is not supported on the ipu platform")
     return _custom_call("svd", full_matrices=full_matrices, compute_uv=compute_uv)(ctx, operand)
+
+
+def _eig(ctx, operand, *, compute_left_eigenvectors, compute_right_eigenvectors, enable_eigvec_derivs=False,
+         implementation=None):
+    return _custom_call("eig", compute_left=compute_left_eigenvectors,
+                        compute_right=compute_right_eigenvectors)(ctx, operand)
 
 
 def _tridiagonal(ctx, operand, *, lower):
@@ -187,8 +193,6 @@ def _select_and_scatter_add(source, operand, *, select_prim, window_dimensions, 
 # Linear algebra JAX has no generic rule for, and jax-ipu does not run yet:
 # (what users call, why not, what to do).
 _NOT_YET = {
-    "eig": ("jnp.linalg.eig / eigvals (and jnp.roots)", "its results are complex numbers, which the IPU "
-            "does not have"),
     "schur": ("jax.scipy.linalg.schur (and sqrtm, solve_sylvester)", "jax-ipu has no Schur decomposition yet"),
     "hessenberg": ("jax.scipy.linalg.hessenberg", "jax-ipu has no Hessenberg reduction yet"),
     "geqp3": ("jax.scipy.linalg.qr(pivoting=True)", "jax-ipu has no column-pivoted QR yet"),
@@ -219,6 +223,7 @@ def register() -> None:
         mlir.register_lowering(getattr(linalg, f"{name}_p"), _not_yet(name), platform=PLATFORM)
     mlir.register_lowering(linalg.eigh_p, _eigh, platform=PLATFORM)
     mlir.register_lowering(linalg.svd_p, _svd, platform=PLATFORM)
+    mlir.register_lowering(linalg.eig_p, _eig, platform=PLATFORM)
     mlir.register_lowering(linalg.tridiagonal_p, _tridiagonal, platform=PLATFORM)
     mlir.register_lowering(prng.iota_2x32_shape_p, _iota_2x32_shape, platform=PLATFORM)
     mlir.register_lowering(lax.mulhi_p, mlir.lower_fun(_mulhi, multiple_results=False), platform=PLATFORM)

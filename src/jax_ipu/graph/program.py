@@ -53,6 +53,11 @@ class Program:
     # for row-major; empty when all are row-major.
     input_layouts: tuple = ()
     output_layouts: tuple = ()
+    # The ops computing on types the IPU emulates (bfloat16, complex64), by
+    # what they emulate ("bfloat16 multiply", "complex64 dot_general"):
+    # {"op", "count" (ops of the program), "cycles" (their steps' share,
+    # each step counted once)}, costliest first.
+    emulated: list[dict] = dataclasses.field(default_factory=list)
 
     def cost_analysis(self) -> dict[str, float]:
         """JAX's figures, and the cycles: estimated_cycles leaves out the
@@ -76,6 +81,18 @@ class Program:
             text += (f" + {self.cycles_per_unknown_iteration} per iteration of {len(self.unknown_trip_loops)} "
                      f"loop(s) whose trip count is unknown at compile time")
         return text
+
+    def describe_emulation(self) -> str:
+        """The emulated ops and their cost in words ("" when none)."""
+        if not self.emulated:
+            return ""
+        total = sum(e["cycles"] for e in self.emulated)
+        share = f", {100 * total / self.cycles:.1f}% of the program's" if self.cycles else ""
+        lines = [f"{self.name} emulates types the IPU lacks: {total:,} cycles{share} "
+                 "(JAX_IPU_EMULATE_TYPES=0 refuses them)"]
+        lines += [f"  {e['op']}: {e['count']} op{'s' * (e['count'] != 1)}, {e['cycles']:,} cycles"
+                  for e in self.emulated]
+        return "\n".join(lines)
 
     def memory_stats(self) -> dict[str, int]:
         """The figures PJRT's compiled-memory-stats call reports."""

@@ -60,7 +60,7 @@ from jax_ipu.graph.views import _SHAPE, Concat, View
 from jax_ipu.utils import gc_pause
 
 MAGIC = b"JAXIPUPG"
-FORMAT_VERSION = 4   # 3: StreamingCopy steps, argument and result layouts; 4: control steps' costs
+FORMAT_VERSION = 5   # 3: StreamingCopy steps, argument and result layouts; 4: control steps' costs; 5: emulated ops
 _MARK = struct.Struct("<8sI")
 PREFIX = struct.Struct("<8sIQQQQ32s")
 _ALIGN = 64
@@ -646,6 +646,7 @@ def dumps(program: Program, meta: dict | None = None) -> bytes:
             "streaming_outputs": [int(i) for i in program.streaming_outputs],
             "input_layouts": [None if x is None else [int(d) for d in x] for x in program.input_layouts],
             "output_layouts": [None if x is None else [int(d) for d in x] for x in program.output_layouts],
+            "emulated": [[str(e["op"]), int(e["count"]), int(e["cycles"])] for e in program.emulated],
         },
         "meta": enc.value(meta or {}),
     }
@@ -1216,7 +1217,7 @@ def _program(h, dec: _Decoder, tensors: list[Tensor]) -> Program:
               "cycles": "int", "unknown_trip_loops": "[any", "host_cycles": "int", "memory": "?memory",
               "flops": "float", "shardings": "any", "bytes_accessed": "float", "transcendentals": "float",
               "token_outputs": None, "streaming_inputs": None, "streaming_outputs": None,
-              "input_layouts": None, "output_layouts": None}
+              "input_layouts": None, "output_layouts": None, "emulated": None}
     if type(h) is not dict or set(h) != set(fields):
         _fail("program: malformed")
     values = {}
@@ -1244,6 +1245,11 @@ def _program(h, dec: _Decoder, tensors: list[Tensor]) -> Program:
             values[f][o] = i
     for f in ("token_outputs", "streaming_inputs", "streaming_outputs"):
         values[f] = tuple(_int_list(h[f], f"program.{f}"))
+    rows = h["emulated"]
+    if type(rows) is not list or not all(type(r) is list and len(r) == 3 and type(r[0]) is str
+                                         and type(r[1]) is int and type(r[2]) is int for r in rows):
+        _fail("program.emulated: malformed")
+    values["emulated"] = [{"op": op, "count": count, "cycles": cycles} for op, count, cycles in rows]
     if len(values["input_types"]) != len(values["inputs"]) or len(values["output_types"]) != len(values["outputs"]):
         _fail("program: types do not match inputs and outputs")
     for f, types in (("input_layouts", values["input_types"]), ("output_layouts", values["output_types"])):

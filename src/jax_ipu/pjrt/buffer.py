@@ -7,15 +7,16 @@ import numpy as np
 from jax_ipu.errors import IpuInvalidArgument
 from jax_ipu.model.fast.xla_chains import aligned_copy
 from jax_ipu.pjrt._capi import Event
-from jax_ipu.targets import AS_32, IPU_DTYPES
+from jax_ipu.targets import AS_32, BFLOAT16, EMULATED_DTYPES, IPU_DTYPES
 
 # PJRT_Buffer_Type codes <-> numpy dtypes (codes from the PJRT C API enum).
 _PJRT_TYPES = {1: np.bool_, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64,
                6: np.uint8, 7: np.uint16, 8: np.uint32, 9: np.uint64,
-               10: np.float16, 11: np.float32, 12: np.float64, 14: np.complex64,
+               10: np.float16, 11: np.float32, 12: np.float64, 13: BFLOAT16, 14: np.complex64,
                15: np.complex128}
 _NUMPY_TYPES = {np.dtype(t): code for code, t in _PJRT_TYPES.items()}
-_HELD = "it holds float32, float16, int32, uint32, int16, uint16, int8, uint8 and bool"
+_HELD = ("it holds float32, float16, int32, uint32, int16, uint16, int8, uint8 and bool, and emulates bfloat16 "
+         "and complex64")
 # The other codes, to name them in errors (ml_dtypes' names, as JAX prints them).
 _OTHER_TYPE_NAMES = {16: "float8_e5m2", 17: "float8_e4m3fn", 18: "float8_e4m3b11fnuz", 19: "float8_e5m2fnuz",
                      20: "float8_e4m3fnuz", 21: "int4", 22: "uint4", 23: "token", 24: "int2", 25: "uint2",
@@ -23,9 +24,6 @@ _OTHER_TYPE_NAMES = {16: "float8_e5m2", 17: "float8_e4m3fn", 18: "float8_e4m3b11
 
 
 def numpy_dtype(pjrt_type: int) -> np.dtype:
-    if pjrt_type == 13:
-        raise IpuInvalidArgument("bfloat16 arrays cannot be placed on an IPU (Mk1/Mk2 have no "
-                                 "bf16); use float16 or float32")
     try:
         return np.dtype(_PJRT_TYPES[pjrt_type])
     except KeyError:
@@ -39,13 +37,20 @@ def pjrt_type(dtype: np.dtype) -> int:
     return _NUMPY_TYPES[np.dtype(dtype)]
 
 
-def check_ipu_dtype(dtype: np.dtype, f64_as_f32: bool = False) -> None:
+def check_ipu_dtype(dtype: np.dtype, f64_as_f32: bool = False, emulate_types: bool = True) -> None:
     dtype = np.dtype(dtype)
-    if dtype not in IPU_DTYPES and not (f64_as_f32 and dtype in AS_32):
-        advice = " (or set JAX_IPU_F64_AS_F32=1 to hold it as a 32-bit type)" if dtype in AS_32 else ""
+    if dtype in IPU_DTYPES or (f64_as_f32 and dtype in AS_32) or (emulate_types and dtype in EMULATED_DTYPES):
+        return
+    if dtype in EMULATED_DTYPES:
         raise IpuInvalidArgument(
-            f"the IPU has no {dtype.name} type; {_HELD}. Convert the array first (and keep "
-            f"JAX_ENABLE_X64 off){advice}")
+            f"the IPU has no {dtype.name} arithmetic, and emulating it is turned off (JAX_IPU_EMULATE_TYPES=0): "
+            f"convert the array first (e.g. x.astype(jnp.float32)), or unset JAX_IPU_EMULATE_TYPES")
+    advice = " (or set JAX_IPU_F64_AS_F32=1 to hold it as a 32-bit type)" if dtype in AS_32 else ""
+    if dtype == np.complex128:
+        advice = " (complex64 is emulated: x.astype(jnp.complex64))"
+    raise IpuInvalidArgument(
+        f"the IPU has no {dtype.name} type; {_HELD}. Convert the array first (and keep "
+        f"JAX_ENABLE_X64 off){advice}")
 
 
 def to_device(array: np.ndarray, spec: ArraySpec) -> np.ndarray:

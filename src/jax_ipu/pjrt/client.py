@@ -102,6 +102,7 @@ class Client:
         if self.cache is not None:
             # Before the compiler is imported: a hit never needs it.
             settings = (sorted(overrides.items()), self.config.allow_out_of_memory, self.f64_as_f32,
+                        self.config.emulate_types,
                         self.config.ipus_per_link_domain)
             key = self.cache.key(fmt.encode() + b"\0" + code, settings, assignment, self.target)
             executable = self.cache.load(self, key)
@@ -113,6 +114,7 @@ class Client:
 
         defaults = dict(allow_out_of_memory=self.config.allow_out_of_memory,
                         f64_policy="as_f32" if self.f64_as_f32 else "error", dump_to=self.config.dump_to,
+                        emulate_types=self.config.emulate_types,
                         link_domains=_link_domains(assignment, self.config.ipus_per_link_domain),
                         inspect_sharding=inspect_sharding)
         module = import_module(code)
@@ -133,7 +135,7 @@ class Client:
                           "compiled anyway, as allow_out_of_memory asks (JAX_IPU_ALLOW_OUT_OF_MEMORY, "
                           "debug.allowOutOfMemory or the compiler option): see its profile", stacklevel=2)
         name = module.main.name if module.entry == "main" else module.entry
-        policy = b"f64_as_f32" if self.f64_as_f32 else b""
+        policy = (b"f64_as_f32" if self.f64_as_f32 else b"") + (b"" if self.config.emulate_types else b"native")
         executable = Executable(self, program, name, fingerprint(code + policy, options, self.target),
                                 assignment, serialized,
                                 stablehlo=module_text(code) if requested.embed_ir else None)
@@ -153,7 +155,7 @@ class Client:
                          bytes_in_use: int = 0, layout: tuple[int, ...] | None = None) -> DeviceBuffer:
         """`layout`: the order of dimensions (major first) the device holds
         the array in (JAX's device_layout), None for row-major."""
-        check_ipu_dtype(array.dtype, self.f64_as_f32)
+        check_ipu_dtype(array.dtype, self.f64_as_f32, self.config.emulate_types)
         device = self.device(device_id)
         if layout is not None and sorted(layout) != list(range(array.ndim)):
             raise IpuInvalidArgument(f"layout {tuple(layout)} does not order the {array.ndim} dimensions of "

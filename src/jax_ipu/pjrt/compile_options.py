@@ -40,6 +40,8 @@ OWN = {
                            "memory report (Poplar's debug.allowOutOfMemory)",
     "partials_type": "'float' (default) or 'half': the type of float16 convolutions' partial sums "
                      "(Poplar's partialsType; 'half' applies where the result is float16)",
+    "emulate_types": "True or False (default True, JAX_IPU_EMULATE_TYPES): emulate bfloat16 and complex64, which "
+                     "the IPU lacks; False refuses them at compile time (hardware-native programs only)",
 }
 
 # partials_type's values (Poplar's names first) and what each means.

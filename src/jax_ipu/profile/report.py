@@ -391,6 +391,9 @@ def build(program, run, device, between: dict | None = None) -> dict:
         "static_estimate": static_estimate(program),
         "cost_analysis": program.cost_analysis(),
         "memory_stats": program.memory_stats(),
+        # The ops on types the IPU emulates (bfloat16, complex64), with
+        # their cycles in the compile-time estimate.
+        "emulated": [dict(e) for e in program.emulated],
     }
 
 

@@ -107,6 +107,13 @@ def summary(report: dict, top: int = 10) -> str:
         for s in busiest:
             lines.append(f"  {s['cycles']:>12,} {100 * s['cycles'] / total:5.1f}% {_bytes(s['exchange_bytes']):>10}  "
                          f"{s['kind']} {s['name']}")
+    emulated = report.get("emulated")
+    if emulated:
+        total = sum(e["cycles"] for e in emulated)
+        lines += ["", f"Emulated types (the IPU has no bfloat16 or complex arithmetic): {total:,} cycles of the "
+                      "compile-time estimate", f"  {'ops':>6} {'cycles':>12}  emulated"]
+        for e in emulated[:top]:
+            lines.append(f"  {e['count']:>6} {e['cycles']:>12,}  {e['op']}")
     sets = report["compute_sets"]
     if sets:
         lines += ["", f"Compute sets ({len(sets)})", f"  {'vertices':>8} {'tiles':>6} {'cycles':>12}  name"]

@@ -20,8 +20,9 @@ ALL = NUMERIC + [np.bool_]
 
 
 # Ops with tests of their own below (attributes, several operands).
-OWN_TESTS = {"compare", "select", "clamp", "convert", "bitcast_convert", "reduce_precision"}
-KINDS = {"f": FLOATS, "i": SIGNED, "u": UNSIGNED, "b": [np.bool_]}
+OWN_TESTS = {"compare", "select", "clamp", "convert", "bitcast_convert", "reduce_precision", "complex"}
+# (complex64 and bfloat16: test_complex64.py, test_bfloat16.py)
+KINDS = {"f": FLOATS, "i": SIGNED, "u": UNSIGNED, "b": [np.bool_], "c": []}
 
 
 def _table(arity):

@@ -96,7 +96,7 @@ def test_scipy_solvers():
 
 def test_f16_is_a_clear_error():
     a = jax.device_put(spd((4, 4)).astype(np.float16), jax.devices("ipu")[0])
-    with pytest.raises(Exception, match=r"stablehlo.cholesky at .*float32 only"):
+    with pytest.raises(Exception, match=r"stablehlo.cholesky at .*float32 and complex64 only"):
         jax.jit(lambda a: jax.lax.linalg.cholesky(a, symmetrize_input=False))(a).block_until_ready()
 
 
@@ -204,11 +204,72 @@ def test_svd_and_eigh_of_non_finite_matrices_give_nan_not_an_error(ipu, name, ba
 
 
 @pytest.mark.parametrize("name, f", [
-    ("eig", jnp.linalg.eigvals), ("schur", jsl.schur), ("schur", jsl.sqrtm), ("hessenberg", jsl.hessenberg),
-    ("geqp3", lambda m: jsl.qr(m, pivoting=True))], ids=["eigvals", "schur", "sqrtm", "hessenberg", "qr-pivoting"])
+    ("schur", jsl.schur), ("schur", jsl.sqrtm), ("hessenberg", jsl.hessenberg),
+    ("geqp3", lambda m: jsl.qr(m, pivoting=True))], ids=["schur", "sqrtm", "hessenberg", "qr-pivoting"])
 def test_linear_algebra_not_run_yet_fails_clearly(ipu, name, f):
     """Not JAX's bare 'MLIR translation rule not found': the op, what
     calls it, why, and to run it on the CPU."""
     x = jax.device_put(np.eye(3, dtype=np.float32) + 1, ipu)
     with pytest.raises(Exception, match=rf"lax\.linalg\.{name} .*does not run on the IPU.*Run it on the CPU"):
         jax.jit(f)(x)
+
+
+# --- eig and factorisations of complex64 matrices ----------------------------------------------
+
+def _complex_matrix(shape, seed=0):
+    out = np.empty(shape, np.complex64)
+    out.real, out.imag = matrix(shape, seed), matrix(shape, seed + 100)
+    return out
+
+
+def _sorted_eigenvalues(w):
+    """Eigenvalues in one order on both sides (LAPACK's depends on rounding)."""
+    w = np.asarray(w).astype(np.complex128)
+    return np.take_along_axis(w, np.lexsort((np.round(w.imag, 3), np.round(w.real, 3)), axis=-1), -1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64])
+def test_eigvals_and_eig_match_xla_cpu(dtype):
+    """Eigenvalues (complex, conjugate pairs of a real matrix) equal
+    XLA:CPU's up to their order; eigenvectors satisfy A v = w v and are unit
+    vectors, as LAPACK's geev normalises them."""
+    a = matrix((3, 6, 6), 2).astype(dtype) if dtype == np.float32 else _complex_matrix((3, 6, 6), 2)
+    ipu = jax.devices("ipu")[0]
+    w, (w2, v) = run_on(ipu, lambda m: (jnp.linalg.eigvals(m), jnp.linalg.eig(m)), a)
+    want = on_cpu(jnp.linalg.eigvals, a)
+    assert w.dtype == want.dtype == np.complex64 and v.dtype == np.complex64 and v.shape == a.shape
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(_sorted_eigenvalues(w), _sorted_eigenvalues(want), atol=TOL * scale)
+    np.testing.assert_allclose(_sorted_eigenvalues(w2), _sorted_eigenvalues(want), atol=TOL * scale)
+    a64, v64 = a.astype(np.complex128), v.astype(np.complex128)
+    np.testing.assert_allclose(a64 @ v64, v64 * w2[..., None, :], atol=TOL * scale)
+    np.testing.assert_allclose(np.linalg.norm(v64, axis=-2), 1, atol=TOL)
+    if dtype == np.float32:     # a real matrix's eigenvalues come in conjugate pairs
+        np.testing.assert_allclose(_sorted_eigenvalues(w), _sorted_eigenvalues(np.conj(w)), atol=TOL * scale)
+
+
+def test_eigvals_of_a_matrix_with_nan_is_nan_as_on_xla_cpu():
+    a = np.stack([matrix((4, 4), 3), matrix((4, 4), 4)])
+    a[0, 1, 2] = np.nan
+    got = run_on(jax.devices("ipu")[0], jnp.linalg.eigvals, a)
+    assert np.isnan(got[0]).all() and np.isfinite(got[1]).all()
+    assert np.isnan(on_cpu(jnp.linalg.eigvals, a)[0]).all()
+
+
+@pytest.mark.parametrize("name", ["lu", "qr", "cholesky", "eigh", "svd", "solve", "inv", "triangular_solve"])
+def test_complex64_factorisations_match_xla_cpu(name):
+    """Every factorisation on complex matrices (LAPACK's c- routines on
+    both sides); eigenvectors and singular vectors up to phase through the
+    products that fix them."""
+    a = _complex_matrix((2, 5, 5), 5)
+    hpd = a @ np.conj(np.swapaxes(a, -1, -2)) + 5 * np.eye(5, dtype=np.complex64)
+    b = _complex_matrix((2, 5, 3), 6)
+    f = {"lu": lambda m, r: jax.lax.linalg.lu(m),
+         "qr": lambda m, r: jnp.abs(jnp.linalg.qr(m)[1]),
+         "cholesky": lambda m, r: jnp.linalg.cholesky(r),
+         "eigh": lambda m, r: (jnp.linalg.eigvalsh(r), jnp.abs(jnp.linalg.eigh(r)[1]) ** 2),
+         "svd": lambda m, r: (jnp.linalg.svd(m, compute_uv=False), jnp.abs(jnp.linalg.svd(m)[0]) ** 2),
+         "solve": lambda m, r: jnp.linalg.solve(m, b),
+         "inv": lambda m, r: jnp.linalg.inv(r),
+         "triangular_solve": lambda m, r: jsl.solve_triangular(jnp.tril(m) + 4 * jnp.eye(5), b, lower=True)}[name]
+    assert_matches_cpu(f, a, hpd, **SCALED)

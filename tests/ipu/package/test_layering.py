@@ -19,7 +19,7 @@ ROOT = pathlib.Path(jax_ipu.__file__).resolve().parent
 # the importer and the graph.
 LAYERS = [
     {"jax_ipu.errors", "jax_ipu.version", "jax_ipu.targets", "jax_ipu.ir", "jax_ipu.ir_printer",
-     "jax_ipu.ops", "jax_ipu.config", "jax_ipu.utils"},
+     "jax_ipu.ops", "jax_ipu.ops_complex", "jax_ipu.config", "jax_ipu.utils"},
     {"jax_ipu.graph", "jax_ipu.stablehlo"},
     {"jax_ipu.compiler", "jax_ipu.model"},
     {"jax_ipu.profile"},

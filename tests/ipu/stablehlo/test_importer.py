@@ -373,10 +373,19 @@ def test_bad_programs_raise_clear_errors(code, error, words):
         assert word in str(raised.value)
 
 
-@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16], ids=lambda d: np.dtype(d).name)
-def test_scalar_constants_of_absent_types_are_refused_clearly(ipu, dtype):
-    """A 0-d bf16 constant (as jax.random.normal(..., bfloat16) has) is read,
-    then refused naming the type, not with a numpy error."""
-    with pytest.raises(Exception, match="the IPU has no|element type"):
-        jax.jit(lambda x: x.astype(dtype) * jnp.asarray(0.5, dtype))(
-            jax.device_put(np.ones(3, np.float32), ipu)).block_until_ready()
+def test_scalar_constants_of_bfloat16_are_read():
+    """A 0-d bf16 constant (as jax.random.normal(..., bfloat16) has) is read
+    into its 16 bits, not a numpy error; bfloat16 is emulated."""
+    def f(x):
+        return x.astype(ml_dtypes.bfloat16) * jnp.asarray(0.3, ml_dtypes.bfloat16)
+    x = np.linspace(-3, 3, 7, dtype=np.float32)
+    got = np.asarray(jax.jit(f)(jax.device_put(x, jax.devices("ipu")[0])))
+    want = np.asarray(jax.jit(f)(jax.device_put(x, jax.devices("cpu")[0])))
+    assert got.dtype == ml_dtypes.bfloat16 and (got.view(np.uint16) == want.view(np.uint16)).all()
+
+
+def test_scalar_constants_of_absent_types_are_refused_clearly(ipu):
+    """With emulation refused, the same program names the type."""
+    with pytest.raises(Exception, match="the IPU has no bf16"):
+        jax.jit(lambda x: x.astype(ml_dtypes.bfloat16) * jnp.asarray(0.5, ml_dtypes.bfloat16)).lower(
+            jax.device_put(np.ones(3, np.float32), ipu)).compile(compiler_options={"emulate_types": False})

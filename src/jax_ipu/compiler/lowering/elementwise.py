@@ -9,16 +9,27 @@ import numpy as np
 from jax_ipu import ir, ops
 from jax_ipu.compiler import cost
 from jax_ipu.compiler.builder import Broadcast, Builder, ScalarBroadcast, Splat
+from jax_ipu.compiler.passes.emulate import EMULATES
 from jax_ipu.compiler.passes.fuse import Cluster
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
 from jax_ipu.graph.views import View
+from jax_ipu.targets import COMPLEX64
 
 # Attributes an element-wise op's semantics depend on.
 SEMANTIC_ATTRS = ("comparison_direction", "compare_type", "exponent_bits", "mantissa_bits")
 
 
 def _check(op: ir.Op) -> None:
+    complex_values = any(v.type.dtype == COMPLEX64 for v in list(op.operands) + list(op.results))
+    if complex_values and op.name not in ops.COMPLEX_OPS:
+        raise IpuUnimplementedError.for_op(
+            op, f"stablehlo.{op.name} is not defined on complex numbers",
+            "Apply it to the real and imaginary parts (jnp.real, jnp.imag)")
+    if complex_values and op.name == "compare" and op.attrs.get("comparison_direction") not in ("EQ", "NE"):
+        raise IpuUnimplementedError.for_op(
+            op, "complex numbers have no order (only EQ and NE compare them)",
+            "Compare their real and imaginary parts, or their absolute values")
     if op.name == "bitcast_convert":
         src, dst = op.operands[0].type, op.results[0].type
         if src.dtype.itemsize != dst.dtype.itemsize:
@@ -29,11 +40,9 @@ def _check(op: ir.Op) -> None:
 
 def evaluate(op: str, args: list, dtype: np.dtype, attrs: dict):
     """One element-wise op on numpy values, as the engine computes it."""
-    ufunc = ops.ufunc_for(op, np.asarray(args[0]).dtype)
+    fn, _ = ops.implementation(op, [np.asarray(a).dtype for a in args], dtype, attrs)
     with np.errstate(all="ignore"):
-        if ufunc is not None:
-            return np.asarray(ufunc(*args)).astype(dtype)
-        return np.asarray(ops.function_for(op)(*args, dtype=dtype, attrs=attrs)).astype(dtype)
+        return np.asarray(fn(*args)).astype(dtype)
 
 
 def lower_cluster(b: Builder, cluster: Cluster, used_outside: set) -> None:
@@ -43,6 +52,7 @@ def lower_cluster(b: Builder, cluster: Cluster, used_outside: set) -> None:
     input_index: dict = {}
     instructions: list[tuple] = []        # (op, args, dtype, attrs); args are refs
     refs: dict[ir.Value, tuple] = {}      # ("imm", array) | ("in", i) | ("ins", j)
+    sources: list[ir.Op] = []             # the op of each instruction
 
     def operand(v: ir.Value) -> tuple:
         if v in refs:
@@ -69,6 +79,7 @@ def lower_cluster(b: Builder, cluster: Cluster, used_outside: set) -> None:
             refs[op.results[0]] = ("imm", evaluate(op.name, [a for _, a in args], dtype, dict(attrs)))
         else:
             instructions.append((op.name, args, dtype, attrs))
+            sources.append(op)
             refs[op.results[0]] = ("ins", len(instructions) - 1)
 
     views = list(inputs)
@@ -102,9 +113,33 @@ def lower_cluster(b: Builder, cluster: Cluster, used_outside: set) -> None:
     dtype = tensors[0][1].dtype
     kernel = codelets.ElementwiseChain(tuple(views) + tuple(np.asarray(i) for i in immediates),
                                        program, tuple(tensors), shape)
+    spec = [(op.name, [v.type.dtype for v in op.operands], op.results[0].type.dtype) for op in sources]
     vertices = b.vertices_over(f"ElementwiseChain<{dtype.name}>[{','.join(names)}]",
                                [t for _, t in tensors], views,
-                               lambda n: cost.elementwise_cycles(b.target, n, dtype, names))
+                               lambda n: cost.chain_cycles(b.target, n, dtype, spec)[0])
     b.flops += size * len(program)
     b.transcendentals += size * sum(name in ops.TRANSCENDENTAL for name in names)
-    b.execute(f"fused {'+'.join(dict.fromkeys(names))} @{cluster.ops[-1].loc}", kernel, vertices)
+    step = b.execute(f"fused {'+'.join(dict.fromkeys(names))} @{cluster.ops[-1].loc}", kernel, vertices)
+    _charge_emulation(b, step, sources, spec, dtype, int(tile_mapping.elements_per_tile(b.target.num_tiles).max()))
+
+
+def _charge_emulation(b: Builder, step, sources: list[ir.Op], spec: list[tuple], dtype: np.dtype, n: int) -> None:
+    """The chain's emulated instructions, charged to what they emulate: an
+    op an expansion made (passes/emulate.py) to the op it stands for, an
+    element-wise op on an emulated type to itself; each its share of the
+    busiest vertex's cycles."""
+    tags = []
+    for op, (name, operands, out) in zip(sources, spec, strict=True):
+        kind = ops.emulates(name, operands, out)
+        tags.append(op.attrs.get(EMULATES) or ((f"{kind} {name}", id(op)) if kind else None))
+    if not any(tags):
+        return
+    _, emulated = cost.chain_cycles(b.target, n, dtype, spec)
+    each = [c or cost.worker_cycles(b.target, n, ops.cycles_per_vector([name]), b.target.vector_width(dtype))
+            for c, (name, _, _) in zip(emulated, spec, strict=True)]
+    total = sum(each) or 1
+    shares: dict = {}
+    for tag, c in zip(tags, each, strict=True):
+        if tag:
+            shares[tag] = shares.get(tag, 0) + c / total
+    b.emulated.extend((step, what, share, source) for (what, source), share in shares.items())

@@ -15,7 +15,7 @@ from jax_ipu.compiler import cost
 from jax_ipu.compiler.builder import Builder, ScalarBroadcast, Splat
 from jax_ipu.compiler.lowering.elementwise import SEMANTIC_ATTRS
 from jax_ipu.compiler.lowering.layout import copy_to_new, name_of
-from jax_ipu.compiler.lowering.reduce import SINGLE_OP
+from jax_ipu.compiler.lowering.reduce import single_op
 from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.compiler.planners.slice import plan_slice, plan_update
 from jax_ipu.errors import IpuUnimplementedError
@@ -184,9 +184,8 @@ def _combiner(body: ir.Block, n: int) -> str | None:
         return "replace"
     if n > 1 and not body.ops and list(body.results) == list(body.args[n:]):
         return "replace"
-    if (n == 1 and len(body.ops) == 1 and body.ops[0].name in SINGLE_OP and len(body.results) == 1
-            and body.results[0] is body.ops[0].results[0] and set(body.ops[0].operands) == set(body.args)):
-        return body.ops[0].name
+    if n == 1:
+        return single_op(body)
     return None
 
 

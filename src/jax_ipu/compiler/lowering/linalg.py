@@ -2,7 +2,7 @@
 custom_calls JAX's generic lowerings emit (geqrf's "Qr",
 "ProductOfElementaryHouseholderReflectors") or jax_ipu.frontend.jax_rules registers
 for the ipu platform ("jax_ipu.lu", "jax_ipu.eigh", "jax_ipu.svd",
-"jax_ipu.tridiagonal"). Each
+"jax_ipu.tridiagonal", "jax_ipu.eig"). Each
 becomes one compute set (a Factorize kernel): small matrices whole on a
 tile, one vertex per tile factoring its matrices; a large matrix spread
 in blocks of consecutive elements (rows) over several tiles, as PopLin lays
@@ -31,9 +31,11 @@ def _matrix_elements(t: ir.TensorType, batch_rank: int) -> int:
 
 def _factorize(b: Builder, op: ir.Op, kind: str, attrs: dict, flops_per_matrix: float) -> None:
     for v in op.operands:
-        if v.type.dtype != np.float32:
-            raise IpuUnimplementedError.for_op(op, f"{kind} of {v.type} is not supported (float32 only)",
-                                               "Cast the operand to float32")
+        if v.type.dtype not in (np.float32, np.complex64):
+            raise IpuUnimplementedError.for_op(op, f"{kind} of {v.type} is not supported (float32 and complex64 "
+                                               "only)", "Cast the operand to float32 or complex64")
+    if any(v.type.dtype == np.complex64 for v in op.operands):
+        flops_per_matrix *= 4       # a complex multiply-add is four real ones
     a_t = op.operands[0].type
     batch_rank = len(a_t.shape) - 2
     count = int(np.prod(a_t.shape[:batch_rank], dtype=np.int64))
@@ -164,7 +166,7 @@ def _options(target: str) -> tuple[str, dict]:
 
 
 @register_custom_call("Qr", "ProductOfElementaryHouseholderReflectors", "jax_ipu.lu", "jax_ipu.eigh",
-                      "jax_ipu.svd", "jax_ipu.tridiagonal")
+                      "jax_ipu.svd", "jax_ipu.tridiagonal", "jax_ipu.eig")
 def factorization(b: Builder, op: ir.Op) -> None:
     """JAX's generic QR calls and jax-ipu's own decompositions
     ("jax_ipu.svd:full_matrices=1,compute_uv=0": options after ':')."""
@@ -177,5 +179,5 @@ def factorization(b: Builder, op: ir.Op) -> None:
         _factorize(b, op, "householder", {}, 2.0 * m * n * n)
     else:
         kind, attrs = _options(target)
-        flops = {"lu": 2 * m * n * n / 3, "eigh": 9.0 * n ** 3, "tridiagonal": 4 * n ** 3 / 3}
+        flops = {"lu": 2 * m * n * n / 3, "eigh": 9.0 * n ** 3, "tridiagonal": 4 * n ** 3 / 3, "eig": 25.0 * n ** 3}
         _factorize(b, op, kind, attrs, flops.get(kind, 12.0 * m * n * n))

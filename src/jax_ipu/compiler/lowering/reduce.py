@@ -26,18 +26,25 @@ from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View
 from jax_ipu.ops import ELEMENTWISE_OPS, REDUCE_OPS
+from jax_ipu.targets import BFLOAT16, COMPLEX64
 
 # A reduction with one partial per output (and no wider accumulator) is
 # one compute set, not partials and a combine (see _single_stage).
 SINGLE_STAGE = True
 # Bodies of one op on one operand that reduce with a numpy ufunc.
 SINGLE_OP = frozenset(REDUCE_OPS)
+# 16-bit floats, whose reduce sums accumulate in float32.
+HALF_FLOATS = frozenset({np.dtype(np.float16), BFLOAT16})
 
 
 def single_op(body: ir.Block) -> str | None:
+    """The op of a body of one REDUCE_OPS op on its two arguments, whose
+    numpy ufunc reduces (a complex product is not one: numpy's rounds as
+    the IPU's does not, so its body runs, as ops_complex computes it)."""
     if (len(body.args) == 2 and len(body.ops) == 1 and len(body.results) == 1
             and body.ops[0].name in SINGLE_OP and body.results[0] is body.ops[0].results[0]
-            and set(body.ops[0].operands) == set(body.args)):
+            and set(body.ops[0].operands) == set(body.args)
+            and not (body.ops[0].name == "multiply" and body.args[0].type.dtype == COMPLEX64)):
         return body.ops[0].name
     return None
 
@@ -222,12 +229,12 @@ def reduce(b: Builder, op: ir.Op) -> None:
         if pad:
             x = copy_padded(b, op, x.then("reshape", (kept, reduced)), 1, pad, _init_source(init))
         xs.append(x.then("reshape", (kept, chunks, size)))
-    # fp16 sums and products of a reduce accumulate in fp32, as PopLibs'
-    # reductions do; a reduce_window's (cumsum, cumprod, pooling) round every
-    # step in fp16, as the IPU's f16 adds and XLA:CPU's window loop do, so a
-    # prefix that overflowed stays infinite.
+    # fp16 and bf16 sums and products of a reduce accumulate in fp32, as
+    # PopLibs' reductions do; a reduce_window's (cumsum, cumprod, pooling)
+    # round every step in fp16 or bf16, as the IPU's f16 adds and XLA:CPU's
+    # window loop do, so a prefix that overflowed stays infinite.
     widen = op.name != "reduce_window"
-    accs = [np.dtype(np.float32) if d == np.float16 and single in ("add", "multiply") and widen else d
+    accs = [np.dtype(np.float32) if d in HALF_FLOATS and single in ("add", "multiply") and widen else d
             for d in dtypes]
     what = single or "+".join(dict.fromkeys(i.op for i in program if i.op != "constant"))
     per_element = max(1, len(program))

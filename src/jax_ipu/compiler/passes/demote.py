@@ -1,7 +1,8 @@
 """The opt-in policy JAX_IPU_F64_AS_F32 (CompileOptions.f64_policy
 "as_f32"): 64-bit types run as their 32-bit siblings, as PopTorch does.
 
-float64 becomes float32, int64 int32 and uint64 uint32, everywhere in the
+float64 becomes float32, int64 int32, uint64 uint32 and complex128
+complex64 (itself emulated as pairs of float32), everywhere in the
 program: arguments, results, every op's values. JAX still sees 64-bit
 arrays; the buffers convert on the way to and from the device. Constants
 are rounded (floats, IEEE); integer ones keep their low 32 bits when they
@@ -12,8 +13,7 @@ that way and are refused, naming the op: bitcast_convert of a 64-bit type
 (e.g. jax.random's float64 sampling builds floats from 64 random bits),
 count_leading_zeros and popcnt of 64-bit integers, and shifts of 64-bit
 integers by a constant array holding 32 or more (jax.random's int64
-samplers join two 32-bit words so) or by an amount computed at run time.
-complex128 stays refused (the IPU has no complex type)."""
+samplers join two 32-bit words so) or by an amount computed at run time."""
 from __future__ import annotations
 
 import numpy as np

@@ -13,7 +13,7 @@ import numpy as np
 
 from jax_ipu import ir
 from jax_ipu.errors import IpuCompileError, IpuUnimplementedError
-from jax_ipu.targets import IPU_DTYPES, USE_IPU_TYPES
+from jax_ipu.targets import EMULATED_DTYPES, IPU_DTYPES, USE_IPU_TYPES
 
 # Ops whose results are their operands, unchanged.
 # (sdy.sharding_group, shard_alike's mark, has no results: it goes.)
@@ -22,13 +22,10 @@ _IDENTITIES = {"sdy.sharding_constraint", "sharding_constraint", "sdy.sharding_g
 _IDENTITY_CUSTOM_CALLS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "dce_sink"}
 # Products whose boolean form (an OR of ANDs) runs as an int32 count.
 _COUNTING = {"dot_general", "convolution"}
-# What to do about an op that computes in a type the IPU lacks, when there
-# is more to say than "use another type".
-_ADVICE_BY_OP = {
-    "fft": ("jnp.fft computes in complex numbers, which the IPU does not have: run the FFT on the CPU "
-            "(jax.device_put(x, jax.devices('cpu')[0])), or write the DFT as real matmuls with cos and sin "
-            "matrices"),
-}
+# What a program refused for an emulated type (JAX_IPU_EMULATE_TYPES=0) can do.
+_NATIVE_ONLY = ("jax-ipu emulates it unless asked for hardware-native programs only: unset "
+                "JAX_IPU_EMULATE_TYPES (or pass compiler_options={'emulate_types': True}), or use float32 or "
+                "float16")
 # Ops refused whatever their types: (problem, what to do).
 _UNSUPPORTED_OPS = {
     "rng": ("stablehlo.rng (lax.rng_uniform, a stateful generator without a key) is not "
@@ -52,16 +49,20 @@ class FlatFunction:
     layouts: dict = dataclasses.field(default_factory=dict)
 
 
-def legalize(module: ir.Module) -> FlatFunction:
+def legalize(module: ir.Module, emulate_types: bool = True) -> FlatFunction:
+    """`emulate_types`: bfloat16 and complex64 pass (the compiler emulates
+    them), else they are refused like every type the IPU lacks."""
     main = module.main
     ops: list[ir.Op] = []
     layouts: dict = {}
-    results = _inline(module, main.body, {a: a for a in main.body.args}, ops, depth=0, site=None, layouts=layouts)
+    allowed = IPU_DTYPES | EMULATED_DTYPES if emulate_types else IPU_DTYPES
+    results = _inline(module, main.body, {a: a for a in main.body.args}, ops, depth=0, site=None, allowed=allowed,
+                     layouts=layouts)
     for value in main.body.args:
         _check_type(value.type, next((op for op in ops if value in op.operands), None),
-                    "an argument of the program")
+                    "an argument of the program", allowed)
     for value in results:   # a constant returned as it is has no reader checking it
-        _check_type(value.type, None, "a result of the program")
+        _check_type(value.type, None, "a result of the program", allowed)
     return FlatFunction(list(main.body.args), ops, results, layouts)
 
 
@@ -78,7 +79,7 @@ def _located(op: ir.Op, site: str | None) -> ir.Op:
 
 
 def _inline(module, block: ir.Block, env: dict, out: list, depth: int, site: str | None,
-            layouts: dict | None = None) -> list[ir.Value]:
+            allowed: frozenset, layouts: dict | None = None) -> list[ir.Value]:
     for op in block.ops:
         op = _located(op, site)
         operands = [env[v] for v in op.operands]
@@ -90,7 +91,7 @@ def _inline(module, block: ir.Block, env: dict, out: list, depth: int, site: str
                                              "The program is malformed; please report it")
             inner_site = op.loc if _SOURCE_POSITION.search(op.loc) else site
             inner = _inline(module, callee.body, dict(zip(callee.body.args, operands, strict=True)), out, depth + 1,
-                            inner_site, layouts)
+                            inner_site, allowed, layouts)
             env.update(zip(op.results, inner, strict=True))
         elif op.name == "custom_call" and op.attrs.get("call_target_name") == "LayoutConstraint":
             # Values have no layout inside a program (their tensors' tile
@@ -109,32 +110,33 @@ def _inline(module, block: ir.Block, env: dict, out: list, depth: int, site: str
             # A constant's type is checked at its readers: JAX gives hoisted
             # constants the location of the jit call, the reader the user's line.
             for value in list(op.operands) + (list(op.results) if op.name != "constant" else []):
-                _check_type(value.type, op, None)
+                _check_type(value.type, op, None, allowed)
             # A function called twice is inlined twice: its results need new values.
             results = [ir.Value(r.type) for r in op.results] if depth else op.results
-            regions = [_inline_region(module, r, env, depth, site) for r in op.regions]
+            regions = [_inline_region(module, r, env, depth, site, allowed) for r in op.regions]
             if op.name == "bitcast_convert" and _widths_differ(op):
                 _bitcast_of_widths(operands[0], results[0], op.loc, out)
             elif op.name in _COUNTING and all(v.type.dtype == np.bool_ for v in operands + results):
                 _boolean_dot(op, operands, results[0], out)
             elif op.name == "custom_call" and op.attrs.get("call_target_name") == "ApproxTopK":
-                _approx_top_k(module, op, operands, results, out, site)
+                _approx_top_k(module, op, operands, results, out, site, allowed)
             else:
                 out.append(ir.Op(op.name, operands, results, op.attrs, regions, op.loc))
             env.update(zip(op.results, results, strict=True))
     return [env[v] for v in block.results]
 
 
-def _inline_region(module, block: ir.Block, env: dict, depth: int, site: str | None) -> ir.Block:
+def _inline_region(module, block: ir.Block, env: dict, depth: int, site: str | None, allowed: frozenset) -> ir.Block:
     """A region (loop body, branch, comparator) with its calls inlined and
     the enclosing values it reads renamed as in `env`."""
     args = [ir.Value(a.type) for a in block.args] if depth else list(block.args)
     ops: list[ir.Op] = []
-    results = _inline(module, block, {**env, **dict(zip(block.args, args, strict=True))}, ops, depth, site)
+    results = _inline(module, block, {**env, **dict(zip(block.args, args, strict=True))}, ops, depth, site, allowed)
     return ir.Block(args, ops, results)
 
 
-def _approx_top_k(module, op: ir.Op, operands: list, results: list, out: list, site: str | None) -> None:
+def _approx_top_k(module, op: ir.Op, operands: list, results: list, out: list, site: str | None,
+                  allowed: frozenset) -> None:
     """lax.approx_max_k / approx_min_k, exactly, as XLA:CPU computes them:
     the operands sorted along the reduction dimension by the comparator,
     the first top_k of each kept."""
@@ -144,7 +146,7 @@ def _approx_top_k(module, op: ir.Op, operands: list, results: list, out: list, s
     if comparator is None or "reduction_dim" not in config:
         raise IpuCompileError.for_op(op, "ApproxTopK without its comparator or reduction dimension",
                                      "The program is malformed; please report it")
-    region = _inline_region(module, comparator.body, {}, 1, site)    # depth 1: values of its own
+    region = _inline_region(module, comparator.body, {}, 1, site, allowed)    # depth 1: values of its own
     n = len(results)
     ordered = [ir.Value(v.type) for v in operands[:n]]
     out.append(ir.Op("sort", operands[:n], ordered, {"dimension": int(config["reduction_dim"]), "is_stable": True},
@@ -156,13 +158,17 @@ def _approx_top_k(module, op: ir.Op, operands: list, results: list, out: list, s
                                                       "strides": (1,) * rank}, [], op.loc))
 
 
-def _check_type(t: ir.Type, op: ir.Op | None, where: str | None) -> None:
-    if isinstance(t, ir.TokenType) or t.dtype in IPU_DTYPES:
+def _check_type(t: ir.Type, op: ir.Op | None, where: str | None, allowed: frozenset) -> None:
+    if isinstance(t, ir.TokenType) or t.dtype in allowed:
         return
     name = ir.TYPE_NAMES.get(t.dtype, str(t.dtype))
     problem = f"the IPU has no {name} type (in {t})"
-    if op is not None and op.name in _ADVICE_BY_OP:
-        advice = _ADVICE_BY_OP[op.name]
+    if t.dtype in EMULATED_DTYPES:
+        problem = f"the IPU has no {name} arithmetic (in {t}), and this program asks for native types only"
+        advice = _NATIVE_ONLY
+    elif t.dtype == np.complex128:
+        advice = ("Use complex64 (emulated as pairs of float32): keep JAX_ENABLE_X64 off, or cast with "
+                  "x.astype(jnp.complex64)")
     elif np.dtype(t.dtype).itemsize == 8 and t.dtype.kind in "fiu":
         advice = ("Use 32-bit types: keep JAX_ENABLE_X64 off (jax.config.update('jax_enable_x64', "
                   "False)) and cast to float32/int32; or opt into running 64-bit types as 32-bit ones "

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import collections
 
+from jax_ipu import ir
 from jax_ipu.compiler.builder import Builder
 from jax_ipu.compiler.lowering.elementwise import lower_cluster
 from jax_ipu.compiler.lowering.registry import RULES
+from jax_ipu.compiler.passes.emulate import EMULATES
 from jax_ipu.compiler.passes.fuse import Cluster, reads_of
 from jax_ipu.compiler.passes.legalize import FlatFunction
 from jax_ipu.errors import IpuError, IpuInternalCompilerError, IpuUnimplementedError
+from jax_ipu.targets import BFLOAT16, COMPLEX64
 
 
 def _used_outside(nodes, results) -> dict[int, set]:
@@ -70,6 +73,24 @@ def lower(b: Builder, flat: FlatFunction, nodes: list, carried: frozenset[int] =
         b.pending_reads, b.block_tensors_from, b.block_carried, b.lazy_broadcasts = saved
 
 
+# Ops whose vertices compute (combine, compare) values rather than move
+# them: on an emulated type, their steps are charged to it.
+_COMPUTING = frozenset({"reduce", "reduce_window", "select_and_scatter", "scatter", "sort", "all_reduce",
+                        "reduce_scatter", "cholesky", "triangular_solve", "custom_call"})
+
+
+def _emulation(node) -> tuple | None:
+    """(what it emulates, its number) when the op's steps are charged to an
+    emulated type: an op an expansion made (passes/emulate.py), or one
+    that computes on bfloat16 or complex64 values."""
+    tagged = node.attrs.get(EMULATES)
+    if tagged is not None or node.name not in _COMPUTING:
+        return tagged
+    types = {v.type.dtype for v in list(node.operands) + list(node.results) if isinstance(v.type, ir.TensorType)}
+    kind = "complex64" if COMPLEX64 in types else "bfloat16" if BFLOAT16 in types else None
+    return (f"{kind} {node.name}", id(node)) if kind else None
+
+
 def _lower_node(b: Builder, node, outside: dict) -> None:
     if isinstance(node, Cluster):
         lower_cluster(b, node, outside[id(node)])
@@ -78,6 +99,7 @@ def _lower_node(b: Builder, node, outside: dict) -> None:
     if rule is None:     # (custom calls always have a rule: it names an unknown target)
         raise IpuUnimplementedError.for_op(node, "this op is not supported by jax-ipu yet",
                                            "File an issue, or avoid the op in this program")
+    saved, b.emulating = b.emulating, _emulation(node)
     try:
         rule(b, node)
     except IpuError:
@@ -86,3 +108,8 @@ def _lower_node(b: Builder, node, outside: dict) -> None:
         raise IpuInternalCompilerError.for_op(
             node, f"internal error {type(exc).__name__}: {exc}",
             "This is a jax-ipu bug: please report it with this message") from exc
+    finally:
+        if b.emulating is not None:      # counted even when it made no step (a view)
+            what, source = b.emulating
+            b.emulated.append((None, what, 0.0, source))
+        b.emulating = saved

@@ -10,7 +10,8 @@ from jax_ipu.errors import IpuRuntimeError
 from jax_ipu.graph import codelets_collectives as cc
 from jax_ipu.model import links
 from jax_ipu.model.registry import reference
-from jax_ipu.ops import REDUCE_OPS
+from jax_ipu.ops import implementation
+from jax_ipu.targets import BFLOAT16
 
 
 def _group_of(groups, rank: int, size: int) -> tuple[int, ...]:
@@ -38,11 +39,18 @@ def _with_group(get, groups, state, use):
 
 
 def _reduce(values: list[np.ndarray], op: str, dtype) -> np.ndarray:
-    ufunc = REDUCE_OPS[op]
-    acc = values[0].astype(dtype, copy=True)
+    """The values combined in rank order, as the IPU's op computes them: a
+    bfloat16 sum or product accumulates in float32 and rounds once, as
+    XLA promotes bfloat16 all-reduces; a complex product as ops_complex."""
+    acc_dtype = np.dtype(np.float32) if dtype == BFLOAT16 and op in ("add", "multiply") else np.dtype(dtype)
+    fn, takes_out = implementation(op, [acc_dtype, acc_dtype], acc_dtype, {})
+    acc = values[0].astype(acc_dtype, copy=True)
     for v in values[1:]:
-        ufunc(acc, v, out=acc)
-    return acc
+        if takes_out:
+            fn(acc, v, out=acc)
+        else:
+            acc = np.asarray(fn(acc, v)).astype(acc_dtype, copy=False)
+    return acc.astype(dtype, copy=False)
 
 
 @reference(cc.AllReduce)

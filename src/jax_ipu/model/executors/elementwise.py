@@ -17,11 +17,7 @@ def instruction(ins: codelets.Instruction, dtypes: list) -> tuple[Callable, bool
     if ins.op == "constant":
         value = dict(ins.attrs)["value"]
         return (lambda: value), False
-    ufunc = ops.ufunc_for(ins.op, dtypes[ins.args[0]])
-    if ufunc is not None:
-        return ufunc, True
-    fn, attrs, dtype = ops.function_for(ins.op), dict(ins.attrs), ins.dtype
-    return (lambda *a: fn(*a, dtype=dtype, attrs=attrs)), False
+    return ops.implementation(ins.op, [dtypes[a] for a in ins.args], ins.dtype, dict(ins.attrs))
 
 
 @reference(codelets.ElementwiseChain)

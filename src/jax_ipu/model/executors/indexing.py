@@ -15,6 +15,7 @@ from jax_ipu.graph.views import View
 from jax_ipu.model.executors.elementwise import instruction
 from jax_ipu.model.registry import reference
 from jax_ipu.ops import REDUCE_OPS, total_order_key
+from jax_ipu.targets import is_float
 
 
 def clamped_window(starts, shape, sizes, read) -> Callable:
@@ -275,7 +276,7 @@ def merge_sort(xs: list[np.ndarray], less: Callable) -> np.ndarray:
 
 
 def _sort_key(key: np.ndarray, descending: bool) -> np.ndarray:
-    if key.dtype.kind == "f":
+    if is_float(key.dtype):
         key = total_order_key(key)
     key = key.astype(np.int64)
     return -key if descending else key

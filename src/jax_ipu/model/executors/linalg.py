@@ -1,7 +1,9 @@
 """Executors of the linear-algebra kernels (graph.codelets_linalg): LAPACK
 through numpy/scipy per matrix, in the operands' dtype (sgetrf, sgeqrf,
-sorgqr, ssyevd, sgesdd, spotrf, ssytrd, strsm), as XLA:CPU calls it. Empty
-matrices give empty (or identity-like) results, as LAPACK's callers do."""
+sorgqr, ssyevd, sgesdd, spotrf, ssytrd, strsm, sgeev, and their complex64
+siblings cgetrf, cungqr, cheevd, chetrd, cgeev...), as XLA:CPU calls it.
+Empty matrices give empty (or identity-like) results, as LAPACK's callers
+do."""
 from __future__ import annotations
 
 import numpy as np
@@ -59,16 +61,16 @@ def _qr(a):
 
 def _householder(a, taus):
     m, n = a.shape
-    k = taus.shape[0]
     if n == 0 or m == 0:
         return (a.copy(),)
-    q, _, _ = lapack.get_lapack_funcs("orgqr", (a,))(a, taus, lwork=max(1, n * 64))
-    del k
+    name = "ungqr" if a.dtype.kind == "c" else "orgqr"
+    q, _, _ = lapack.get_lapack_funcs(name, (a,))(a, taus, lwork=max(1, n * 64))
     return (q,)
 
 
 def _tridiagonal(a, *, lower=True):
-    c, d, e, tau, _ = lapack.get_lapack_funcs("sytrd", (a,))(a, lower=lower)
+    name = "hetrd" if a.dtype.kind == "c" else "sytrd"
+    c, d, e, tau, _ = lapack.get_lapack_funcs(name, (a,))(a, lower=lower)
     return c, d, e, tau
 
 
@@ -105,8 +107,47 @@ def _svd(a, *, full_matrices, compute_uv):
     return _nan((k,), (m, m if full_matrices else k), (n if full_matrices else k, n), dtype=a.dtype)
 
 
+def _eig(a, *, compute_left=False, compute_right=False):
+    """LAPACK geev, as XLA:CPU calls it: eigenvalues (and left and right
+    eigenvectors, each of unit norm with its largest component real) as
+    complex numbers; a real matrix's conjugate pairs unpacked from the
+    columns (re, im) geev stores them in. NaN where LAPACK fails or the
+    matrix holds NaN or infinity."""
+    n = a.shape[-1]
+    complex_dtype = np.result_type(a.dtype, np.complex64)
+    shapes = [(n,)] + [(n, n)] * (int(compute_left) + int(compute_right))
+    if not np.isfinite(a).all():
+        return _nan(*shapes, dtype=complex_dtype)
+    geev = lapack.get_lapack_funcs("geev", (a,))
+    with np.errstate(all="ignore"):
+        if a.dtype.kind == "c":
+            w, vl, vr, info = geev(a, compute_vl=int(compute_left), compute_vr=int(compute_right))
+        else:
+            wr, wi, vl, vr, info = geev(a, compute_vl=int(compute_left), compute_vr=int(compute_right))
+            w = wr + 1j * wi.astype(complex_dtype)
+            vl, vr = _unpacked(wi, vl), _unpacked(wi, vr)
+    if info != 0:
+        return _nan(*shapes, dtype=complex_dtype)
+    return (w,) + ((vl,) if compute_left else ()) + ((vr,) if compute_right else ())
+
+
+def _unpacked(wi: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """geev's real eigenvectors as complex ones: a conjugate pair (wi > 0,
+    then < 0) shares columns j (real part) and j + 1 (imaginary part)."""
+    out = v.astype(np.result_type(v.dtype, np.complex64))
+    j = 0
+    while j < len(wi):
+        if wi[j] != 0 and j + 1 < len(wi):
+            out[:, j] = v[:, j] + 1j * v[:, j + 1]
+            out[:, j + 1] = v[:, j] - 1j * v[:, j + 1]
+            j += 2
+        else:
+            j += 1
+    return out
+
+
 _FUNCTIONS = {"cholesky": _cholesky, "triangular_solve": _triangular_solve, "lu": _lu, "qr": _qr,
-              "householder": _householder, "eigh": _eigh, "svd": _svd, "tridiagonal": _tridiagonal}
+              "householder": _householder, "eigh": _eigh, "svd": _svd, "tridiagonal": _tridiagonal, "eig": _eig}
 
 
 @reference(codelets_linalg.Factorize)

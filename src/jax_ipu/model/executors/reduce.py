@@ -1,8 +1,8 @@
 """Reference executors of reductions: partials, their fixed-order combine,
-tree reductions, and window selects. A float16 sum or product rounds each
-step in float16, so it is made element after element in order (numpy's
-own float16 reductions accumulate in float32); any other reduction is
-numpy's reduce of the chunk."""
+tree reductions, and window selects. A float16 (or bfloat16) sum or
+product rounds each step, so it is made element after element in order
+(numpy's own float16 reductions accumulate in float32); any other
+reduction is numpy's reduce of the chunk."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -13,11 +13,14 @@ from jax_ipu.graph import codelets
 from jax_ipu.model.executors.elementwise import instruction
 from jax_ipu.model.registry import reference
 from jax_ipu.ops import REDUCE_OPS
+from jax_ipu.targets import BFLOAT16
 
 
 def rounds_each_step(ufunc: np.ufunc, acc: np.dtype) -> bool:
-    """Whether a reduction into `acc` is made element after element."""
-    return acc == np.float16 and ufunc in (np.add, np.multiply)
+    """Whether a reduction into `acc` is made element after element (a
+    float16 or bfloat16 sum or product; bfloat16's ufuncs compute each
+    step in float32 and round it)."""
+    return acc in (np.float16, BFLOAT16) and ufunc in (np.add, np.multiply)
 
 
 def reduced(ufunc: np.ufunc, x: np.ndarray, axis: int, acc: np.dtype) -> np.ndarray:
