@@ -287,6 +287,7 @@ def compile_module(module: ir.Module, target: Target, options: CompileOptions = 
                 run(c)
             if dumping and (options.dump_pass_re is None or re.search(options.dump_pass_re, name)):
                 _dump(c, index, name)
-    if c.program.emulated:     # once per program, in the compile log
-        log.info("%s", c.program.describe_emulation())
-    return c.program
+    program = c.program
+    if program is not None and program.emulated:     # once per program, in the compile log
+        log.info("%s", program.describe_emulation())
+    return program

@@ -102,7 +102,7 @@ class Builder:
         # While an op made to emulate a type is lowered: (what it emulates,
         # the op it stands for). Every step emitted then is charged to it:
         # `emulated` holds (step, what, share of its cycles, source op)
-        # (compiler/emulation.py sums them after the cost pass).
+        # (compiler/__init__.py's _emulated sums them after the cost pass).
         self.emulating: tuple[str, int] | None = None
         self.emulated: list[tuple] = []
 
