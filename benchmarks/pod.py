@@ -69,6 +69,8 @@ def parse(argv=None):
     parser.add_argument("--tiles", type=int, default=None)
     parser.add_argument("--stages", default=None, help="bottleneck blocks per stage (3,4,6,3)")
     parser.add_argument("--width", type=int, default=None, help="the first stage's filters (64)")
+    parser.add_argument("--partials", choices=["float", "half"], default="float",
+                        help="the partials_type compiler option (Poplar's partialsType; Graphcore trained with half)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     small = {"batch": 2, "accumulate": 2, "replicas": 4, "image": 32, "classes": 10, "tiles": 32,
@@ -145,13 +147,17 @@ def update_step(args, mesh):
     return step, shapes, params
 
 
+# Compile options of every program (main sets partials_type).
+OPTIONS = {"allow_out_of_memory": True}
+
+
 def compile_program(f, shapes):
     """The compiled graph Program (compiled with allow_out_of_memory)."""
     import models
     models.CAPTURED.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        f.lower(*shapes).compile(compiler_options={"allow_out_of_memory": True})
+        f.lower(*shapes).compile(compiler_options=OPTIONS)
     return models.CAPTURED.pop("program")
 
 
@@ -190,6 +196,7 @@ def fit(program) -> dict:
 
 def main(argv=None) -> dict:
     args = parse(argv)
+    OPTIONS["partials_type"] = args.partials
     os.environ["JAX_IPU_DEVICE_COUNT"] = str(args.replicas)
     if args.tiles:
         os.environ["JAX_IPU_MODEL_NUM_TILES"] = str(args.tiles)
@@ -205,7 +212,7 @@ def main(argv=None) -> dict:
     label = (f"ResNet-50 (stages {','.join(map(str, args.stages))} from width {args.width}, "
              f"{args.image}x{args.image}, {args.classes} classes) training, {args.dtype}"
              f"{' / f32 master' if args.dtype == 'f16' else ''}{', nn.remat' if args.remat else ''}, "
-             f"micro-batch {args.batch}")
+             f"micro-batch {args.batch}{', float16 partials' if args.partials == 'half' else ''}")
 
     # One IPU: models.py's step (forward, backward, update) on a micro-batch.
     single = on_one_ipu(*one_ipu_step(args), ipus[0])
