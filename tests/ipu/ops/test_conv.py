@@ -304,3 +304,18 @@ def test_window_reversal(reverse):
     (got,) = Engine(SMALL).run(program, [x, w])
     flipped = w[::-1] if reverse == (True, False) else w[::-1, ::-1]
     np.testing.assert_allclose(got, on_cpu(conv, x, np.ascontiguousarray(flipped)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", [("NC", "IO", "NC"), ("CN", "OI", "NC")])
+def test_a_convolution_without_spatial_dimensions_is_a_product(spec):
+    """No spatial dimension (JAX's 0-D convolutions): a product of feature
+    vectors, with its gradients; the planned path (which walks a field)
+    hands it to the matmul, so it must not fail."""
+    x = rand((10, 5) if spec[0] == "NC" else (5, 10), np.float32, 0)
+    w = rand((5, 7) if spec[1] == "IO" else (7, 5), np.float32, 1)
+
+    def f(x, w):
+        return lax.conv_general_dilated(x, w, (), "VALID", dimension_numbers=spec)
+
+    assert_matches_cpu(f, x, w)
+    assert_matches_cpu(jax.grad(lambda x, w: (f(x, w) ** 2).sum(), argnums=(0, 1)), x, w)

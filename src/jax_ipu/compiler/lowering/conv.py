@@ -124,6 +124,10 @@ def convolution(b: Builder, op: ir.Op) -> None:
 
 def _unplanned(c: _Conv) -> str | None:
     """Why the planned path does not take a convolution, or None."""
+    if not c.spec:
+        # No spatial dimension: a batched matrix product, which the matmul
+        # planner places (the conv planner's worklists walk a field).
+        return "no spatial dimension (a product of feature vectors)"
     for (window, *_), out in zip(c.spec, c.outs, strict=True):
         if window * out > MAX_AXIS_PAIRS:
             return f"a window of {window} over {out} outputs"
