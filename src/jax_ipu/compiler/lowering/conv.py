@@ -117,7 +117,7 @@ def convolution(b: Builder, op: ir.Op) -> None:
     reason = _unplanned(c)
     if reason is not None:
         log.info("convolution at %s: %s; lowered as an im2col matmul", op.loc, reason)
-        conv_im2col.convolution(b, op, reason)
+        conv_im2col.convolution(b, op, c, reason)
         return
     _planned(b, op, c)
 

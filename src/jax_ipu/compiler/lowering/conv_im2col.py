@@ -16,8 +16,6 @@ from jax_ipu import ir
 from jax_ipu.compiler.builder import Builder, Splat
 from jax_ipu.compiler.lowering import matmul
 from jax_ipu.compiler.lowering.layout import copy_to_new, name_of
-from jax_ipu.compiler.planners.windows import attr, out_size, padding
-from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph.views import View
 from jax_ipu.ir import DotDimensionNumbers
 
@@ -29,46 +27,22 @@ def _values(b: Builder, view: View) -> ir.Value:
     return result
 
 
-def convolution(b: Builder, op: ir.Op, reason: str) -> None:
-    """The convolution as patches times the kernel; `reason` (why the
-    planned path did not take it) names its steps."""
+def convolution(b: Builder, op: ir.Op, c, reason: str) -> None:
+    """The convolution as patches times the kernel; `c`: what
+    lowering/conv.py read off the op (its attributes per spatial dimension
+    in `c.spec`, sizes checked, operands checked and not empty); `reason`
+    (why the planned path did not take it) names its steps."""
     lhs, rhs = op.operands
-    lhs_t, rhs_t, out_t = lhs.type, rhs.type, op.results[0].type
-    if lhs_t.dtype != rhs_t.dtype or lhs_t.dtype.kind not in "fiu":
-        raise IpuUnimplementedError.for_op(
-            op, f"convolution of {lhs_t} and {rhs_t} is not supported",
-            "Use numeric operands of one type, or file an issue")
+    lhs_t, out_t = lhs.type, op.results[0].type
     dn = op.attrs["dimension_numbers"]
-    spatial = len(dn.input_spatial_dimensions)
-    strides = attr(op, "window_strides", spatial, 1)
-    lhs_dilation = attr(op, "lhs_dilation", spatial, 1)
-    rhs_dilation = attr(op, "rhs_dilation", spatial, 1)
-    pads = padding(op, spatial)
-    reversal = tuple(bool(r) for r in (op.attrs.get("window_reversal") or (False,) * spatial))
-    groups_f = int(op.attrs.get("feature_group_count") or 1)
-    groups_b = int(op.attrs.get("batch_group_count") or 1)
-    groups = max(groups_f, groups_b)
-
-    n = lhs_t.shape[dn.input_batch_dimension]
-    o = rhs_t.shape[dn.kernel_output_feature_dimension]
-    cg = rhs_t.shape[dn.kernel_input_feature_dimension]     # input features per group
-    nb, og = n // groups_b, o // groups                      # batch per group, outputs per group
-    window = [rhs_t.shape[d] for d in dn.kernel_spatial_dimensions]
-    in_sizes = [lhs_t.shape[d] for d in dn.input_spatial_dimensions]
-    outs = [out_t.shape[d] for d in dn.output_spatial_dimensions]
-    for d in range(spatial):
-        expected = out_size(in_sizes[d], window[d], strides[d], pads[d], lhs_dilation[d], rhs_dilation[d])
-        if expected != outs[d]:
-            raise IpuUnimplementedError.for_op(op, f"output size {outs[d]} of spatial dimension {d} "
-                                                   f"differs from the computed {expected}", "Please report it")
+    spatial = len(c.spec)
+    groups, groups_b, groups_f = c.groups, c.batch_groups, c.feature_groups
+    nb, cg, og = c.batch, c.in_chans, c.out_chans     # batch, input and output features per group
+    window, in_sizes, outs, spec = c.window, c.in_sizes, c.outs, c.spec
     positions = int(np.prod(outs, dtype=np.int64))
     taps = int(np.prod(window, dtype=np.int64))
     m, k = nb * positions, cg * taps
     out_dtype = out_t.dtype
-    if out_t.size == 0 or lhs_t.size == 0 or rhs_t.size == 0:
-        # Nothing to read (an empty input: the output is all padding): zeros.
-        b.values[op.results[0]] = Splat(np.zeros((), out_dtype), out_t.shape)
-        return
 
     # Patches [groups, rows, *window, cg] -> [groups, m, k], rows
     # (nb, *outs) or (*outs, nb): the input as [groups, nb, cg, *sizes], its
@@ -89,8 +63,6 @@ def convolution(b: Builder, op: ir.Op, reason: str) -> None:
                                                     *dn.input_spatial_dimensions))
     lhs_view = lhs_view.then("reshape", (groups_b, nb, groups_f, cg, *in_sizes)).then(
         "transpose", (0, 2, 1, 3, *range(4, 4 + spatial))).then("reshape", (groups, nb, cg, *in_sizes))
-    spec = tuple((window[d], strides[d], pads[d][0], pads[d][1], lhs_dilation[d], rhs_dilation[d], int(reversal[d]))
-                 for d in range(spatial))
     fill = np.zeros((), lhs_t.dtype) if any(lo > 0 or hi > 0 or base > 1 for _, _, lo, hi, base, _, _ in spec) else None
     rows = (*range(3, 3 + spatial), 1) if outs_first else (1, *range(3, 3 + spatial))
     patches_view = lhs_view.then("windows", spec, fill).then(
