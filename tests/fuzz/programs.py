@@ -861,6 +861,19 @@ FAMILIES = {
 }
 
 
+def _attempt(b, gen):
+    """gen(b)'s result, or None with b as it was before (the proposal was
+    rejected, or the generator could not fit it to its operands)."""
+    mark = (dict(b.inputs), dict(b.vars), list(b.lines))
+    try:
+        out = gen(b)
+    except Exception:   # noqa: BLE001 (Rejected, or a proposal the generator could not fit to its operands)
+        out = None
+    if out is None:
+        b.inputs, b.vars, b.lines = mark
+    return out
+
+
 def generate(seed: int, max_steps: int = 5, pmap_share: float = 0.08) -> Program:
     rng = np.random.default_rng(seed)
     kind = "pmap" if rng.random() < pmap_share else "jit"
@@ -878,13 +891,8 @@ def generate(seed: int, max_steps: int = 5, pmap_share: float = 0.08) -> Program
             gen = gen_collective
         else:
             gen = FAMILIES[names[rng.choice(len(names), p=weights / weights.sum())]][0]
-        mark = (dict(b.inputs), dict(b.vars), list(b.lines))
-        try:
-            out = gen(b)
-        except Exception:   # noqa: BLE001 (Rejected, or a proposal the generator could not fit to its operands)
-            out = None
+        out = _attempt(b, gen)
         if out is None:
-            b.inputs, b.vars, b.lines = mark
             continue
         if gen is gen_collective:
             collective_done = True
@@ -994,13 +1002,7 @@ def generate_sized(seed: int, max_steps: int = 4) -> Program | None:
             gen = gen_reduce
         else:
             gen = SIZED_FAMILIES[names[rng.choice(len(names), p=weights / weights.sum())]][0]
-        mark = (dict(b.inputs), dict(b.vars), list(b.lines))
-        try:
-            out = gen(b)
-        except Exception:   # noqa: BLE001 (Rejected, or a proposal the generator could not fit to its operands)
-            out = None
-        if out is None:
-            b.inputs, b.vars, b.lines = mark
+        _attempt(b, gen)
     if not b.lines:
         return None
     made = [name for name, *_ in b.lines]
