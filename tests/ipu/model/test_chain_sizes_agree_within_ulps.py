@@ -2,7 +2,7 @@
 the stated ulps: under 2^17 elements the Model's numpy kernels compute it,
 above XLA:CPU's kernel (model/fast/xla_chains.py, equal to the CPU
 backend's bits); subnormals are kept by small chains and flushed by large
-ones (README, "What works"; docs/fuzzing.md)."""
+ones (docs/semantics.md; docs/fuzzing.md)."""
 from __future__ import annotations
 
 import jax
@@ -16,8 +16,8 @@ import pytest
 # host: numpy's float32 kernels (its own SIMD loops, SVML or libm, chosen by
 # the host) stay within 4 ulp, XLA's are its own polynomials (measured on
 # one host: tanh 4, expm1 6, pow 19, the others 1-2, with room for a host
-# without FMA). So the two paths differ by at most the sum (README, "What
-# works"; docs/fuzzing.md).
+# without FMA). So the two paths differ by at most the sum (docs/semantics.md;
+# docs/fuzzing.md).
 ULPS_FROM_ROUNDED = {  # op: (numpy kernels, XLA:CPU)
     "exp": (4, 3), "log": (4, 3), "tanh": (4, 6), "sin": (4, 3), "cos": (4, 3), "tan": (4, 3),
     "expm1": (4, 8), "log1p": (4, 4), "cbrt": (4, 3), "logistic": (4, 4), "atan2": (4, 3), "pow": (4, 32),
