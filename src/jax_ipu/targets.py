@@ -60,8 +60,11 @@ class Target:
     host_link_bytes_per_second: float = 64e9
     supervisor_cycles: int = 11             # element-wise vertex overhead
     # A control program's decision on every tile's supervisor (a loop's
-    # counter, test and branch; a branch taken): unverified, a parameter.
-    branch_cycles: int = 10
+    # counter tested and decremented, or a predicate tested, and the branch
+    # taken): one taken branch, which stalls the supervisor 6 cycles, as
+    # PopLibs' supervisor estimates charge a taken brnzdec or bri
+    # (poplin/PerformanceEstimation.hpp, docs/ipu.md [17]).
+    branch_cycles: int = 6
     # AMP [N,16]x[16,16] in fp16 takes 4N + 330 cycles: 256N multiply-adds
     # at fp16_flops_per_cycle / 2 a cycle, plus this fixed cost.
     amp_fixed_cycles: int = 330
