@@ -321,12 +321,12 @@ def _truth(lax, value):
 class _Tracer:
     """Traces a loop's steps into jax, given the plan."""
 
-    def __init__(self, jax, plan: _Plan, zero, shapes: dict, stand_ins: frozenset, host=None):
+    def __init__(self, jax, plan: _Plan, zero, shapes: dict, stand_ins: frozenset, host=None, indices=None):
         self.jax, self.lax, self.plan, self.zero, self.shapes = jax, jax.lax, plan, zero, shapes
-        self.stand_ins, self.host = stand_ins, host
+        self.stand_ins, self.host, self.indices = stand_ins, host, indices
 
     def trace(self, env: dict) -> lax_kernels.Trace:
-        return lax_kernels.Trace(self.jax, env, self.zero, self.stand_ins)
+        return lax_kernels.Trace(self.jax, env, self.zero, self.stand_ins, self.indices)
 
     def initial(self, env: dict, t: int):
         """A carried tensor's value on entry (zeros if nothing wrote it yet:
@@ -550,7 +550,7 @@ class _Loop:
         self.is_while = isinstance(step, p.RepeatWhileTrue)
         specs = [jax.ShapeDtypeStruct(*shapes[t], sharding=self.sharding) for t in self.carried + self.invariant]
         specs += [jax.ShapeDtypeStruct((), dtype, sharding=self.sharding) for dtype in
-                  ((np.uint32, np.int32, np.bool_, np.bool_) if self.is_while else (np.uint32, np.int32))]
+                  ((np.uint32,) * 3 + ((np.int32, np.bool_, np.bool_) if self.is_while else (np.int32,)))]
         # The carried values are donated: a chunk updates them in place (a
         # buffer written row by row is not copied for each chunk).
         with xla_chains._compile_lock:
@@ -562,14 +562,17 @@ class _Loop:
 
     def _chunk(self, *args):
         """One chunk of at most `limit` iterations: (carried values, counts
-        [, predicate])."""
+        [, predicate]). The run's replica and partition indices come as
+        arguments: a program on several IPUs has one executable per IPU,
+        which may run as another replica in another launch."""
         import jax
 
         n = len(self.carried)
         carried, invariant = args[:n], args[n:n + len(self.invariant)]
-        zero, limit, *flags = args[n + len(self.invariant):]
+        zero, replica, partition, limit, *flags = args[n + len(self.invariant):]
         tracer = _Tracer(jax, self.plan, zero, self.shapes, self.stand_ins,
-                         self._host if self.call_host is not None else None)
+                         self._host if self.call_host is not None else None,
+                         {"replica": replica, "partition": partition})
         env = dict(zip(self.invariant, invariant, strict=True))
         cnt = jax.numpy.zeros(max(self.plan.count, 1), np.int32)
         step, lax = self.step, jax.lax
@@ -633,12 +636,13 @@ class _Loop:
         carried = [self._put(self._value(state, t), self.avals[t], copied=True) for t in self.carried]
         invariant = [self._put(self._value(state, t), self.avals[t]) for t in self.invariant]
         counts = np.zeros(max(self.plan.count, 1), np.int64)
+        indices = [self._put(np.array(getattr(self.replica, which), np.uint32)) for which in ("replica", "partition")]
         left = None if self.is_while else self.step.count
         limit, start, predicate = FIRST_CHUNK, True, True
         while (left is None and predicate) or (left is not None and left > 0):
             n = limit if left is None else min(limit, left)
             began = time.perf_counter()
-            args = [*carried, *invariant, self.zero, self._put(np.array(n, np.int32))]
+            args = [*carried, *invariant, self.zero, *indices, self._put(np.array(n, np.int32))]
             if self.is_while:
                 args += [self._put(np.array(start)), self._put(np.array(predicate))]
             results = self.executable.execute_sharded(args).disassemble_into_single_device_arrays()
