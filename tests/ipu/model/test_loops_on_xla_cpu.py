@@ -507,6 +507,39 @@ def test_a_callback_raising_in_a_loop_is_the_callers_exception(monkeypatch, erro
     assert out == 2
 
 
+def test_a_callback_cancelling_the_run_stops_the_loop(monkeypatch):
+    """A callback that cancels the runs (as Ctrl-C does) stops a loop run
+    as an executable at the end of its chunk, with IpuRunCancelled, as on
+    the engine's steps it stops at the next iteration."""
+    import jax
+
+    from jax_ipu.errors import IpuRunCancelled
+    from jax_ipu.model import engine
+
+    monkeypatch.setattr(loops, "FIRST_CHUNK", 4)
+    calls = []
+
+    def host(i):
+        calls.append(int(i))
+        if i == 5:
+            engine.cancel_runs()
+        return np.int32(1)
+
+    def f(n):
+        return lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] + jax.pure_callback(
+            host, jax.ShapeDtypeStruct((), np.int32), c[0])), (jnp.int32(0), jnp.int32(0)))
+    n = jax.device_put(np.int32(10 ** 6), jax.devices("ipu")[0])
+    program = compile_fn(f, n)
+    for fast in (True, False):
+        calls.clear()
+        eng = Engine(SMALL, fast=fast)
+        with pytest.raises(IpuRunCancelled):
+            eng.run(program, [np.asarray(n)])
+        assert len(eng.load(program).xla_loops) == fast
+        # The executable stops at its second chunk's end (of at most 4 * GROWTH iterations).
+        assert 6 <= len(calls) <= (4 + 4 * loops.GROWTH if fast else 6)
+
+
 def test_a_loop_the_executable_cannot_hold_runs_its_callbacks_on_the_engine(monkeypatch, caplog):
     """A loop holding a kernel without a translation (a sort) and a
     callback runs on the engine's steps, named in the log; a loop inside
