@@ -8,6 +8,10 @@ Rows (the loops a new user writes):
 - fori_loop 20,000 x `c + 1.0` on a float32 scalar: the Model's overhead
   per iteration (goal: at most 1 us above XLA:CPU's time per iteration);
 - fori_loop 20,000 x `c * 0.999 + 0.001` on float32[1024] (goal: 3x);
+- the same two loops checked as Equinox's error_if checks (a host callback
+  in a branch taken only if a value is NaN, never here): the check costs
+  what the branch costs, the callback nothing (goals as without it; the
+  f32[1024] loop also with the same branch holding no callback);
 - fori_loop over n: `xs.at[i].set(2 * tanh(xs[i // 2]))`, n = 2,000 and
   20,000: an update in place costs the update, not the buffer (the time
   per iteration does not grow with n);
@@ -49,6 +53,33 @@ def vector_loop():
     def f(c):
         return lax.fori_loop(0, ITERATIONS, lambda i, c: c * 0.999 + 0.001, c)
     return f, (np.ones(1024, np.float32),), ITERATIONS
+
+
+def _fails(c):
+    raise FloatingPointError("a NaN in the loop")
+
+
+def _checked(c, callback: bool = True):
+    """c, checked as Equinox's error_if checks: a host callback in a branch
+    taken if c holds a NaN (callback=False: the same branch without the
+    callback, zeros instead)."""
+    def failed():
+        return jax.pure_callback(_fails, jax.ShapeDtypeStruct(c.shape, c.dtype), c) if callback else c * 0
+    return lax.cond(jnp.any(jnp.isnan(c)), failed, lambda: c)
+
+
+def checked_scalar_loop():
+    def f(c):
+        return lax.fori_loop(0, ITERATIONS, lambda i, c: _checked(c + 1.0), c)
+    return f, (np.float32(0),), ITERATIONS
+
+
+def checked_vector_loop(callback: bool = True):
+    def make():
+        def f(c):
+            return lax.fori_loop(0, ITERATIONS, lambda i, c: _checked(c * 0.999 + 0.001, callback), c)
+        return f, (np.ones(1024, np.float32),), ITERATIONS
+    return make
 
 
 def update_loop(n: int):
@@ -139,6 +170,12 @@ def decode(tokens: int):
 ROWS = {
     "scalar": ("fori_loop 20,000 x c + 1.0, f32 scalar", scalar_loop, "overhead", 1.0),
     "vector": ("fori_loop 20,000 x c * 0.999 + 0.001, f32[1024]", vector_loop, "ratio", 3.0),
+    "scalar_checked": ("the scalar loop, checked: a callback in a branch never taken", checked_scalar_loop,
+                       "overhead", 1.0),
+    "vector_branch": ("the f32[1024] loop, the same check without a callback", checked_vector_loop(False),
+                      "ratio", 3.0),
+    "vector_checked": ("the f32[1024] loop, checked: a callback in a branch never taken", checked_vector_loop(),
+                       "ratio", 3.0),
     "update2k": ("fori_loop: xs.at[i].set(2 * tanh(xs[i // 2])), n = 2,000", update_loop(2000), "per_iteration",
                  None),
     "update20k": ("fori_loop: xs.at[i].set(2 * tanh(xs[i // 2])), n = 20,000", update_loop(20000),

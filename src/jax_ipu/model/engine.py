@@ -335,7 +335,8 @@ class _Loaded:
     def _translated(self, step):
         """The loop as one XLA:CPU executable (model/fast/loops.py), or None."""
         fn = loops.translated(step, self.program_refs, self.shapes, _describe, self.stand_ins,
-                              frozenset(self.aliases), self.trace, functools.partial(_check_cancelled, self))
+                              frozenset(self.aliases), self.trace, functools.partial(_check_cancelled, self),
+                              call_host)
         (self.xla_loops if fn is not None else self.engine_loops).append(p.decision_name(step))
         return fn
 
@@ -375,40 +376,43 @@ host_caller: Callable | None = None
 
 def _host_call(step: p.HostCall, read):
     readers = [read(v) for v in step.inputs]
-    specs = [(t.shape, t.dtype) for t in step.outputs]
     ids = [t.id for t in step.outputs]
 
-    def call(state, caller=None):
-        # The host gets copies: a callback may keep what it is given.
-        if host_caller is None:
-            raise IpuRuntimeError("this program calls the host, and no host callbacks are installed")
-        return host_caller(step.callback_id, [np.array(r(state)) for r in readers], specs, caller)
-
     def host_call(state):
-        helper.end_session()     # the host may keep us waiting: the helper stops spinning
-        replica = links.current()
-        if replica.launch is None:
-            results = call(state)
-        elif step.partition is None:   # every IPU of the launch calls the host (pmap, shard_map)
-            results = call(state, (replica.launch, replica.rank, replica.launch.size))
-        else:                    # one partition calls the host; the others get its results
-            caller = replica.rank - replica.partition + step.partition
-            posted = None
-            if replica.rank == caller:
-                try:
-                    posted = (True, call(state))
-                except BaseException as exc:   # the other partitions fail with it
-                    posted = (False, exc)
-            ok, outcome = replica.launch.exchange(replica.rank, posted, lambda slots: slots[caller])
-            if not ok:
-                if replica.rank == caller:
-                    raise outcome
-                raise IpuRuntimeError(f"the host callback failed on partition {step.partition}: "
-                                      f"{type(outcome).__name__}: {outcome}")
-            results = outcome if replica.rank == caller else [np.array(v) for v in outcome]
+        # The host gets copies: a callback may keep what it is given.
+        results = call_host(step, [np.array(r(state)) for r in readers], links.current())
         for tid, value in zip(ids, results, strict=True):
             state[tid] = value
     return host_call
+
+
+def call_host(step: p.HostCall, operands: list, replica) -> list:
+    """The results of a HostCall step given its operands (host copies) on
+    `replica` (links.current() of the run): the engine's steps and a loop
+    run as an XLA:CPU executable (fast/loops.py) both call the host so."""
+    helper.end_session()     # the host may keep us waiting: the helper stops spinning
+    if host_caller is None:
+        raise IpuRuntimeError("this program calls the host, and no host callbacks are installed")
+    specs = [(t.shape, t.dtype) for t in step.outputs]
+    if replica.launch is None:
+        return host_caller(step.callback_id, operands, specs, None)
+    if step.partition is None:   # every IPU of the launch calls the host (pmap, shard_map)
+        return host_caller(step.callback_id, operands, specs, (replica.launch, replica.rank, replica.launch.size))
+    # One partition calls the host; the others get its results.
+    caller = replica.rank - replica.partition + step.partition
+    posted = None
+    if replica.rank == caller:
+        try:
+            posted = (True, host_caller(step.callback_id, operands, specs, None))
+        except BaseException as exc:   # the other partitions fail with it
+            posted = (False, exc)
+    ok, outcome = replica.launch.exchange(replica.rank, posted, lambda slots: slots[caller])
+    if not ok:
+        if replica.rank == caller:
+            raise outcome
+        raise IpuRuntimeError(f"the host callback failed on partition {step.partition}: "
+                              f"{type(outcome).__name__}: {outcome}")
+    return outcome if replica.rank == caller else [np.array(v) for v in outcome]
 
 
 # Bumped by cancel_runs(): a loop whose run started before stops at its next

@@ -238,30 +238,6 @@ def test_a_long_loop_runs_in_chunks_and_stops_when_cancelled(monkeypatch):
         eng.run(program, [x, np.array(10 ** 9, np.int32)])
 
 
-def test_what_runs_on_the_engine_instead():
-    """A loop holding a host callback runs on the engine's steps; a loop
-    inside it still runs as an executable; the values are the callback's."""
-    import jax
-
-    def f(x):
-        def body(i, x):
-            x = lax.fori_loop(0, 4, lambda j, y: y * 0.5 + 1.0, x)
-            return jax.pure_callback(lambda a: a + 1, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
-        return lax.fori_loop(0, 2, body, x)
-    x = np.arange(4, dtype=np.float32)
-    on_ipu = jax.device_put(x, jax.devices("ipu")[0])        # lowered as for the IPU: the callback a HostCall
-    program = compile_fn(f, on_ipu)
-    assert any(isinstance(s, p.HostCall) for s in p.leaves(program.body))
-    loaded = Engine(SMALL).load(program)
-    assert len(loaded.engine_loops) == 1 and len(loaded.xla_loops) == 1
-    want = x
-    for _ in range(2):
-        for _ in range(4):
-            want = want * np.float32(0.5) + np.float32(1)
-        want = want + np.float32(1)
-    np.testing.assert_array_equal(np.asarray(jax.jit(f)(on_ipu)), want)
-
-
 def test_loops_moving_windows_of_streaming_memory():
     """Loops that load and store windows of values in streaming memory
     (StreamingCopy steps: a scan reading offloaded rows and stacking its
@@ -315,6 +291,348 @@ def test_short_loops_stay_on_the_engine_and_long_whiles_move_to_xla(monkeypatch)
         assert_same_bits(got, want)
         assert fast.last_run.steps == reference.last_run.steps and fast.last_run.cycles == reference.last_run.cycles
     assert len(loaded.xla_loops) == 1       # the while, translated once
+
+
+# -- host callbacks
+
+CALLS: list = []         # what the callbacks below were given, in order
+
+
+def _log(name):
+    def log(*args):
+        CALLS.append((name, *(np.asarray(a).tobytes() for a in args)))
+    return log
+
+
+def _several_types(v, h, k, ints):
+    _log("pure")(v, h, k, ints)
+    v, h, k, ints = (np.asarray(a) for a in (v, h, k, ints))
+    return (v * np.float32(2), (h + np.float16(1)).astype(np.float16), k * np.int32(3), ints > 0,
+            (ints % 7).astype(np.uint8), np.int16(k % 100))
+
+
+def _never(v):
+    raise AssertionError("a branch never taken called the host")
+
+
+def _callback_step(name: str, i, c: dict) -> dict:
+    """A loop body's step calling the host (the callbacks log what they get)."""
+    import jax
+    from jax.experimental import io_callback
+
+    v, h, k, ints = c["v"], c["h"], c["k"], c["ints"]
+    if name == "debug_callback":
+        jax.debug.callback(_log("debug"), i, k, v)
+    elif name == "pure_several_types":
+        specs = (jax.ShapeDtypeStruct((N,), jnp.float32), jax.ShapeDtypeStruct((N,), jnp.float16),
+                 jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((N,), jnp.bool_),
+                 jax.ShapeDtypeStruct((N,), jnp.uint8), jax.ShapeDtypeStruct((), jnp.int16))
+        v2, h2, k3, positive, small, k16 = jax.pure_callback(_several_types, specs, v, h, k, ints)
+        v = v + v2 * 0.25
+        h = (h2 * jnp.float16(0.5)).astype(jnp.float16)
+        k = k3 % 1000 - k16.astype(jnp.int32)
+        ints = ints + positive.astype(jnp.int32) - small.astype(jnp.int32)
+    elif name == "io_callback":
+        k = k + io_callback(lambda k: (_log("io")(k), np.int32(k % 5))[1], jax.ShapeDtypeStruct((), jnp.int32), k)
+    elif name == "taken_branch":         # taken in some iterations
+        v = lax.cond(k % 2 == 0, lambda: jax.pure_callback(lambda a: (_log("taken")(a), a * np.float32(0.5))[1],
+                                                           jax.ShapeDtypeStruct(v.shape, v.dtype), v),
+                     lambda: v + 1.0)
+    elif name == "never_taken_branch":   # as Equinox's error_if: a check that never fails
+        v = lax.cond(jnp.max(jnp.abs(v)) > 1e6, lambda: jax.pure_callback(
+            _never, jax.ShapeDtypeStruct(v.shape, v.dtype), v), lambda: v)
+    return {**c, "v": v, "h": h, "k": k, "ints": ints}
+
+
+CALLBACK_STEPS = ["debug_callback", "pure_several_types", "io_callback", "taken_branch", "never_taken_branch"]
+
+
+@st.composite
+def callback_loop_programs(draw):
+    """As loop_programs, with steps calling the host among the others; the
+    arguments on the ipu device, so that the callbacks are lowered as
+    HostCall steps."""
+    import jax
+
+    ipu = jax.devices("ipu")[0]
+    f, args, _, has_loop = draw(loop_programs())
+    steps = draw(st.lists(st.sampled_from(BODY_STEPS + CALLBACK_STEPS), min_size=2, max_size=6)
+                 .filter(lambda s: set(s) & set(CALLBACK_STEPS)))
+    outer = draw(st.sampled_from(["repeat", "fori_dynamic", "while_data", "nested"]))
+    count = int(args[-1])
+
+    def body(i, c):
+        for name in steps:
+            c = (_callback_step if name in CALLBACK_STEPS else _body_step)(name, i, c)
+        return c
+
+    def g(v, h, k, buf, ints, limit):
+        c = {"v": v, "h": h, "k": k, "buf": buf, "ints": ints}
+        if outer == "repeat":
+            c = lax.fori_loop(0, count, body, c)
+        elif outer == "fori_dynamic":
+            c = lax.fori_loop(0, limit, body, c)
+        elif outer == "nested":
+            c = lax.fori_loop(0, 2, lambda j, c: lax.fori_loop(0, limit, body, c), c)
+        else:
+            def cond(d):
+                return (d[0] < limit) & (jnp.max(jnp.abs(d[1]["v"])) < 5e3)
+            c = lax.while_loop(cond, lambda d: (d[0] + 1, body(d[0], d[1])), (jnp.int32(0), c))[1]
+        return c["v"], c["h"], c["k"], c["buf"], c["ints"]
+    return g, tuple(jax.device_put(a, ipu) for a in args), steps, outer != "repeat" or count > 0
+
+
+def _callback_loop_both_ways(case):
+    f, args, steps, has_loop = case
+    program = compile_fn(f, *args, keep_unused=True)
+    assert any(isinstance(s, p.HostCall) for s in p.leaves(program.body))
+    inputs = [np.asarray(a) for a in args]
+    fast, reference = Engine(SMALL), Engine(SMALL, fast=False)
+    CALLS.clear()
+    got = fast.run(program, [a.copy() for a in inputs])
+    fast_calls = list(CALLS)
+    CALLS.clear()
+    want = reference.run(program, [a.copy() for a in inputs])
+    loaded = fast.load(program)
+    assert not loaded.engine_loops, f"a loop ran on the engine's steps ({steps})"
+    assert loaded.xla_loops or not has_loop
+    assert_same_bits(got, want)
+    assert fast_calls == CALLS          # the same calls, in the same order, given the same values
+    assert fast.last_run.cycles == reference.last_run.cycles
+    assert fast.last_run.exchange_bytes == reference.last_run.exchange_bytes
+    assert sorted(fast.last_run.steps) == sorted(reference.last_run.steps)
+
+
+@given(callback_loop_programs())
+@settings(max_examples=10, **EXAMPLES)
+def test_loops_calling_the_host_give_the_reference_bits_calls_and_record(case):
+    """Loops holding host callbacks (debug callbacks, pure_callback of
+    several result types, io_callback, callbacks in branches taken in some
+    iterations and never) run as executables: the reference's values,
+    the same calls in the same order, the same record."""
+    _callback_loop_both_ways(case)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@given(callback_loop_programs())
+@settings(max_examples=150, **EXAMPLES, database=None)
+def test_many_loops_calling_the_host(case):
+    """As above, more programs (pytest -m slow)."""
+    _callback_loop_both_ways(case)
+
+
+def _on_ipu(f, *args, xla_loops=True, monkeypatch=None, devices=None):
+    """f run by jax.jit (on the first ipu device, or on `devices`: a
+    sharded jit with its arguments split over them), with loops.XLA_LOOPS
+    set: (its results, whether loops.translated gave an executable, per
+    loop it was asked for)."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    translations = []
+    real = loops.translated
+
+    def spy(step, *a, **k):
+        fn = real(step, *a, **k)
+        translations.append(fn is not None)
+        return fn
+    with monkeypatch.context() as m:
+        m.setattr(loops, "translated", spy)
+        m.setattr(loops, "XLA_LOOPS", xla_loops)
+        if devices is None:
+            placed = [jax.device_put(a, jax.devices("ipu")[0]) for a in args]
+        else:
+            mesh = Mesh(np.array(devices), ("i",))
+            placed = [jax.device_put(a, NamedSharding(mesh, P("i") if np.ndim(a) else P())) for a in args]
+        out = jax.tree.map(np.asarray, jax.jit(f)(*placed))
+    return out, translations
+
+
+def test_debug_print_and_ordered_io_callbacks_in_a_loop(monkeypatch, capfd):
+    """jax.debug.print and ordered io_callbacks in a loop run as an
+    executable print and call in the engine's order, with its values."""
+    import jax
+    from jax.experimental import io_callback
+
+    def f(x, n):
+        def body(i, x):
+            jax.debug.print("step {i}: {x}", i=i, x=x[0])
+            got = io_callback(lambda i: (CALLS.append(("first", int(i))), np.float32(i))[1],
+                              jax.ShapeDtypeStruct((), np.float32), i, ordered=True)
+            x = x * 0.5 + got
+            io_callback(lambda x: CALLS.append(("second", float(x[0]))), None, x, ordered=True)
+            return x
+        return lax.fori_loop(0, n, body, x)
+    x, n = np.arange(4, dtype=np.float32), np.int32(5)
+    outs = {}
+    for xla in (True, False):
+        CALLS.clear()
+        capfd.readouterr()
+        out, translations = _on_ipu(f, x, n, xla_loops=xla, monkeypatch=monkeypatch)
+        outs[xla] = (out, list(CALLS), capfd.readouterr().out)
+        assert translations == ([True] if xla else [])
+    assert outs[True][2] == outs[False][2] and outs[True][2].count("step") == 5
+    assert outs[True][1] == outs[False][1] and len(outs[True][1]) == 10
+    assert [c[0] for c in outs[True][1]] == ["first", "second"] * 5
+    np.testing.assert_array_equal(outs[True][0], outs[False][0])
+
+
+@pytest.mark.parametrize("error", [ValueError, KeyboardInterrupt])
+def test_a_callback_raising_in_a_loop_is_the_callers_exception(monkeypatch, error):
+    """A callback that raises in iteration 3 of a loop run as an executable
+    stops it; the caller gets the callback's error, as from the engine's
+    steps, and the device runs the next program."""
+    import jax
+
+    calls = []
+
+    def check(i):
+        calls.append(int(i))
+        if i == 3:
+            raise error("iteration 3 is not allowed")
+        return np.int32(i)
+
+    def f(x):
+        return lax.fori_loop(0, 6, lambda i, x: x + jax.pure_callback(check, jax.ShapeDtypeStruct((), np.int32), i),
+                             x)
+    for xla in (True, False):
+        calls.clear()
+        with pytest.raises(BaseException, match="iteration 3 is not allowed") as info:
+            _on_ipu(f, np.int32(0), xla_loops=xla, monkeypatch=monkeypatch)
+        assert isinstance(info.value, jax.errors.JaxRuntimeError) or isinstance(info.value, error)
+        assert calls == [0, 1, 2, 3]
+    out, _ = _on_ipu(lambda x: x + 1, np.int32(1), monkeypatch=monkeypatch)
+    assert out == 2
+
+
+def test_a_callback_cancelling_the_run_stops_the_loop(monkeypatch):
+    """A callback that cancels the runs (as Ctrl-C does) stops a loop run
+    as an executable at the end of its chunk, with IpuRunCancelled, as on
+    the engine's steps it stops at the next iteration."""
+    import jax
+
+    from jax_ipu.errors import IpuRunCancelled
+    from jax_ipu.model import engine
+
+    monkeypatch.setattr(loops, "FIRST_CHUNK", 4)
+    calls = []
+
+    def host(i):
+        calls.append(int(i))
+        if i == 5:
+            engine.cancel_runs()
+        return np.int32(1)
+
+    def f(n):
+        return lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] + jax.pure_callback(
+            host, jax.ShapeDtypeStruct((), np.int32), c[0])), (jnp.int32(0), jnp.int32(0)))
+    n = jax.device_put(np.int32(10 ** 6), jax.devices("ipu")[0])
+    program = compile_fn(f, n)
+    for fast in (True, False):
+        calls.clear()
+        eng = Engine(SMALL, fast=fast)
+        with pytest.raises(IpuRunCancelled):
+            eng.run(program, [np.asarray(n)])
+        assert len(eng.load(program).xla_loops) == fast
+        # The executable stops at its second chunk's end (of at most 4 * GROWTH iterations).
+        assert 6 <= len(calls) <= (4 + 4 * loops.GROWTH if fast else 6)
+
+
+def test_a_loop_the_executable_cannot_hold_runs_its_callbacks_on_the_engine(monkeypatch, caplog):
+    """A loop holding a kernel without a translation (a sort) and a
+    callback runs on the engine's steps, named in the log; a loop inside
+    it still runs as an executable; the values are the callback's."""
+    import logging
+
+    import jax
+
+    def f(x):
+        def body(i, x):
+            x = lax.fori_loop(0, 4, lambda j, y: y * 0.5 + 1.0, jnp.sort(x))
+            return jax.pure_callback(lambda a: a + 1, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+        return lax.fori_loop(0, 2, body, x)
+    x = np.arange(4, dtype=np.float32)[::-1].copy()
+    with caplog.at_level(logging.INFO, logger=loops.__name__):
+        out, translations = _on_ipu(f, x, monkeypatch=monkeypatch)
+    assert sorted(translations) == [False, True]
+    assert any("runs on the engine's steps" in r.getMessage() and "Sort" in r.getMessage() for r in caplog.records)
+    want = np.sort(x)                  # and sorted from then on: the steps keep the order
+    for _ in range(2):
+        for _ in range(4):
+            want = want * np.float32(0.5) + np.float32(1)
+        want = want + np.float32(1)
+    np.testing.assert_array_equal(out, want)
+
+
+def test_loops_calling_the_host_on_several_ipus(monkeypatch, ipus):
+    """A sharded jit over two IPUs whose loop calls the host once for
+    both (its first partition calls, the other gets the results): as an
+    executable on each IPU, the same
+    values and calls as on the engine's steps; a failing callback fails
+    both IPUs clearly, without a hang."""
+    import jax
+    from jax.experimental import io_callback
+
+    def f(x, n):
+        def body(i, x):
+            # (on the loop's index: a sum of x would be a collective, which
+            # keeps a loop on the engine's steps)
+            got = io_callback(lambda i: (CALLS.append(("once", int(i))), np.float32(i % 3))[1],
+                              jax.ShapeDtypeStruct((), np.float32), i)
+            return x * 0.5 + got
+        return lax.fori_loop(0, n, body, x)
+    x, n = np.arange(8, dtype=np.float32), np.int32(6)
+    outs = {}
+    for xla in (True, False):
+        CALLS.clear()
+        out, translations = _on_ipu(f, x, n, xla_loops=xla, monkeypatch=monkeypatch, devices=ipus[:2])
+        outs[xla] = out, list(CALLS)
+        assert translations == ([True, True] if xla else [])      # the loop on each IPU
+    np.testing.assert_array_equal(outs[True][0], outs[False][0])
+    assert outs[True][1] == outs[False][1] and len(outs[True][1]) == 6
+
+    def fails(s):
+        raise ValueError("no such total")
+
+    def g(x, n):
+        return lax.fori_loop(0, n, lambda i, x: x + io_callback(fails, jax.ShapeDtypeStruct((), np.float32), i), x)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="no such total"):
+        _on_ipu(g, x, n, monkeypatch=monkeypatch, devices=ipus[:2])
+    out, _ = _on_ipu(lambda x: x + 1, x, monkeypatch=monkeypatch, devices=ipus[:2])
+    np.testing.assert_array_equal(out, x + 1)
+
+
+def test_loops_calling_the_host_on_every_replica(monkeypatch, ipus):
+    """pmap over two IPUs, each replica's loop calling the host on its
+    own values (in the iterations its data choose): the callbacks see
+    their replica (jax_ipu.frontend.callbacks.caller()), the values are
+    the engine's."""
+    import jax
+
+    from jax_ipu.frontend import callbacks
+
+    def host(v):
+        launch, rank, count = callbacks.caller()
+        CALLS.append((rank, count, float(v)))
+        return np.float32(rank + 1)
+
+    def f(x):
+        def body(i, x):
+            return lax.cond(x > 2, lambda: x * 0.5 + jax.pure_callback(host, jax.ShapeDtypeStruct((), np.float32), x),
+                            lambda: x + 1.5)
+        return lax.fori_loop(0, 5, body, x)
+    x = np.array([0.0, 3.0], np.float32)
+    outs = {}
+    for xla in (True, False):
+        CALLS.clear()
+        with monkeypatch.context() as m:
+            m.setattr(loops, "XLA_LOOPS", xla)
+            outs[xla] = np.asarray(jax.pmap(f, devices=ipus[:2])(x)), sorted(CALLS)
+    np.testing.assert_array_equal(outs[True][0], outs[False][0])
+    assert outs[True][1] == outs[False][1]
+    assert {c[0] for c in outs[True][1]} == {0, 1} and all(c[1] == 2 for c in outs[True][1])
 
 
 # -- the documented differences

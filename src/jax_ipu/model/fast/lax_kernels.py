@@ -31,6 +31,7 @@ import math
 import numpy as np
 
 from jax_ipu.graph import codelets
+from jax_ipu.graph import codelets_collectives as cc
 from jax_ipu.graph import codelets_indexing as ci
 from jax_ipu.graph.records import is_immediate
 from jax_ipu.graph.views import Concat, View, apply_ops
@@ -52,11 +53,13 @@ class Untranslatable(Exception):
 class Trace:
     """What a translation reads, writes and computes with while a loop's
     executable is traced: `env` holds each tensor's current value (a jax
-    array of the tensor's shape), `zero` a run-time uint32 zero."""
+    array of the tensor's shape), `zero` a run-time uint32 zero, `indices`
+    the run's replica and partition indices (run-time uint32 scalars by
+    name, as ReplicaIndex names them)."""
 
-    def __init__(self, jax, env: dict, zero, stand_ins=frozenset()):
+    def __init__(self, jax, env: dict, zero, stand_ins=frozenset(), indices=None):
         self.jax, self.lax, self.jnp = jax, jax.lax, jax.numpy
-        self.env, self.zero, self.stand_ins = env, zero, stand_ins
+        self.env, self.zero, self.stand_ins, self.indices = env, zero, stand_ins, indices or {}
 
     # -- values
 
@@ -224,6 +227,13 @@ def _chain(k: codelets.ElementwiseChain, t: Trace) -> None:
 @traced(codelets.Fill)
 def _fill(k: codelets.Fill, t: Trace) -> None:
     t.write(k.out, t.broadcast(t.constant(np.asarray(k.value)), tuple(k.out.shape)))
+
+
+@traced(cc.ReplicaIndex)
+def _replica_index(k: cc.ReplicaIndex, t: Trace) -> None:
+    if k.which not in t.indices:
+        raise Untranslatable(f"the {k.which} index")
+    t.write(k.out, t.indices[k.which])
 
 
 # -- products and reductions

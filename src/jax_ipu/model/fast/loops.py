@@ -10,7 +10,14 @@ jax function, compiled by XLA:CPU (the jaxlib already in the process) and
 run as one executable: the body's tensors become the loop's carried
 values, a dynamic_update_slice into a large buffer is made in place, and
 only the values the rest of the program reads come back to the engine.
-A loop holding anything else (a host callback or feed, a collective, a
+A host callback (a HostCall step: jax.debug.print, pure_callback,
+io_callback, feeds) becomes a call from the executable back into Python
+(a custom call of XLA:CPU's), which calls the host as the engine's step
+does (engine.call_host): only the iterations that call back pay for it.
+The callbacks are threaded through the executable's counts (each takes
+them and gives them back), so they run in program order, and none is
+dropped or hoisted. One that raises stops the executable, and the run
+raises its exception. A loop holding anything else (a collective, a
 kernel without a translation, a step kind this module does not know)
 runs on the engine's steps, its inner loops translated on their own.
 
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import time
 
@@ -35,7 +43,7 @@ import numpy as np
 from jax_ipu.graph import programs as p
 from jax_ipu.graph.records import record_of
 from jax_ipu.graph.views import View
-from jax_ipu.model import registry
+from jax_ipu.model import links, registry
 from jax_ipu.model.fast import helper, lax_kernels, xla_chains
 from jax_ipu.model.fast.lazy_copies import refs
 
@@ -72,6 +80,8 @@ def _leaf_tensors(step) -> tuple[set, set]:
         return {t.id for t in record.read_tensors(kernel)}, {t.id for t in record.written(kernel)}
     if isinstance(step, p.Copy):
         return {t.id for t in step.src.tensors}, {step.dst.id}
+    if isinstance(step, p.HostCall):
+        return {t.id for v in step.inputs for t in v.tensors}, {t.id for t in step.outputs}
     if isinstance(step, p.StreamingCopy):
         starts = {s.tensor.id for s in step.starts if isinstance(s, View)}
         buffer, tile = step.buffer.tensor.id, step.tile.id
@@ -311,12 +321,12 @@ def _truth(lax, value):
 class _Tracer:
     """Traces a loop's steps into jax, given the plan."""
 
-    def __init__(self, jax, plan: _Plan, zero, shapes: dict, stand_ins: frozenset):
+    def __init__(self, jax, plan: _Plan, zero, shapes: dict, stand_ins: frozenset, host=None, indices=None):
         self.jax, self.lax, self.plan, self.zero, self.shapes = jax, jax.lax, plan, zero, shapes
-        self.stand_ins = stand_ins
+        self.stand_ins, self.host, self.indices = stand_ins, host, indices
 
     def trace(self, env: dict) -> lax_kernels.Trace:
-        return lax_kernels.Trace(self.jax, env, self.zero, self.stand_ins)
+        return lax_kernels.Trace(self.jax, env, self.zero, self.stand_ins, self.indices)
 
     def initial(self, env: dict, t: int):
         """A carried tensor's value on entry (zeros if nothing wrote it yet:
@@ -343,6 +353,8 @@ class _Tracer:
                 registry.TRACED[type(kernel)](kernel, self.trace(env))
             elif isinstance(step, p.StreamingCopy):
                 self.streaming_copy(step, self.trace(env))
+            elif isinstance(step, p.HostCall):
+                cnt = self.host_call(step, self.trace(env), cnt)
             else:
                 t = self.trace(env)
                 value = t.read(step.src)
@@ -350,6 +362,24 @@ class _Tracer:
                         and np.dtype(step.dst.dtype).kind in "iub":
                     raise _Untranslatable("a Copy converting floats to integers")
                 t.write(step.dst, value)
+        return cnt
+
+    def host_call(self, step: p.HostCall, t: lax_kernels.Trace, cnt):
+        """A call back into Python (self.host(step)) taking the counts
+        with the operands and giving them back with the results: each
+        callback depends on the one before, so they run in order."""
+        from jax._src import core
+
+        if self.host is None:
+            raise _Untranslatable("a HostCall step")
+        for tensor in step.outputs:
+            lax_kernels.check_dtype(tensor.dtype)
+        operands = [t.read(v) for v in step.inputs]
+        results = (core.ShapedArray(cnt.shape, cnt.dtype),
+                   *(core.ShapedArray(tuple(tensor.shape), tensor.dtype) for tensor in step.outputs))
+        cnt, *values = _host_call_p().bind(cnt, *operands, fn=self.host(step), results=results)
+        for tensor, value in zip(step.outputs, values, strict=True):
+            t.write(tensor, value)
         return cnt
 
     def streaming_copy(self, step: p.StreamingCopy, t: lax_kernels.Trace) -> None:
@@ -446,8 +476,28 @@ class _Tracer:
         return cnt
 
 
+@functools.cache
+def _host_call_p():
+    """The primitive of a host callback in a loop's executable: fn(counts,
+    *operands) -> (counts, *results) on numpy arrays, lowered for XLA:CPU
+    as JAX lowers its own callbacks there, marked as having side effects."""
+    from jax._src import callback, core
+    from jax.interpreters import mlir
+
+    prim = core.Primitive("ipu_model_host_call")
+    prim.multiple_results = True
+    prim.def_abstract_eval(lambda *args, fn, results: results)
+
+    def lower(ctx, *args, fn, results):
+        out, _, _ = callback.emit_python_callback(ctx, fn, None, list(args), ctx.avals_in, ctx.avals_out,
+                                                  has_side_effect=True, returns_token=False)
+        return out
+    mlir.register_lowering(prim, lower, platform="cpu")
+    return prim
+
+
 def translated(step, program_refs: collections.Counter, shapes: dict, describe, stand_ins=frozenset(),
-               aliased=frozenset(), record: list | None = None, cancelled=None):
+               aliased=frozenset(), record: list | None = None, cancelled=None, call_host=None):
     """fn(state) running a Repeat or RepeatWhileTrue step as one XLA:CPU
     executable, or None when it cannot run so (then the engine runs its
     steps). program_refs: how many times the program (its steps, inputs
@@ -456,11 +506,13 @@ def translated(step, program_refs: collections.Counter, shapes: dict, describe, 
     holding a fusion's stand-in; aliased: tensors sharing memory with
     another (a donated input and its output); record: the run's trace, to
     which each run appends its Segment; cancelled(): raises when the run
-    was cancelled."""
+    was cancelled; call_host(step, operands, replica): a HostCall step's
+    results (engine.call_host; without it a loop holding one runs on the
+    engine's steps)."""
     if not (XLA_LOOPS and xla_chains.ENABLED) or xla_chains._cpu() is None:
         return None
     try:
-        return _Loop(step, program_refs, shapes, describe, stand_ins, aliased, record, cancelled).run
+        return _Loop(step, program_refs, shapes, describe, stand_ins, aliased, record, cancelled, call_host).run
     except Exception as exc:       # noqa: BLE001 - the engine's own steps run what XLA will not take
         log.info("loop %s runs on the engine's steps (%s: %s)", getattr(step, "name", ""), type(exc).__name__, exc)
         return None
@@ -471,12 +523,15 @@ class _Loop:
     the module's docstring); its carried values in and out, the values it
     only reads in."""
 
-    def __init__(self, step, program_refs, shapes, describe, stand_ins, aliased, record, cancelled):
+    def __init__(self, step, program_refs, shapes, describe, stand_ins, aliased, record, cancelled, call_host):
         import jax
         from jax._src import core
         from jax.sharding import SingleDeviceSharding
 
         self.step, self.record, self.cancelled, self.shapes = step, record, cancelled, shapes
+        # The run's replica, for the callbacks (which XLA may call on a
+        # thread of its own), and the first exception one raised.
+        self.call_host, self.replica, self.failure = call_host, None, None
         self.plan = plan = _Plan(step, program_refs, describe)
         inside = collections.Counter(refs(step, []))
         crossing = {t for t in inside if program_refs[t] > inside[t]}
@@ -495,23 +550,29 @@ class _Loop:
         self.is_while = isinstance(step, p.RepeatWhileTrue)
         specs = [jax.ShapeDtypeStruct(*shapes[t], sharding=self.sharding) for t in self.carried + self.invariant]
         specs += [jax.ShapeDtypeStruct((), dtype, sharding=self.sharding) for dtype in
-                  ((np.uint32, np.int32, np.bool_, np.bool_) if self.is_while else (np.uint32, np.int32))]
+                  ((np.uint32,) * 3 + ((np.int32, np.bool_, np.bool_) if self.is_while else (np.int32,)))]
         # The carried values are donated: a chunk updates them in place (a
         # buffer written row by row is not copied for each chunk).
         with xla_chains._compile_lock:
-            self.executable = jax.jit(self._chunk, keep_unused=True, donate_argnums=tuple(range(len(self.carried)))
-                                      ).lower(*specs).compile().runtime_executable()
+            # The compiled function is kept: it holds the callbacks' Python functions.
+            self.compiled = jax.jit(self._chunk, keep_unused=True, donate_argnums=tuple(range(len(self.carried)))
+                                    ).lower(*specs).compile()
+            self.executable = self.compiled.runtime_executable()
         self.zero = self._put(np.zeros((), np.uint32))
 
     def _chunk(self, *args):
         """One chunk of at most `limit` iterations: (carried values, counts
-        [, predicate])."""
+        [, predicate]). The run's replica and partition indices come as
+        arguments: a program on several IPUs has one executable per IPU,
+        which may run as another replica in another launch."""
         import jax
 
         n = len(self.carried)
         carried, invariant = args[:n], args[n:n + len(self.invariant)]
-        zero, limit, *flags = args[n + len(self.invariant):]
-        tracer = _Tracer(jax, self.plan, zero, self.shapes, self.stand_ins)
+        zero, replica, partition, limit, *flags = args[n + len(self.invariant):]
+        tracer = _Tracer(jax, self.plan, zero, self.shapes, self.stand_ins,
+                         self._host if self.call_host is not None else None,
+                         {"replica": replica, "partition": partition})
         env = dict(zip(self.invariant, invariant, strict=True))
         cnt = jax.numpy.zeros(max(self.plan.count, 1), np.int32)
         step, lax = self.step, jax.lax
@@ -532,6 +593,19 @@ class _Loop:
         predicate, carried, cnt, _ = lax.while_loop(more, iteration, (predicate, carried, cnt, np.int32(0)))
         return carried, cnt, predicate
 
+    def _host(self, step: p.HostCall):
+        """The Python function the executable calls for a HostCall step."""
+        def host(cnt, *operands):
+            try:
+                # The host gets copies: a callback may keep what it is given.
+                results = self.call_host(step, [np.array(o) for o in operands], self.replica)
+            except BaseException as exc:       # the run raises it once XLA has stopped
+                if self.failure is None:
+                    self.failure = exc
+                raise
+            return (np.array(cnt), *results)
+        return host
+
     def _put(self, array: np.ndarray, aval=None, copied: bool = False):
         """`array` as an argument: read in place, or (copied) in a buffer
         of XLA's own, which a donated argument must be."""
@@ -549,15 +623,26 @@ class _Loop:
 
     def run(self, state) -> None:
         helper.end_session()        # a spinning helper would take a core from XLA's threads
+        self.replica, self.failure = links.current(), None
+        try:
+            self._run(state)
+        except Exception:
+            failure, self.failure = self.failure, None
+            if failure is not None:     # a callback's exception, not XLA's report of it
+                raise failure from None
+            raise
+
+    def _run(self, state) -> None:
         carried = [self._put(self._value(state, t), self.avals[t], copied=True) for t in self.carried]
         invariant = [self._put(self._value(state, t), self.avals[t]) for t in self.invariant]
         counts = np.zeros(max(self.plan.count, 1), np.int64)
+        indices = [self._put(np.array(getattr(self.replica, which), np.uint32)) for which in ("replica", "partition")]
         left = None if self.is_while else self.step.count
         limit, start, predicate = FIRST_CHUNK, True, True
         while (left is None and predicate) or (left is not None and left > 0):
             n = limit if left is None else min(limit, left)
             began = time.perf_counter()
-            args = [*carried, *invariant, self.zero, self._put(np.array(n, np.int32))]
+            args = [*carried, *invariant, self.zero, *indices, self._put(np.array(n, np.int32))]
             if self.is_while:
                 args += [self._put(np.array(start)), self._put(np.array(predicate))]
             results = self.executable.execute_sharded(args).disassemble_into_single_device_arrays()
