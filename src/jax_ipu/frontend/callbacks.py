@@ -27,16 +27,44 @@ CPU_HINT = ("JAX runs host callbacks (jax.debug.print, debug.callback, pure_call
 _registry: dict[int, object] = {}
 _ids = itertools.count()
 _lock = threading.Lock()
+# An attribute of a callback's function that may wait for the caller to do
+# something after dispatching the program (an infeed waiting for items).
+# A program calling such a callback returns from its call at once; any other
+# program calling the host returns once its run has ended, as on XLA:CPU,
+# so that what its callbacks print or record is there when the call returns.
+WAITS_FOR_HOST = "_jax_ipu_waits_for_host"
+_waiting: set[int] = set()
 
 
-def register(fn, where: str = "", hidden_results: int = 0) -> int:
+def register(fn, where: str = "", hidden_results: int = 0, waits_for_host: bool = False) -> int:
     """An id for `fn`. `where` (the user's source line) names it in errors;
     its first `hidden_results` results (the ordering token) are not the
     user's and are not counted when a result is named."""
     with _lock:
         callback_id = next(_ids)
         _registry[callback_id] = (fn, where, hidden_results)
+        if waits_for_host:
+            _waiting.add(callback_id)
     return callback_id
+
+
+def waits_for_host(callback_id: int) -> bool:
+    """Whether the callback may wait for what its caller does after
+    dispatching the program (see WAITS_FOR_HOST)."""
+    return callback_id in _waiting
+
+
+def _user_function_waits(callback) -> bool:
+    """Whether the function JAX's lowering wraps (io_callback's and
+    pure_callback's closure over a _FlatCallback) is marked WAITS_FOR_HOST."""
+    for cell in getattr(callback, "__closure__", None) or ():
+        try:
+            inner = getattr(cell.cell_contents, "callback_func", None)
+        except ValueError:           # an empty cell
+            continue
+        if getattr(inner, WAITS_FOR_HOST, False):
+            return True
+    return False
 
 
 _caller = threading.local()
@@ -115,6 +143,7 @@ def _emit(original):
             return original(ctx, callback, token, operands, operand_avals, result_avals,
                             has_side_effect=has_side_effect, returns_token=returns_token,
                             partitioned=partitioned, sharding=sharding)
+        waits = _user_function_waits(callback)
         if token is not None:
             # The compiled program passes tokens as empty bool arrays.
             inner = callback
@@ -123,7 +152,7 @@ def _emit(original):
                 return (token_value, *inner(*args))
         from jax_ipu.stablehlo import locations
         callback_id = register(callback, where=locations.describe(str(mlir.ir.Location.current)),
-                               hidden_results=0 if token is None else 1)
+                               hidden_results=0 if token is None else 1, waits_for_host=waits)
         config = str(callback_id)
         once = _once_on(ctx.module_context.axis_context, sharding)
         if once is not None:
@@ -169,8 +198,10 @@ def install() -> None:
     from jax._src.interpreters import mlir, pxla
 
     from jax_ipu.model import engine
+    from jax_ipu.pjrt import executable
 
     engine.host_caller = call
+    executable.host_waits = waits_for_host
 
     if not hasattr(callback.emit_python_callback, "__wrapped__"):
         callback.emit_python_callback = _emit(callback.emit_python_callback)

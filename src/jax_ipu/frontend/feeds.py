@@ -183,7 +183,12 @@ class OutfeedQueue(_Queue):
 def infeed(queue: InfeedQueue):
     """Inside a jitted program: the next item of `queue` (waits up to the
     queue's timeout, then the program fails with FeedTimeout)."""
-    return io_callback(lambda: queue._pop(queue.timeout), queue.spec, ordered=True)
+    def pop():
+        return queue._pop(queue.timeout)
+    # The program may wait here for items the caller puts after dispatching
+    # it: its call must return before it ends (callbacks.WAITS_FOR_HOST).
+    setattr(pop, callbacks.WAITS_FOR_HOST, True)
+    return io_callback(pop, queue.spec, ordered=True)
 
 
 def outfeed(queue: OutfeedQueue, value) -> None:

@@ -115,6 +115,8 @@ class Executable:
         # not to an event that would re-raise it ever after.
         self.own_completion = bool(self.output_specs) and _calls_host(program.body)
         self.last_output_completes = bool(self.output_specs) and not self.own_completion
+        self.host_callback_ids = frozenset(_host_callback_ids(program.body))
+        self._returns_when_done = None
 
     # -- saved and loaded (PJRT_Executable_Serialize, DeserializeAndLoad) --
     def serialize(self) -> bytes:
@@ -215,10 +217,28 @@ class Executable:
             events.append(done)
         return outputs, events, donated, runs
 
+    @property
+    def returns_when_done(self) -> bool:
+        """Whether a call returns once the run has ended: programs calling
+        the host do, as on XLA:CPU (what their callbacks print or record is
+        there when the call returns: code and tests read it next), unless a
+        callback may wait for what the caller does after the call (an
+        infeed waiting for its items)."""
+        if self._returns_when_done is None:
+            ids = self.host_callback_ids
+            self._returns_when_done = bool(ids) and not (host_waits is not None and any(map(host_waits, ids)))
+        return self._returns_when_done
+
     _submitting = threading.Lock()
 
     @classmethod
     def launch(cls, runs: list) -> None:
+        cls._submit(runs)
+        if runs[0].executable.returns_when_done:
+            _wait_for(runs)
+
+    @classmethod
+    def _submit(cls, runs: list) -> None:
         replica = runs[0].replica
         if replica is not None and replica.launch.remote is not None:
             with cls._submitting:      # its turn among launches spanning processes: launch order
@@ -409,6 +429,30 @@ QUICK_ELEMENTS = 1 << 17
 
 def _calls_host(step) -> bool:
     return isinstance(step, p.HostCall) or any(_calls_host(child) for child in p.children(step))
+
+
+def _host_callback_ids(step):
+    if isinstance(step, p.HostCall):
+        yield step.callback_id
+    for child in p.children(step):
+        yield from _host_callback_ids(child)
+
+
+# fn(callback id) -> whether that host callback may wait for what its caller
+# does after dispatching the program (an infeed); installed by the front
+# end that registers callbacks (jax_ipu.frontend.callbacks).
+host_waits = None
+
+
+def _wait_for(runs: list) -> None:
+    """Waits for the runs to end (their completion events), in short sleeps
+    so that Ctrl-C reaches the caller (the runs then go on, as dispatched)."""
+    pause = 20e-6
+    for run in runs:
+        done = run.done
+        while not done.is_ready:
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
 
 
 def calls_host(program) -> bool:

@@ -208,20 +208,55 @@ def test_a_callback_may_run_programs_on_the_ipu_that_runs_it(ipu, cpu):
 
 
 def test_a_callback_given_a_value_its_ipu_computes_later_fails_clearly(ipu):
-    # y is queued behind the run whose callback wants it: a clear error
-    # instead of waiting forever.
+    # y is queued (by another thread) behind the run whose callback wants
+    # it: a clear error instead of waiting forever.
     import threading
-    dispatched, box = threading.Event(), {}
+    started, dispatched, box = threading.Event(), threading.Event(), {}
     inner = jax.jit(lambda v: v + 1)
 
     def cb(v):
+        started.set()
         dispatched.wait(30)
         return np.asarray(inner(box["y"]))
     f = jax.jit(lambda x: jax.pure_callback(cb, jax.ShapeDtypeStruct(x.shape, x.dtype), x))
     x = jax.device_put(np.ones(4, np.float32), ipu)
+
+    def other_thread():
+        started.wait(30)
+        box["y"] = jax.jit(lambda v: v * 3)(x)
+        dispatched.set()
+    thread = threading.Thread(target=other_thread)
+    thread.start()
     out = f(x)
-    box["y"] = jax.jit(lambda v: v * 3)(x)
-    dispatched.set()
+    thread.join()
     with pytest.raises(jax.errors.JaxRuntimeError, match="still being computed"):
         np.asarray(out)
     np.testing.assert_array_equal(np.asarray(box["y"]), 3.0)
+
+
+@pytest.mark.parametrize("loop", [False, True])
+def test_a_call_of_a_program_calling_the_host_returns_when_its_callbacks_are_done(ipu, capfd, loop):
+    """As on XLA:CPU: what a program's callbacks print or record is there
+    when the call returns, before anything waits for its results (code
+    reads printed output or recorded values next)."""
+    seen = []
+
+    def body(i, c):
+        jax.debug.print("step {i}", i=i)
+        io_callback(lambda v: seen.append(int(v)), None, i, ordered=True)
+        return c + 1.0
+
+    def f(x):
+        if loop:
+            return jax.lax.fori_loop(0, 50, body, x)
+        for i in range(5):
+            x = body(i, x)
+        return x
+    x = jax.device_put(np.zeros(3, np.float32), ipu)
+    for _ in range(3):
+        seen.clear()
+        jax.jit(f)(x)           # no block_until_ready
+        n = 50 if loop else 5
+        assert seen == list(range(n))
+        out = capfd.readouterr().out
+        assert out.count("step ") == n and out.rstrip().endswith(f"step {n - 1}")
