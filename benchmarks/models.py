@@ -10,6 +10,8 @@ default ipu2 and for XLA:CPU in the same process, one program per run:
     python benchmarks/models.py --model gpt2 --mode train --dtype f32 --batch 1
     python benchmarks/models.py --model resnet50 --mode train --dtype f16 --batch 20 --remat \
         --partials half --amp 0.15      (Graphcore's MLPerf settings)
+    python benchmarks/models.py --model bert-large-128 --mode train --dtype f16 --partials half
+        (the busiest pipeline stage of Graphcore's BERT-Large phase 1: models_zoo.STAGES)
     (--steps 0 skips running the step; --json prints the figures as JSON;
      --tiles T compiles for a T-tile ipu2; --image and --length shrink inputs;
      --remat recomputes each ResNet-50 bottleneck block in the backward
@@ -135,7 +137,9 @@ def step_seconds(runs, args, steps: int) -> tuple[list[float], float]:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=["resnet50", "bert", "gpt2"], required=True)
+    parser.add_argument("--model", choices=["resnet50", "bert", "gpt2", *models_zoo.STAGES], required=True,
+                        help="a model, or the busiest pipeline stage of a Graphcore configuration "
+                             "(models_zoo.STAGES: its micro-batch and sequence length; --batch is ignored)")
     parser.add_argument("--mode", choices=["train", "infer"], default="train")
     parser.add_argument("--dtype", choices=["f32", "f16"], default="f32")
     parser.add_argument("--batch", type=int, default=4)
@@ -151,6 +155,10 @@ def main():
                         help="the available_memory_proportion compiler option (default 0.6)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.model in models_zoo.STAGES:
+        # The configuration's micro-batch, and its matmul proportion unless asked otherwise.
+        args.batch = models_zoo.STAGES[args.model][5]
+        args.amp = models_zoo.STAGES[args.model][9] if args.amp is None else args.amp
     if args.tiles:
         os.environ["JAX_IPU_MODEL_NUM_TILES"] = str(args.tiles)
     instrument()
@@ -248,6 +256,17 @@ def main():
         temporaries = r["by_category"]["temporaries (sum of tile peaks)"]
         print(f"  JAX's saved residuals (the forward's tensors its backward reads): {saved / mb:.1f} MB, "
               f"{per_image / mb:.1f} MB an image past the first; the plan's temporaries {temporaries / mb:.1f} MB")
+    if args.model in models_zoo.STAGES:
+        # What any plan of the tick must hold at its peak: its arguments
+        # (weights, accumulators, stash, the two activations in) and the
+        # tensors JAX's program keeps for the backward pass.
+        saved = models_zoo.stage_saved_bytes(args.model)
+        arguments = mem.argument_bytes
+        r["saved_residual_bytes"], r["bound_bytes"] = saved, saved + arguments
+        r["tokens_per_s"] = r["estimated_samples_per_s"] * models_zoo.STAGES[args.model][6]
+        print(f"  JAX's saved residuals {saved / mb:.1f} MB + arguments {arguments / mb:.1f} MB = bound "
+              f"{(saved + arguments) / mb:.1f} MB of {r['by_category']['SRAM'] / mb:.1f} MB; "
+              f"{r['tokens_per_s']:,.0f} tokens/s per stage")
     if args.steps:
         (r["wall_ipu_s"], r["wall_cpu_s"]), r["wall_ratio"] = step_seconds(
             [(compiled_ipu, ipu), (compiled_cpu, cpu)], host_args, args.steps)

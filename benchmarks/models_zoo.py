@@ -290,6 +290,106 @@ def gpt2_train(batch: int, length: int, dtype):
     return jax.jit(step, donate_argnums=(0, 1)), (params, tx.init(params), tokens)
 
 
+# ---------------------------------------------------------------- pipeline stages
+# The busiest pipeline stage of Graphcore's own BERT and GPT-2 training
+# configurations (docs/models.md cites them: graphcore/examples,
+# nlp/bert/pytorch/configs_pretraining.yml and nlp/gpt2/pytorch/run/*.sh):
+# the stage with the most layers, its micro-batch and sequence length,
+# float16 weights and compute (model.half()), float16 partials
+# (enable_half_partials), a recomputation checkpoint after every layer, the
+# optimiser state off chip (BERT's optimizer_state_offchip; GPT-2's
+# replicated tensor sharding over replicas), the stage's matmul
+# available-memory proportion (matmul_proportion), and the 1F1B stash of
+# 2(S - 1 - k) + 1 stage inputs of stage k of S (as frontend/pipelining.py).
+STAGES = {
+    # name: (layer, layers on the stage, width, heads, MLP, micro-batch, sequence, stages S, stage k,
+    #        matmul proportion)
+    "bert-large-128": ("bert", 7, 1024, 16, 4096, 8, 128, 4, 1, 0.25),    # layers_per_ipu [3, 7, 7, 7]
+    "bert-large-384": ("bert", 7, 1024, 16, 4096, 2, 384, 4, 1, 0.25),
+    "bert-base-128": ("bert", 4, 768, 12, 3072, 32, 128, 4, 1, 0.25),     # layers_per_ipu [0, 4, 4, 4]
+    "bert-base-384": ("bert", 4, 768, 12, 3072, 8, 384, 4, 1, 0.25),
+    "gpt2-small": ("gpt2", 4, 768, 12, 3072, 1, 1024, 4, 1, 0.15),        # layers-per-ipu 0 4 4 4
+    "gpt2-medium": ("gpt2", 4, 1024, 16, 4096, 1, 1024, 8, 5, 0.15),      # layers-per-ipu 0 3 3 3 3 4 4 4
+}
+
+
+class Stage(nn.Module):
+    """`layers` transformer layers, each under jax.checkpoint (nn.remat):
+    the backward pass keeps each layer's input and recomputes its inside,
+    as Graphcore's recompute_checkpoint_every_layer."""
+    layer: str
+    layers: int
+    heads: int
+    hidden: int
+    dtype: Dtype = jnp.float16
+
+    @nn.compact
+    def __call__(self, x):
+        if self.layer == "bert":
+            block, mask = nn.remat(BertLayer), None
+        else:
+            block, mask = nn.remat(Gpt2Block), nn.make_causal_mask(jnp.ones(x.shape[:2], jnp.int32))
+        for _ in range(self.layers):
+            x = block(self.heads, self.hidden, self.dtype)(x, mask)
+        return x
+
+
+def stage_parts(name: str, **shrink):
+    """(stage module, stash slots, micro-batch, sequence, width) of a
+    STAGES configuration; shrink overrides its fields (layers, width, heads,
+    hidden, batch, length) for small-scale runs."""
+    layer, layers, width, heads, hidden, batch, length, stages, k, _ = STAGES[name]
+    c = dict(layers=layers, width=width, heads=heads, hidden=hidden, batch=batch, length=length) | shrink
+    module = Stage(layer, c["layers"], c["heads"], c["hidden"])
+    return module, 2 * (stages - 1 - k) + 1, c["batch"], c["length"], c["width"]
+
+
+def _half_params(module: nn.Module, x: np.ndarray):
+    """The module's parameters in float16 (Graphcore's model.half())."""
+    params = jax.jit(lambda: module.init(jax.random.PRNGKey(0), x[:1])["params"], backend="cpu")()
+    return jax.tree.map(lambda p: np.asarray(p).astype(np.float16), params)
+
+
+def stage_train(name: str, **shrink):
+    """(tick, args): one steady-state 1F1B tick of a pipeline stage in
+    training: the forward pass of a new micro-batch (its input stashed) and
+    the backward pass of the oldest stashed one (the gradient from the next
+    stage in, the layers recomputed from their checkpoints), its weight
+    gradients added to the float16 accumulators. The accumulators and the
+    stash are donated; the optimiser runs off chip, once per
+    accumulated batch, outside this step."""
+    module, slots, batch, length, width = stage_parts(name, **shrink)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, length, width)).astype(np.float16)
+    params = _half_params(module, x)
+    stash = rng.standard_normal((slots, batch, length, width)).astype(np.float16)
+    dy = (rng.standard_normal((batch, length, width)) * 1e-3).astype(np.float16)
+
+    def tick(params, acc, stash, x, dy):
+        y = module.apply({"params": params}, x)
+        _, pull = jax.vjp(lambda p, h: module.apply({"params": p}, h), params, stash[0])
+        grads, dx = pull(dy)
+        acc = jax.tree.map(jnp.add, acc, grads)
+        stash = jnp.concatenate([stash[1:], x[None]])
+        return acc, stash, y, dx
+
+    acc = jax.tree.map(np.zeros_like, params)
+    return jax.jit(tick, donate_argnums=(1, 2)), (params, acc, stash, x, dy)
+
+
+def stage_saved_bytes(name: str, **shrink) -> int:
+    """The bytes JAX's program keeps from the stage's forward pass for its
+    backward pass (saved_residuals, the parameters and the stage input
+    left out: they are arguments): with a checkpoint per layer, the layers'
+    inputs."""
+    from jax._src.ad_checkpoint import saved_residuals
+    module, _, batch, length, width = stage_parts(name, **shrink)
+    x = np.zeros((batch, length, width), np.float16)
+    params = _half_params(module, x)
+    saved = saved_residuals(lambda p, h: module.apply({"params": p}, h).astype(jnp.float32).sum(), params, x)
+    return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a, why in saved if "argument" not in why)
+
+
 def program(model: str, mode: str, dtype: str, batch: int, length: int = 128, image: int = 224,
             remat: bool = False):
     """(jitted function, host arguments, samples per call). remat: ResNet-50's
@@ -303,6 +403,11 @@ def program(model: str, mode: str, dtype: str, batch: int, length: int = 128, im
         if mode != "infer":
             raise SystemExit("bert: only --mode infer")
         f, args = transformer_infer(BertBase(dtype=dt), batch, length)
+    elif model in STAGES:
+        if mode != "train" or dtype != "f16":
+            raise SystemExit(f"{model}: a pipeline stage in training, float16 (--mode train --dtype f16)")
+        f, args = stage_train(model)
+        return f, args, STAGES[model][5]
     elif model == "gpt2":
         f, args = (transformer_infer(Gpt2Small(dtype=dt), batch, length) if mode == "infer"
                    else gpt2_train(batch, length, dt))

@@ -66,15 +66,32 @@ def chain_cycles(target: Target, n: int, dtype: np.dtype, instructions: list[tup
     return elementwise_cycles(target, n, dtype, native) + sum(emulated), emulated
 
 
-def matmul_cycles(target: Target, macs, dtype: np.dtype):
+def matmul_cycles(target: Target, macs, dtype: np.dtype, partials: np.dtype | None = None):
     """A tile's partial product of `macs` multiply-adds (a number or an
-    array of them). AMP: amp_fixed_cycles + macs / (flops per cycle / 2);
-    integers have no AMP: one multiply-add a cycle (six workers, each
-    issuing every sixth cycle)."""
+    array of them) into `partials` (float32 by default for float inputs).
+    AMP: amp_fixed_cycles + macs / amp_macs_per_cycle; integers have no
+    AMP: one multiply-add a cycle (six workers, each issuing every sixth
+    cycle)."""
+    dtype = np.dtype(dtype)
     if dtype.kind == "f":
-        rate = target.fp16_flops_per_cycle if dtype.itemsize == 2 else target.fp32_flops_per_cycle
-        return target.amp_fixed_cycles + macs / (rate / 2)
+        return target.amp_fixed_cycles + macs / amp_macs_per_cycle(target, dtype, partials)
     return target.supervisor_cycles + macs
+
+
+def amp_macs_per_cycle(target: Target, dtype: np.dtype, partials: np.dtype | None = None) -> float:
+    """A tile's AMP multiply-adds a cycle for float `dtype` inputs into
+    `partials` (docs/ipu.md): float16 inputs as PopLibs' convolution
+    vertices run them, its conv units (target.conv_units: 16 with float16
+    partials, 8 with float32 ones on ipu2) each taking a chain of
+    conv_unit_chain_length 64-bit loads of inputs (16 float16) per output
+    position every conv_unit_chain_length cycles: 64 and 32 a cycle. Float32
+    inputs at the datasheet's fp32_flops_per_cycle / 2."""
+    dtype = np.dtype(dtype)
+    if dtype.itemsize == 4:
+        return target.fp32_flops_per_cycle / 2
+    partials = np.dtype(np.float32) if partials is None else np.dtype(partials)
+    inputs_per_unit = target.conv_unit_chain_length * target.conv_input_load_bytes // dtype.itemsize
+    return target.conv_units(dtype, partials) * inputs_per_unit / target.conv_unit_chain_length
 
 
 def reduce_cycles(target: Target, n: int, dtype: np.dtype) -> int:

@@ -11,8 +11,8 @@ class CompileOptions:
     # Share of each tile's SRAM a matmul may use for its operands and
     # partials (PopLibs' availableMemoryProportion).
     available_memory_proportion: float = 0.6
-    # The type of convolutions' partial sums of float16 operands
-    # (Poplar's partialsType; matmuls keep float32): "float" (float32, PopLibs' default)
+    # The type of convolutions' and matmuls' partial sums of float16
+    # operands (Poplar's partialsType): "float" (float32, PopLibs' default)
     # or "half" (float16, taken when the result is float16 too; the AMP
     # then runs twice as many conv units: docs/semantics.md).
     partials_type: str = "float"

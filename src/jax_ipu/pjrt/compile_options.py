@@ -38,7 +38,7 @@ OWN = {
                                    "matmul's plan may use (PopLibs' availableMemoryProportion)",
     "allow_out_of_memory": "True or False (default False): compile programs that do not fit, keeping their "
                            "memory report (Poplar's debug.allowOutOfMemory)",
-    "partials_type": "'float' (default) or 'half': the type of float16 convolutions' partial sums "
+    "partials_type": "'float' (default) or 'half': the type of float16 convolutions' and matmuls' partial sums "
                      "(Poplar's partialsType; 'half' applies where the result is float16)",
     "emulate_types": "True or False (default True, JAX_IPU_EMULATE_TYPES): emulate bfloat16 and complex64, which "
                      "the IPU lacks; False refuses them at compile time (hardware-native programs only)",

@@ -1,7 +1,7 @@
 """Cycle estimates against IPU.md's measured figures.
 
 AMP: tessellate-ipu's peak-flops notebook measured a per-tile fp16
-[N,16]x[16,16] matmul on a Bow IPU (1472 tiles, 1.85 GHz) at 55.5, 211,
+[N,16]x[16,16] matmul with float16 accumulators on a Bow IPU (1472 tiles, 1.85 GHz) at 55.5, 211,
 299.8 and 334.9 TFLOPS a chip for N = 16, 128, 512, 2048, which fits
 cycles = 4N + 330 per tile.
 
@@ -32,7 +32,9 @@ def _amp_cycles(target, rows: int) -> int:
     (nothing is exchanged on one tile)."""
     a = np.ones((rows, 16), np.float16)
     b = np.ones((16, 16), np.float16)
-    program = compile_fn(lambda x, y: x @ y, a, b, target=target)
+    # float16 partials, as the measurement accumulated (its
+    # preferred_element_type was the inputs' float16).
+    program = compile_fn(lambda x, y: x @ y, a, b, target=target, partials_type="half")
     (step,) = [s for s in leaves(program.body)
                if isinstance(s, Execute) and s.compute_set.name.startswith("matmul ")
                and "reduce" not in s.compute_set.name]

@@ -119,3 +119,28 @@ def test_wider_accumulators_and_many_partials_keep_two_stages():
     assert k.init is None and k.out.shape[1] > 1
     np.testing.assert_allclose(Engine(IPU2).run(program, [long])[0], run_cpu(lambda x: jnp.sum(x, axis=1), long)[0],
                                rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["one-stage", "widened-two-stage"])
+def test_long_row_statistics_spread_their_outputs(dtype):
+    """A LayerNorm's row statistics ([1024, 768] summed along rows): the
+    outputs of the one partial each are spread so that a tile receives at
+    most about READ_BYTES of rows, not the default 256 B of outputs a tile
+    (1024 float32 statistics on 16 tiles, 196 KB of rows each, 49K cycles
+    of exchange); float16 rows, summed in float32 in two stages, spread
+    their single partials the same way. The values are XLA:CPU's within
+    float rounding."""
+    x = rng.standard_normal((1024, 768)).astype(dtype)
+    f = lambda x: jnp.sum(x, axis=1)  # noqa: E731
+    program = compile_fn(f, x, target=IPU2)
+    (first,) = [s for s in leaves(program.body) if isinstance(s, Execute)
+                and isinstance(s.compute_set.kernel, codelets.ReducePartials)]
+    row = 768 * np.dtype(dtype).itemsize
+    per_tile = max(1, reduce_rule.READ_BYTES // row)
+    assert len(np.unique(first.compute_set.vertices.tiles)) >= 1024 // per_tile
+    # Rows received by the busiest tile: per_tile of them at most.
+    assert first.exchange_cycles <= IPU2.exchange_fixed_cycles + per_tile * row // IPU2.exchange_bytes_per_cycle
+    (got,) = Engine(IPU2).run(program, [x])
+    want = run_cpu(f, x)[0]
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32),
+                               rtol=2e-3 if dtype == np.float16 else 1e-5, atol=1e-2 if dtype == np.float16 else 1e-4)

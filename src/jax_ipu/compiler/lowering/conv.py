@@ -27,7 +27,7 @@ from jax_ipu.compiler import cost, cost_conv
 from jax_ipu.compiler.builder import Builder, Splat
 from jax_ipu.compiler.lowering import conv_im2col
 from jax_ipu.compiler.lowering.layout import copy_to_new, name_of
-from jax_ipu.compiler.lowering.matmul import reduce_partials
+from jax_ipu.compiler.lowering.matmul import partials_type, reduce_partials
 from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.compiler.planners.conv import ConvPlan, ConvProblem, compute_cycles, plan_conv
 from jax_ipu.compiler.planners.windows import attr, out_size, padding
@@ -43,20 +43,6 @@ log = logging.getLogger(__name__)
 # to the im2col path (the plan works out which input elements each pair
 # reads, per axis).
 MAX_AXIS_PAIRS = 1 << 22
-
-
-def partials_type(options, in_dtype: np.dtype, out_dtype: np.dtype) -> np.dtype:
-    """The type of the partial sums of a convolution of `in_dtype` operands
-    into `out_dtype`: Poplar's partialsType, float32 by default for float
-    inputs; float16 when asked (partials_type="half") and the output is
-    float16 (partials are never narrower than the output, as PopLibs
-    ignores a narrower request); the output's own type for integers."""
-    in_dtype, out_dtype = np.dtype(in_dtype), np.dtype(out_dtype)
-    if out_dtype.kind != "f":
-        return out_dtype
-    if options.partials_type == "half" and in_dtype.itemsize == 2 and out_dtype.itemsize == 2:
-        return np.dtype(np.float16)
-    return np.dtype(np.float32)
 
 
 @dataclasses.dataclass(frozen=True)

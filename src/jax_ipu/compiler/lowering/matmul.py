@@ -1,8 +1,8 @@
 """dot_general: operands rearranged to [batch, M, K] x [batch, K, N] (a
 Copy when that is a layout change), per-tile partial products over K-chunks
-as the plan says (fp32 partials for float inputs; K padded with zeros when
-only uneven chunks fit), then a cross-tile
-reduction of the partials in a fixed order."""
+as the plan says (float32 partials for float inputs, float16 ones when
+asked: partials_type; K padded with zeros when only uneven chunks fit),
+then a cross-tile reduction of the partials in a fixed order."""
 from __future__ import annotations
 
 import numpy as np
@@ -21,6 +21,21 @@ from jax_ipu.graph.compute import VertexArray, compact
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import Concat, View
+
+
+def partials_type(options, in_dtype: np.dtype, out_dtype: np.dtype) -> np.dtype:
+    """The type of the partial sums of a matmul or convolution of
+    `in_dtype` operands into `out_dtype`: Poplar's partialsType, float32 by
+    default for float inputs; float16 when asked (partials_type="half") and
+    the output is float16 (partials are never narrower than the output, as
+    PopLibs ignores a narrower request); the output's own type for
+    integers."""
+    in_dtype, out_dtype = np.dtype(in_dtype), np.dtype(out_dtype)
+    if out_dtype.kind != "f":
+        return out_dtype
+    if options.partials_type == "half" and in_dtype.itemsize == 2 and out_dtype.itemsize == 2:
+        return np.dtype(np.float16)
+    return np.dtype(np.float32)
 
 
 def _canonical(b: Builder, op: ir.Op, value: ir.Value, order: list[int], shape3) -> View:
@@ -48,7 +63,7 @@ def dot_general(b: Builder, op: ir.Op) -> None:
         return int(np.prod([shape[d] for d in ds], dtype=np.int64))
     batch, m, k, n = prod(lhs_t.shape, lb), prod(lhs_t.shape, lf), prod(lhs_t.shape, lc), prod(rhs_t.shape, rf)
     out_dtype = out_t.dtype
-    acc = np.dtype(np.float32) if out_dtype.kind == "f" else out_dtype
+    acc = partials_type(b.options, lhs_t.dtype, out_dtype)
     if batch * m * n == 0 or k == 0:
         b.values[op.results[0]] = Splat(np.zeros((), out_dtype), out_t.shape)
         return
@@ -160,7 +175,7 @@ def _product(b: Builder, op: ir.Op, lhs: View, rhs: View, window: tuple, acc, ou
     start = b.shared_start_tile(("matmul", batch, rows, cols, kp, plan), plan.tiles)
     mapping, tiles, cycles, lhs_iv, lhs_at, rhs_iv, rhs_at, out_iv, offsets = b.pattern(
         ("matmul", codelet, batch, m, n, kp, window, start),
-        lambda: _partial_pattern(b, lhs.dtype, window, batch, m, n, kp, start))
+        lambda: _partial_pattern(b, lhs.dtype, acc, window, batch, m, n, kp, start))
     partials = b.tensor(f"{name_of(op)}/partials", (pk, batch, rows, cols), acc, mapping)
     vertices = VertexArray(codelet, tiles, cycles, ((lhs.tensor, lhs_iv, lhs_at), (rhs.tensor, rhs_iv, rhs_at)),
                            ((partials, out_iv, offsets),))
@@ -181,8 +196,8 @@ def _grouped(keys: np.ndarray, even: bool, blocks: tuple, perm: tuple) -> np.nda
     return np.argsort(keys, kind="stable")
 
 
-def _partial_pattern(b: Builder, in_dtype: np.dtype, window: tuple, batch: int, m: int, n: int, kp: int,
-                     start: int) -> tuple:
+def _partial_pattern(b: Builder, in_dtype: np.dtype, acc: np.dtype, window: tuple, batch: int, m: int, n: int,
+                     kp: int, start: int) -> tuple:
     """The partials' mapping, and the partial products' vertices as arrays
     (tiles, cycles, lhs intervals and ranges, rhs intervals and ranges,
     partials intervals and offsets): vertex (kk, bi, mi, ni) (K-chunk,
@@ -240,7 +255,7 @@ def _partial_pattern(b: Builder, in_dtype: np.dtype, window: tuple, batch: int, 
     vk, vb, vm, vn = np.unravel_index(v, (pk, nbb, nmb, nnb))
     tiles = tile_of[vk, vb * bb, vm * mb, vn]
     macs = (np.minimum(bb, batch - vb * bb) * np.minimum(mb, rows - vm * mb) * widths[vn] * kc)
-    cycles = np.asarray(cost.matmul_cycles(b.target, macs, in_dtype)).astype(np.int64)
+    cycles = np.asarray(cost.matmul_cycles(b.target, macs, in_dtype, acc)).astype(np.int64)
     return mapping, tiles, cycles, compact(lhs_iv), lhs_at, compact(rhs_iv), rhs_at, compact(out_iv), offsets
 
 

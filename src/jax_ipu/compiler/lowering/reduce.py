@@ -131,13 +131,15 @@ OUTER_MIN_ROWS = 8
 # (tens of millions in a large network's step), with more exchange per
 # combining tile.
 OUTER_MAX_CHUNKS = 256
-# A single-stage reduction over leading dims receives, on each tile, every
-# row of the outputs it holds. The default mapping of the outputs (at least
-# 256 B a tile) put a 1,024-channel BatchNorm statistic on 16 tiles, each
-# receiving 64 channels of all 196 x batch rows (200 KB at batch 4, the
-# busiest tile's peak); its outputs are spread so that a tile receives
-# at most about this many bytes.
-OUTER_READ_BYTES = 16 * 1024
+# A reduction of one partial per output receives, on each tile, every
+# input element of the outputs it holds. The default mapping of the
+# outputs (at least 256 B a tile) put a 1,024-channel BatchNorm statistic
+# on 16 tiles, each receiving 64 channels of all 196 x batch rows (200 KB
+# at batch 4, the busiest tile's peak), and a LayerNorm's 1,024 row
+# statistics of 768 float32 on 16 tiles (196 KB each, 49K cycles of
+# exchange, where the rows are spread over the IPU); its outputs are
+# spread so that a tile receives at most about this many bytes.
+READ_BYTES = 16 * 1024
 INT32_MAX = 2**31 - 1
 
 
@@ -249,7 +251,8 @@ def reduce(b: Builder, op: ir.Op) -> None:
     else:
         # Several chunks per output: one chunk per tile, while tiles last.
         mapping = (b.rotated(spread(b.target, kept * chunks)) if chunks > 1
-                   else b.small_linear_mapping(kept * chunks, accs[0]))
+                   else _spread_mapping(b, kept, size, xs[0].dtype, accs[0])
+                   or b.small_linear_mapping(kept, accs[0]))
         partials = [b.tensor(f"{name_of(op)}/partials", (kept, chunks), acc, mapping) for acc in accs]
         cycles = lambda n: cost.reduce_cycles(b.target, n * size * per_element, dtypes[0])
         tiles, intervals, offsets, counts = b.by_tile(mapping)
@@ -344,7 +347,7 @@ def _single_stage(b: Builder, op: ir.Op, x: View, single: str, init, dtype: np.d
     and sync). The same arithmetic in the same order as two stages (the
     partial stage's, then the init; the combine of a single partial is
     that partial). x: [kept, 1, size], or [1, size, kept] if outer."""
-    out = b.tensor(name_of(op), (kept,), dtype, _outer_mapping(b, kept, size, x.dtype, dtype) if outer else None)
+    out = b.tensor(name_of(op), (kept,), dtype, _spread_mapping(b, kept, size, x.dtype, dtype))
     codelet = f"Reduce<{single},{dtype.name}>"
     tiles, intervals, offsets, counts = b.by_tile(out.mapping)
     reads = [(x.tensor, *(_outer_reads_by_tile(out.mapping, 1, size, kept) if outer
@@ -364,7 +367,7 @@ def _single_stage_pays(b: Builder, kept: int, size: int, in_dtype: np.dtype, dty
     receives its outputs' whole columns (size rows each), where two stages
     reduce rows where they live and add a superstep (a sync, an exchange's
     fixed cost, and receiving at least one partial per output)."""
-    mapping = _outer_mapping(b, kept, size, in_dtype, dtype) or b.linear_mapping(kept, dtype)
+    mapping = _spread_mapping(b, kept, size, in_dtype, dtype) or b.linear_mapping(kept, dtype)
     outputs = int((mapping.stops - mapping.starts).max(initial=0))
     rate = b.target.exchange_bytes_per_cycle
     one = -(-outputs * size * np.dtype(in_dtype).itemsize // rate)
@@ -372,13 +375,14 @@ def _single_stage_pays(b: Builder, kept: int, size: int, in_dtype: np.dtype, dty
     return one <= second
 
 
-def _outer_mapping(b: Builder, kept: int, size: int, in_dtype: np.dtype, dtype: np.dtype) -> TileMapping | None:
-    """The outputs of a single-stage reduction over leading dims spread so
-    that a tile receives at most about OUTER_READ_BYTES of rows (see there);
-    None (the default mapping) when that already holds."""
+def _spread_mapping(b: Builder, kept: int, size: int, in_dtype: np.dtype, dtype: np.dtype) -> TileMapping | None:
+    """The outputs of a reduction of one partial per output (`size` input
+    elements each) spread so that a tile receives at most about READ_BYTES
+    of input (see there); None (the default mapping) when that already
+    holds."""
     default = b.linear_mapping(kept, dtype)       # (rotating it would move the next small tensor)
     per_row = size * np.dtype(in_dtype).itemsize
-    if int((default.stops - default.starts).max(initial=0)) * per_row <= OUTER_READ_BYTES:
+    if int((default.stops - default.starts).max(initial=0)) * per_row <= READ_BYTES:
         return None
-    per_tile = max(1, OUTER_READ_BYTES // per_row, -(-kept // b.target.num_tiles))
+    per_tile = max(1, READ_BYTES // per_row, -(-kept // b.target.num_tiles))
     return b.rotated(TileMapping.linear(kept, b.target.num_tiles, min_elements_per_tile=per_tile))

@@ -78,7 +78,7 @@ def _best(target: Target, batch: int, m: int, n: int, k: int, in_dtype: np.dtype
     if pad_k:       # no empty chunks: as many as ceil(K / chunk) needs
         pk = np.ceil(k / kc)
     item, acc = np.dtype(in_dtype).itemsize, np.dtype(acc_dtype).itemsize
-    compute = matmul_cycles(target, bb * mb * nb * kc, np.dtype(in_dtype))
+    compute = matmul_cycles(target, bb * mb * nb * kc, np.dtype(in_dtype), np.dtype(acc_dtype))
     operand_bytes = (bb * mb * kc + bb * kc * nb) * item
     exchange = target.exchange_fixed_cycles + operand_bytes / target.exchange_bytes_per_cycle
     per_tile_out = np.ceil(batch * m * n / tiles)

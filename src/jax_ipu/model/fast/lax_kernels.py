@@ -35,6 +35,7 @@ from jax_ipu.graph import codelets_collectives as cc
 from jax_ipu.graph import codelets_indexing as ci
 from jax_ipu.graph.records import is_immediate
 from jax_ipu.graph.views import Concat, View, apply_ops
+from jax_ipu.model.executors.conv import products_dtype
 from jax_ipu.model.fast.matmul import takes_combined
 from jax_ipu.model.registry import traced
 from jax_ipu.ops import OPS
@@ -247,10 +248,11 @@ def _matmul_partials(k: codelets.MatMulPartials, t: Trace) -> None:
     stand-in, model/fast/matmul.py), they are left summed: one product
     over the whole of K, [batch * m * n], which that reduction takes."""
     lax, acc = t.lax, k.out.dtype
+    dot = products_dtype(acc)       # float16 partials: each chunk's float32 sum rounded once
     chunks, batch, m, n = k.out.shape
     size = k.lhs.shape[2] // chunks if chunks else 0
-    lhs = lax.convert_element_type(t.read(k.lhs), acc)
-    rhs = lax.convert_element_type(t.read(k.rhs), acc)
+    lhs = lax.convert_element_type(t.read(k.lhs), dot)
+    rhs = lax.convert_element_type(t.read(k.rhs), dot)
     if chunks == 0 or size == 0:
         t.write(k.out, t.broadcast(t.constant(np.zeros((), acc)), tuple(k.out.shape)))
         return
@@ -258,14 +260,14 @@ def _matmul_partials(k: codelets.MatMulPartials, t: Trace) -> None:
     rhs = lax.slice_in_dim(rhs, 0, chunks * size, axis=1)
     if k.out.id in t.stand_ins:
         summed = lax.dot_general(lhs, rhs, (((2,), (1,)), ((0,), (0,))), precision=lax.Precision.HIGHEST,
-                                 preferred_element_type=acc)
+                                 preferred_element_type=dot)
         t.env[k.out.id] = t.opaque(lax.reshape(summed, (batch * m * n,)))
         return
     lhs = lax.transpose(lax.reshape(lhs, (batch, m, chunks, size)), (2, 0, 1, 3))      # [c, B, M, s]
     rhs = lax.transpose(lax.reshape(rhs, (batch, chunks, size, n)), (1, 0, 2, 3))      # [c, B, s, N]
     out = lax.dot_general(lhs, rhs, (((3,), (2,)), ((0, 1), (0, 1))), precision=lax.Precision.HIGHEST,
-                          preferred_element_type=acc)
-    t.write(k.out, t.opaque(out))
+                          preferred_element_type=dot)
+    t.write(k.out, t.opaque(lax.convert_element_type(out, acc)))
 
 
 # Reduction ops as jax.lax's binary functions and its reductions over axes.

@@ -57,8 +57,16 @@ def _unplanned(view, acc: np.dtype, read):
     return lambda state: xla_chains.convert(get(state), acc)
 
 
+def _half_partials(dtype: np.dtype) -> bool:
+    """float16 partials: each chunk rounded once and the chunks summed in
+    float16, which the reference does (exactly, as its own bits)."""
+    return dtype == np.float16
+
+
 @fast(codelets.MatMulPartials)
 def build(k: codelets.MatMulPartials, read, whole: bool = False):
+    if _half_partials(k.out.dtype):
+        return None
     operands, tid = _operands(k, read), k.out.id
     chunks, batch, m, n = k.out.shape
     size = k.lhs.shape[2] // chunks if chunks else 0
@@ -108,7 +116,7 @@ def takes_combined(k: codelets.ReduceCombine) -> bool:
     """Whether this reduction sums a matmul's partials over the chunks as
     build_combined leaves them (the only reader that can)."""
     whole = k.partials.tensor.shape
-    return (k.op == "add" and k.axis == 0 and k.partials.is_whole_tensor
+    return (k.op == "add" and not _half_partials(k.partials.dtype) and k.axis == 0 and k.partials.is_whole_tensor
             and k.partials.shape == (whole[0], int(np.prod(whole[1:], dtype=np.int64))))
 
 
