@@ -101,18 +101,25 @@ def _owners(mapping, intervals: np.ndarray) -> tuple[np.ndarray | None, np.ndarr
     took most of a large program's costing)."""
     lo, hi = intervals[:, 0], intervals[:, 1]
     first = np.searchsorted(mapping.stops, lo, side="right")
-    pieces = np.searchsorted(mapping.starts, hi, side="left") - first
-    single = pieces == 1
+    # Within run `first` alone when it starts before hi and the next
+    # starts at or after hi (a second search only for the others).
+    starts = np.append(mapping.starts, [INT64_MAX, INT64_MAX])
+    single = (starts[first] < hi) & (starts[first + 1] >= hi)
     if single.all():   # each within one run (or no intervals)
         return None, mapping.tiles[first], hi - lo
     one = np.flatnonzero(single)
-    several = np.flatnonzero(pieces > 1)
-    counts = pieces[several]
+    others = np.flatnonzero(~single)
+    pieces = np.searchsorted(mapping.starts, hi[others], side="left") - first[others]
+    several = others[pieces > 1]
+    counts = pieces[pieces > 1]
     held = spans(first[several], first[several] + counts)
     at = np.repeat(several, counts)
     lengths = np.minimum(hi[at], mapping.stops[held]) - np.maximum(lo[at], mapping.starts[held])
     return (np.concatenate([one, at]), np.concatenate([mapping.tiles[first[one]], mapping.tiles[held]]),
             np.concatenate([(hi[one] - lo[one]).astype(lengths.dtype, copy=False), lengths]))
+
+
+INT64_MAX = np.iinfo(np.int64).max
 
 
 # Keys (group x tile) up to which _read_exchange counts by tables over all keys.
@@ -133,10 +140,12 @@ def _read_exchange(num_tiles: int, mapping, intervals, of, readers, groups) -> t
         # What stays on a tile is neither sent nor received: owners send
         # all they hold less it, readers receive all they read less it.
         reader = readers[of]
+        lengths = lengths.astype(np.float64)      # (once: bincount converts its weights)
         local = per_piece(reader) == owners
         kept = np.bincount(owners[local], weights=lengths[local], minlength=num_tiles)
+        read = lengths if index is None else (intervals[:, 1] - intervals[:, 0]).astype(np.float64)
         return (np.bincount(owners, weights=lengths, minlength=num_tiles) - kept,
-                np.bincount(reader, weights=intervals[:, 1] - intervals[:, 0], minlength=num_tiles) - kept)
+                np.bincount(reader, weights=read, minlength=num_tiles) - kept)
     # (A group may read nothing: a kernel block that meets only padding.)
     count = max(int(of.max()) + 1 if len(of) else 0, int(groups.max()) + 1 if len(groups) else 0)
     # Elements of each group held by each tile, keyed group * tiles + tile.
