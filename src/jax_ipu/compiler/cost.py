@@ -101,10 +101,11 @@ def _owners(mapping, intervals: np.ndarray) -> tuple[np.ndarray | None, np.ndarr
     took most of a large program's costing)."""
     lo, hi = intervals[:, 0], intervals[:, 1]
     first = np.searchsorted(mapping.stops, lo, side="right")
-    # Within run `first` alone when it starts before hi and the next
-    # starts at or after hi (a second search only for the others).
-    starts = np.append(mapping.starts, [INT64_MAX, INT64_MAX])
-    single = (starts[first] < hi) & (starts[first + 1] >= hi)
+    # Within run `first` alone when it starts before hi and stops at or
+    # after it (the runs touch: the next starts there); a second search
+    # only for the others.
+    run = np.minimum(first, len(mapping.starts) - 1)
+    single = (first < len(mapping.starts)) & (mapping.starts[run] < hi) & (mapping.stops[run] >= hi)
     if single.all():   # each within one run (or no intervals)
         return None, mapping.tiles[first], hi - lo
     one = np.flatnonzero(single)
@@ -119,11 +120,11 @@ def _owners(mapping, intervals: np.ndarray) -> tuple[np.ndarray | None, np.ndarr
             np.concatenate([(hi[one] - lo[one]).astype(lengths.dtype, copy=False), lengths]))
 
 
-INT64_MAX = np.iinfo(np.int64).max
-
-
-# Keys (group x tile) up to which _read_exchange counts by tables over all keys.
-DENSE_KEYS = 1 << 22
+# Keys (group x tile) up to which _read_exchange counts by tables over all
+# keys, if there are at most DENSE_KEYS_PER_PIECE as many as pieces: a
+# table far larger than the pieces costs more than sorting them.
+DENSE_KEYS = 1 << 16
+DENSE_KEYS_PER_PIECE = 4
 
 
 def _read_exchange(num_tiles: int, mapping, intervals, of, readers, groups) -> tuple[np.ndarray, np.ndarray]:
@@ -153,7 +154,7 @@ def _read_exchange(num_tiles: int, mapping, intervals, of, readers, groups) -> t
     size = np.bincount(of, weights=intervals[:, 1] - intervals[:, 0], minlength=count)
     reader_keys = groups * num_tiles + readers
     per_group = np.bincount(groups, minlength=count)
-    if count * num_tiles <= max(DENSE_KEYS, 4 * len(piece_keys)):
+    if count * num_tiles <= max(DENSE_KEYS, DENSE_KEYS_PER_PIECE * len(piece_keys)):
         # Tables over every key (bincounts), not sorted keys (np.unique's
         # sorts were most of a large program's costing).
         table = count * num_tiles

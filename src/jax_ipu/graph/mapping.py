@@ -15,7 +15,7 @@ class TileMapping:
     by tiles[i]; sorted, touching, covering every element exactly once for a
     valid mapping (graph.validate checks that)."""
 
-    __slots__ = ("size", "tiles", "starts", "stops", "_element_tiles", "_by_tile")
+    __slots__ = ("size", "tiles", "starts", "stops", "_element_tiles", "_by_tile", "_per_tile")
 
     def __init__(self, size: int, tiles, starts, stops):
         self.size = size
@@ -24,6 +24,7 @@ class TileMapping:
         self.stops = np.asarray(stops, dtype=np.int64)
         self._element_tiles = None
         self._by_tile = None
+        self._per_tile = None
 
     @classmethod
     def linear(cls, size: int, num_tiles: int, grain: int = 1, min_elements_per_tile: int = 1,
@@ -87,7 +88,13 @@ class TileMapping:
         self._by_tile = None
 
     def elements_per_tile(self, num_tiles: int) -> np.ndarray:
-        return np.bincount(self.tiles, weights=self.stops - self.starts, minlength=num_tiles).astype(np.int64)
+        """Elements on each of num_tiles tiles (kept: the cost pass asks
+        again for each compute set reading the tensor; not to be written)."""
+        if self._per_tile is None or len(self._per_tile) != num_tiles:
+            per_tile = np.bincount(self.tiles, weights=self.stops - self.starts, minlength=num_tiles).astype(np.int64)
+            per_tile.setflags(write=False)
+            self._per_tile = per_tile
+        return self._per_tile
 
     def tiles_used(self) -> np.ndarray:
         return np.array(list(self._intervals_by_tile()), dtype=np.int64)

@@ -104,12 +104,12 @@ def test_groups_count_as_each_reader_reading_its_group(read, dense):
         s, r = _by_interval(mapping, intervals[mine], np.zeros(int(mine.sum()), np.int64), tiles[[reader]])
         expected_sent += s
         expected_received += r
-    original = cost.DENSE_KEYS
-    cost.DENSE_KEYS = 1 << 22 if dense else 0
+    original = cost.DENSE_KEYS, cost.DENSE_KEYS_PER_PIECE
+    cost.DENSE_KEYS, cost.DENSE_KEYS_PER_PIECE = (1 << 22, 4) if dense else (0, 0)
     try:
         sent, received = cost._read_exchange(TILES, mapping, intervals, of, tiles, group_of)
     finally:
-        cost.DENSE_KEYS = original
+        cost.DENSE_KEYS, cost.DENSE_KEYS_PER_PIECE = original
     np.testing.assert_array_equal(sent, expected_sent)
     np.testing.assert_array_equal(received, expected_received)
 
