@@ -317,7 +317,7 @@ def _kept_in_order(dst, parts: tuple, axis: int, tiles: int) -> np.ndarray | Non
         m = part.tensor.mapping
         if chunk == 0 or not len(m.tiles):
             continue
-        first, last = m.starts // chunk, (m.stops - 1) // chunk
+        first, last = m.starts.astype(np.int64) // chunk, (m.stops.astype(np.int64) - 1) // chunk
         piece = spans(first, last + 1)                    # chunk of each piece
         run = range_index(first, last + 1)
         lo = np.maximum(m.starts[run], piece * chunk)

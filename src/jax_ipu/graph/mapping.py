@@ -10,6 +10,11 @@ def _compact(tiles: np.ndarray) -> type:
     return np.uint16 if tiles.size == 0 or int(tiles.max()) <= np.iinfo(np.uint16).max else np.int64
 
 
+# Tensors of fewer elements than this keep their runs' starts and stops as
+# int32 (sums of two positions still fit).
+INT32_POSITIONS = 1 << 30
+
+
 class TileMapping:
     """Intervals [starts[i], stops[i]) of a tensor's flattened elements held
     by tiles[i]; sorted, touching, covering every element exactly once for a
@@ -19,9 +24,13 @@ class TileMapping:
 
     def __init__(self, size: int, tiles, starts, stops):
         self.size = size
-        self.tiles = np.asarray(tiles, dtype=np.int64)
-        self.starts = np.asarray(starts, dtype=np.int64)
-        self.stops = np.asarray(stops, dtype=np.int64)
+        # int32 where the positions leave int32 room to spare: the runs of a
+        # convolutional network's partials took most of its compile's host
+        # memory as int64.
+        positions = np.int32 if size < INT32_POSITIONS else np.int64
+        self.tiles = np.asarray(tiles, dtype=np.int32)
+        self.starts = np.asarray(starts, dtype=positions)
+        self.stops = np.asarray(stops, dtype=positions)
         self._element_tiles = None
         self._by_tile = None
         self._per_tile = None
