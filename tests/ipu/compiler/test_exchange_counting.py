@@ -5,12 +5,15 @@ and intervals split by owner only where they cross a tile run."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import compile_fn
 from jax_ipu.compiler import cost
-from jax_ipu.graph.compute import Rows
+from jax_ipu.graph.compute import Rows, VertexArray
 from jax_ipu.graph.mapping import TileMapping
+from jax_ipu.graph.programs import leaves
 
 TILES = 16
 
@@ -120,3 +123,30 @@ def test_intervals_across_runs_are_split_by_owner():
     index, owners, lengths = cost._owners(mapping, intervals)
     got = sorted(zip(index.tolist(), owners.tolist(), lengths.tolist(), strict=True))
     assert got == [(0, 3, 5), (1, 3, 5), (1, 3, 5), (1, 5, 30), (2, 7, 5), (3, 3, 0)]
+
+
+def _rows_match_intervals(program) -> int:
+    """Checks every read given as Rows lists the same intervals per vertex
+    as the read itself; the number of such reads."""
+    checked = 0
+    for step in leaves(program.body):
+        vertices = getattr(getattr(step, "compute_set", None), "vertices", None)
+        if not isinstance(vertices, VertexArray):
+            continue
+        for (_, intervals, offsets), rows in zip(vertices.reads, vertices.read_rows, strict=True):
+            if rows is None:
+                continue
+            expanded, of = rows.intervals()
+            for v in range(len(vertices)):
+                listed = intervals[slice(*offsets[v])] if offsets.ndim == 2 else intervals[offsets[v]:offsets[v + 1]]
+                assert sorted(map(tuple, listed.tolist())) == sorted(map(tuple, expanded[of == v].tolist()))
+            checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("shape", [(64, 6, 6, 48), (3, 5, 5, 40), (700, 96)])
+def test_outer_reductions_rows_are_their_read_intervals(shape):
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    program = compile_fn(lambda x: (x.sum(axis=tuple(range(len(shape) - 1))),
+                                    (x * x).mean(axis=tuple(range(len(shape) - 1)))), x)
+    assert _rows_match_intervals(program) >= 1
