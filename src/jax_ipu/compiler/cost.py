@@ -7,7 +7,7 @@ import numpy as np
 
 from jax_ipu import ops_complex
 from jax_ipu.graph import programs as p
-from jax_ipu.graph.compute import VertexArray, range_index, region_groups, spans, vertex_cycles, vertex_tiles
+from jax_ipu.graph.compute import Rows, VertexArray, range_index, region_groups, spans, vertex_cycles, vertex_tiles
 from jax_ipu.graph.programs import CONTROL, Copy, Execute, HostCall, leaves
 from jax_ipu.graph.views import Concat, source_tiles
 from jax_ipu.ops import cycles_per_vector, emulates
@@ -109,18 +109,39 @@ def exchange_cycles(target: Target, sent: np.ndarray, received: np.ndarray) -> i
 
 
 def _owners(mapping, intervals: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
-    """Splits read intervals by the tiles that hold them: (pieces per read
-    interval, or None when each lies within one run; then per piece, in
-    interval order, the owning tile and element count)."""
-    first = np.searchsorted(mapping.stops, intervals[:, 0], side="right")
-    last = np.searchsorted(mapping.starts, intervals[:, 1], side="left")
-    pieces = np.maximum(last - first, 0)
-    if len(intervals) and pieces.min() == 1 and pieces.max() == 1:   # each within one run
-        return None, mapping.tiles[first], intervals[:, 1] - intervals[:, 0]
-    held = spans(first, first + pieces)
-    lengths = (np.minimum(np.repeat(intervals[:, 1], pieces), mapping.stops[held])
-               - np.maximum(np.repeat(intervals[:, 0], pieces), mapping.starts[held]))
-    return pieces, mapping.tiles[held], lengths
+    """Splits read intervals by the tiles that hold them: (the read
+    interval of each piece, or None when each lies within one run and is
+    its own piece; then per piece the owning tile and element count).
+    Pieces come in no particular order: the intervals within one run
+    first (nearly all of a convolution's or a reduction's rows), then the
+    pieces of those across runs, split apart (splitting every interval
+    took most of a large program's costing)."""
+    lo, hi = intervals[:, 0], intervals[:, 1]
+    first = np.searchsorted(mapping.stops, lo, side="right")
+    # Within run `first` alone when it starts before hi and stops at or
+    # after it (the runs touch: the next starts there); a second search
+    # only for the others.
+    run = np.minimum(first, len(mapping.starts) - 1)
+    single = (first < len(mapping.starts)) & (mapping.starts[run] < hi) & (mapping.stops[run] >= hi)
+    if single.all():   # each within one run (or no intervals)
+        return None, mapping.tiles[first], hi - lo
+    one = np.flatnonzero(single)
+    others = np.flatnonzero(~single)
+    pieces = np.searchsorted(mapping.starts, hi[others], side="left") - first[others]
+    several = others[pieces > 1]
+    counts = pieces[pieces > 1]
+    held = spans(first[several], first[several] + counts)
+    at = np.repeat(several, counts)
+    lengths = np.minimum(hi[at], mapping.stops[held]) - np.maximum(lo[at], mapping.starts[held])
+    return (np.concatenate([one, at]), np.concatenate([mapping.tiles[first[one]], mapping.tiles[held]]),
+            np.concatenate([(hi[one] - lo[one]).astype(lengths.dtype, copy=False), lengths]))
+
+
+# Keys (group x tile) up to which _read_exchange counts by tables over all
+# keys, if there are at most DENSE_KEYS_PER_PIECE as many as pieces: a
+# table far larger than the pieces costs more than sorting them.
+DENSE_KEYS = 1 << 16
+DENSE_KEYS_PER_PIECE = 4
 
 
 def _read_exchange(num_tiles: int, mapping, intervals, of, readers, groups) -> tuple[np.ndarray, np.ndarray]:
@@ -129,36 +150,79 @@ def _read_exchange(num_tiles: int, mapping, intervals, of, readers, groups) -> t
     their groups (see VertexArray.region_groups). A reader receives what
     its tile does not hold; an owner sends its piece to each reader on
     another tile. A group read by several vertices is split by owner once."""
-    pieces, owners, lengths = _owners(mapping, intervals)
+    index, owners, lengths = _owners(mapping, intervals)
 
     def per_piece(values):
-        return values if pieces is None else np.repeat(values, pieces)
+        return values if index is None else values[index]
     if np.array_equal(groups, np.arange(len(groups))):   # each vertex its own intervals
         # What stays on a tile is neither sent nor received: owners send
         # all they hold less it, readers receive all they read less it.
         reader = readers[of]
+        lengths = lengths.astype(np.float64)      # (once: bincount converts its weights)
         local = per_piece(reader) == owners
         kept = np.bincount(owners[local], weights=lengths[local], minlength=num_tiles)
+        read = lengths if index is None else (intervals[:, 1] - intervals[:, 0]).astype(np.float64)
         return (np.bincount(owners, weights=lengths, minlength=num_tiles) - kept,
-                np.bincount(reader, weights=intervals[:, 1] - intervals[:, 0], minlength=num_tiles) - kept)
+                np.bincount(reader, weights=read, minlength=num_tiles) - kept)
     # (A group may read nothing: a kernel block that meets only padding.)
     count = max(int(of.max()) + 1 if len(of) else 0, int(groups.max()) + 1 if len(groups) else 0)
     # Elements of each group held by each tile, keyed group * tiles + tile.
-    keys, at = np.unique(per_piece(of) * num_tiles + owners, return_inverse=True)
-    held = np.bincount(at.ravel(), weights=lengths, minlength=len(keys))
+    piece_keys = per_piece(of) * num_tiles + owners
     size = np.bincount(of, weights=intervals[:, 1] - intervals[:, 0], minlength=count)
+    reader_keys = groups * num_tiles + readers
+    per_group = np.bincount(groups, minlength=count)
+    if count * num_tiles <= max(DENSE_KEYS, DENSE_KEYS_PER_PIECE * len(piece_keys)):
+        # Tables over every key (bincounts), not sorted keys (np.unique's
+        # sorts were most of a large program's costing).
+        table = count * num_tiles
+        keys = np.flatnonzero(np.bincount(piece_keys, minlength=table))
+        held_by_key = np.bincount(piece_keys, weights=lengths, minlength=table)
+        held = held_by_key[keys]
+        received = np.bincount(readers, weights=size[groups] - held_by_key[reader_keys], minlength=num_tiles)
+        others = per_group[keys // num_tiles] - np.bincount(reader_keys, minlength=table)[keys]
+        return np.bincount(keys % num_tiles, weights=held * others, minlength=num_tiles), received
+    keys, at = np.unique(piece_keys, return_inverse=True)
+    held = np.bincount(at.ravel(), weights=lengths, minlength=len(keys))
 
     def lookup(table, values, wanted):
         if not len(table):
             return np.zeros(len(wanted))
         i = np.minimum(np.searchsorted(table, wanted), len(table) - 1)
         return np.where(table[i] == wanted, values[i], 0)
-    reader_keys = groups * num_tiles + readers
     received = np.bincount(readers, weights=size[groups] - lookup(keys, held, reader_keys), minlength=num_tiles)
-    per_group = np.bincount(groups, minlength=count)
     pairs, pair_counts = np.unique(reader_keys, return_counts=True)
     others = per_group[keys // num_tiles] - lookup(pairs, pair_counts, keys)
     return np.bincount(keys % num_tiles, weights=held * others, minlength=num_tiles), received
+
+
+def _rows_exchange(num_tiles: int, mapping, rows: Rows, tiles: np.ndarray):
+    """_read_exchange of a read whose vertices each read their own
+    intervals, given as Rows: per group and tile run it meets, the
+    elements of the group's rows within the run (counted from the rows'
+    pattern, not row by row). None when the groups meet more runs than
+    they have rows (then per interval)."""
+    count = rows.count
+    end = rows.base + (count - 1) * rows.stride + rows.width
+    first = np.searchsorted(mapping.stops, rows.base, side="right")
+    last = np.searchsorted(mapping.starts, end, side="left")
+    met = np.maximum(last - first, 0)
+    if met.sum() > count.sum():
+        return None
+    run, g = spans(first, first + met), range_index(first, first + met)
+    base, stride, width, count = rows.base[g], rows.stride[g], rows.width[g], count[g]
+
+    def below(x):
+        """Elements of group g's rows before position x."""
+        offset = x - base
+        row = offset // stride
+        whole = np.clip(row, 0, count) * width
+        return whole + np.where((row >= 0) & (row < count), np.clip(offset - row * stride, 0, width), 0)
+    lengths = below(np.minimum(mapping.stops[run], end[g])) - below(np.maximum(mapping.starts[run], rows.base[g]))
+    owners, reader = mapping.tiles[run], tiles[rows.vertex]
+    local = reader[g] == owners
+    kept = np.bincount(owners[local], weights=lengths[local], minlength=num_tiles)
+    return (np.bincount(owners, weights=lengths, minlength=num_tiles) - kept,
+            np.bincount(reader, weights=rows.count * rows.width, minlength=num_tiles) - kept)
 
 
 def _region_exchanges(num_tiles: int, vertices, tiles: np.ndarray, memo: dict):
@@ -170,14 +234,16 @@ def _region_exchanges(num_tiles: int, vertices, tiles: np.ndarray, memo: dict):
         for tensor, intervals, of, readers, groups in region_groups(vertices, "reads"):
             yield tensor, *_read_exchange(num_tiles, tensor.mapping, intervals, of, tiles[readers], groups)
         return
-    for region in vertices.reads:
+    for region, rows in zip(vertices.reads, vertices.read_rows, strict=True):
         tensor, intervals, offsets = region
         key = (id(tensor.mapping), id(intervals), id(offsets), id(tiles))
         if key not in memo:
-            _, grouped, of, readers, groups = vertices.grouped(region)
+            counted = None if rows is None else _rows_exchange(num_tiles, tensor.mapping, rows, tiles)
+            if counted is None:
+                _, grouped, of, readers, groups = vertices.grouped(region)
+                counted = _read_exchange(num_tiles, tensor.mapping, grouped, of, tiles[readers], groups)
             # The objects are kept with the result, so their ids stay theirs.
-            memo[key] = (tensor.mapping, intervals, offsets, tiles), \
-                _read_exchange(num_tiles, tensor.mapping, grouped, of, tiles[readers], groups)
+            memo[key] = (tensor.mapping, intervals, offsets, tiles), counted
         yield tensor, *memo[key][1]
 
 
@@ -268,14 +334,14 @@ def _kept_in_order(dst, parts: tuple, axis: int, tiles: int) -> np.ndarray | Non
         m = part.tensor.mapping
         if chunk == 0 or not len(m.tiles):
             continue
-        first, last = m.starts // chunk, (m.stops - 1) // chunk
+        first, last = m.starts.astype(np.int64) // chunk, (m.stops.astype(np.int64) - 1) // chunk
         piece = spans(first, last + 1)                    # chunk of each piece
         run = range_index(first, last + 1)
         lo = np.maximum(m.starts[run], piece * chunk)
         hi = np.minimum(m.stops[run], (piece + 1) * chunk)
         at = piece * row + offset - piece * chunk         # destination of part position 0 of the chunk
-        pieces, owners, lengths = _owners(dst.mapping, np.stack([lo + at, hi + at], axis=1))
-        holder = m.tiles[run] if pieces is None else np.repeat(m.tiles[run], pieces)
+        index, owners, lengths = _owners(dst.mapping, np.stack([lo + at, hi + at], axis=1))
+        holder = m.tiles[run] if index is None else m.tiles[run][index]
         same = holder == owners
         kept += np.bincount(owners[same], weights=lengths[same], minlength=tiles).astype(np.int64)
         offset += chunk

@@ -79,6 +79,32 @@ class _Compact:
         return self.done[key][1]
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Rows:
+    """A read's intervals as rows (arrays over groups g): vertex[g] reads
+    base[g] + i * stride[g] + [0, width[g]) for each i < count[g], with
+    width <= stride. What a VertexArray's read names as intervals, told
+    the compiler's cost pass in this form too, which counts exchange per
+    tile run a group meets, not per interval (an outer reduction's
+    vertices read a row per batch and field position: tens of millions of
+    intervals in a convolutional network's step)."""
+    vertex: np.ndarray
+    base: np.ndarray
+    width: np.ndarray
+    stride: np.ndarray
+    count: np.ndarray
+
+    def intervals(self) -> tuple[np.ndarray, np.ndarray]:
+        """(intervals [k, 2], the vertex of each): the rows listed."""
+        base = np.repeat(self.base, self.count) + _row_steps(self.count, self.stride)
+        return np.stack([base, base + np.repeat(self.width, self.count)], axis=1), np.repeat(self.vertex, self.count)
+
+
+def _row_steps(count: np.ndarray, stride: np.ndarray) -> np.ndarray:
+    """i * stride of each row i < count of each group, one group after another."""
+    return spans(np.zeros(len(count), np.int64), count) * np.repeat(stride, count)
+
+
 class VertexArray(Sequence):
     """The vertices of one codelet in a compute set, as arrays over the
     vertices (Poplar's graphs are built so, from regular mappings): tile
@@ -92,16 +118,18 @@ class VertexArray(Sequence):
     The compiler's passes read the arrays; indexing or iterating makes
     Vertex objects (validation, profiles). A compiled convolutional
     network holds millions of vertices: as Python objects they would cost
-    most of its compile."""
+    most of its compile. read_rows: per read, its intervals as Rows (or
+    None), for the cost pass; not part of the program (not serialized)."""
 
     def __init__(self, codelet: str, tiles: np.ndarray, cycles: np.ndarray,
-                 reads: tuple = (), writes: tuple = ()):
+                 reads: tuple = (), writes: tuple = (), read_rows: tuple = ()):
         self.codelet = codelet
         self.tiles = np.asarray(tiles, dtype=np.int64)
         self.cycles = np.asarray(cycles, dtype=np.int64)
         compact = _Compact()
         self.reads = tuple((t, compact(iv), off) for t, iv, off in reads)   # offsets [v + 1] or [v, 2]
         self.writes = tuple((t, compact(iv), off) for t, iv, off in writes)
+        self.read_rows = tuple(read_rows) + (None,) * (len(self.reads) - len(read_rows))
 
     def __len__(self) -> int:
         return len(self.tiles)

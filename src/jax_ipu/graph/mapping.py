@@ -10,20 +10,30 @@ def _compact(tiles: np.ndarray) -> type:
     return np.uint16 if tiles.size == 0 or int(tiles.max()) <= np.iinfo(np.uint16).max else np.int64
 
 
+# Tensors of fewer elements than this keep their runs' starts and stops as
+# int32 (sums of two positions still fit).
+INT32_POSITIONS = 1 << 30
+
+
 class TileMapping:
     """Intervals [starts[i], stops[i]) of a tensor's flattened elements held
     by tiles[i]; sorted, touching, covering every element exactly once for a
     valid mapping (graph.validate checks that)."""
 
-    __slots__ = ("size", "tiles", "starts", "stops", "_element_tiles", "_by_tile")
+    __slots__ = ("size", "tiles", "starts", "stops", "_element_tiles", "_by_tile", "_per_tile")
 
     def __init__(self, size: int, tiles, starts, stops):
         self.size = size
-        self.tiles = np.asarray(tiles, dtype=np.int64)
-        self.starts = np.asarray(starts, dtype=np.int64)
-        self.stops = np.asarray(stops, dtype=np.int64)
+        # int32 where the positions leave int32 room to spare: the runs of a
+        # convolutional network's partials took most of its compile's host
+        # memory as int64.
+        positions = np.int32 if size < INT32_POSITIONS else np.int64
+        self.tiles = np.asarray(tiles, dtype=np.int32)
+        self.starts = np.asarray(starts, dtype=positions)
+        self.stops = np.asarray(stops, dtype=positions)
         self._element_tiles = None
         self._by_tile = None
+        self._per_tile = None
 
     @classmethod
     def linear(cls, size: int, num_tiles: int, grain: int = 1, min_elements_per_tile: int = 1,
@@ -87,7 +97,13 @@ class TileMapping:
         self._by_tile = None
 
     def elements_per_tile(self, num_tiles: int) -> np.ndarray:
-        return np.bincount(self.tiles, weights=self.stops - self.starts, minlength=num_tiles).astype(np.int64)
+        """Elements on each of num_tiles tiles (kept: the cost pass asks
+        again for each compute set reading the tensor; not to be written)."""
+        if self._per_tile is None or len(self._per_tile) != num_tiles:
+            per_tile = np.bincount(self.tiles, weights=self.stops - self.starts, minlength=num_tiles).astype(np.int64)
+            per_tile.setflags(write=False)
+            self._per_tile = per_tile
+        return self._per_tile
 
     def tiles_used(self) -> np.ndarray:
         return np.array(list(self._intervals_by_tile()), dtype=np.int64)

@@ -600,8 +600,10 @@ class _Encoder:
                 raise ProgramFormatError(f"{t} has a mapping of {m.size} elements")
         # The mappings are deferred: running never reads them.
         return {"meta": meta, "runs": self.arrays.add(np.asarray(runs, np.int64)),
-                "tiles": self.arrays.add(np.concatenate(tiles) if tiles else np.zeros(0, np.int64), True),
-                "starts": self.arrays.add(np.concatenate(starts) if starts else np.zeros(0, np.int64), True)}
+                "tiles": self.arrays.add(np.concatenate(tiles, dtype=np.int64) if tiles else np.zeros(0, np.int64),
+                                         True),
+                "starts": self.arrays.add(np.concatenate(starts, dtype=np.int64) if starts else np.zeros(0, np.int64),
+                                          True)}
 
     def vertex_table(self) -> dict:
         """The vertices of all compute sets as columns, deferred but for
@@ -1099,7 +1101,7 @@ class _LoadedMapping(TileMapping):
 
     def __init__(self, size: int, columns: _MappingColumns, first: int, last: int, where: str):
         self.size, self._columns, self._span, self._where = size, columns, (first, last), where
-        self._runs, self._element_tiles, self._by_tile = None, None, None
+        self._runs, self._element_tiles, self._by_tile, self._per_tile = None, None, None, None
 
     def _decoded(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self._runs is None:

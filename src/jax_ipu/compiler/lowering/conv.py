@@ -384,6 +384,9 @@ def rect_intervals(sizes, lows: np.ndarray, highs: np.ndarray) -> tuple[np.ndarr
         made.append((members, base[:, None] + combos[None, :], int(shape[j] * strides[j])))
         counts[members] = len(combos)
     offsets = np.r_[0, np.cumsum(counts)]
+    if len(made) == 1 and made[0][1].shape[1]:     # boxes of one shape (members in order): no scatter
+        starts = made[0][1].ravel()
+        return np.stack([starts, starts + made[0][2]], axis=1), offsets
     intervals = np.zeros((int(offsets[-1]), 2), np.int64)
     for members, starts, length in made:
         if starts.shape[1] == 0:
@@ -422,7 +425,9 @@ def _vertices(b: Builder, c: _Conv, plan: ConvPlan, lhs_axes: list, rhs_axes: li
     def shared(key_axes, intervals_of):
         """Intervals of each distinct key (the vertex's blocks along
         key_axes), and each vertex's [start, stop) among them."""
-        _, first, inverse = np.unique(index[:, key_axes], axis=0, return_index=True, return_inverse=True)
+        # (Keys as one number each: np.unique over rows sorts them as records, slowly.)
+        keys = np.ravel_multi_index(index[:, key_axes].T, [counts[a] for a in key_axes])
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
         intervals, offsets = intervals_of(first)
         inverse = inverse.ravel()
         return intervals, np.stack([offsets[inverse], offsets[inverse + 1]], axis=1)
@@ -430,8 +435,13 @@ def _vertices(b: Builder, c: _Conv, plan: ConvPlan, lhs_axes: list, rhs_axes: li
     def input_regions(rows):
         bounds = {"g": (lo[:, g_at], hi[:, g_at]), "n": (lo[:, n_at], hi[:, n_at]),
                   "c": (lo[:, ci_at], hi[:, ci_at])}
-        touched = [[_touched(c.spec[d], c.in_sizes[d], lo[v, o_at + d], hi[v, o_at + d], lo[v, k_at + d],
-                             hi[v, k_at + d]) for v in rows] for d in range(spatial)]
+        touched = []
+        for d in range(spatial):     # (once per distinct output and kernel block: a few per axis)
+            blocks = {}
+            touched.append([blocks[key] if key in blocks else blocks.setdefault(
+                key, _touched(c.spec[d], c.in_sizes[d], *key))
+                for key in zip(lo[rows, o_at + d].tolist(), hi[rows, o_at + d].tolist(),
+                               lo[rows, k_at + d].tolist(), hi[rows, k_at + d].tolist(), strict=True)])
         if all(len(t) == 0 or t[-1] - t[0] + 1 == len(t) for per in touched for t in per):
             # Each region a box (a contiguous run of input along each axis).
             for d in range(spatial):

@@ -21,7 +21,7 @@ from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.compiler.planners.mapping import MIN_BYTES_PER_TILE, spread
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
-from jax_ipu.graph.compute import VertexArray
+from jax_ipu.graph.compute import Rows, VertexArray
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View
@@ -151,14 +151,16 @@ def _as_intervals(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return out
 
 
-def _outer_reads_by_tile(mapping: TileMapping, chunks: int, size: int, kept: int) -> tuple[np.ndarray, np.ndarray]:
+def _outer_reads_by_tile(mapping: TileMapping, chunks: int, size: int, kept: int,
+                         with_rows: bool = False) -> tuple:
     """The intervals of the [chunks, size, kept] input behind each tile's
     elements of the partials [kept, chunks], as a VertexArray holds them
     (intervals in ascending tile order, offsets [tiles + 1]; the tiles of
     Builder.by_tile(mapping)): for each chunk j and run of outputs [o0, o1)
     on the tile, that run in each of the chunk's `size` rows, ascending.
     All tiles at once (one call per tile, or a Vertex object per tile, took
-    seconds of a convolutional network's compile)."""
+    seconds of a convolutional network's compile). with_rows: also the same
+    intervals as Rows (for the cost pass)."""
     lengths = mapping.stops - mapping.starts
     e = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths - mapping.starts, lengths)
     tile = np.repeat(mapping.tiles, lengths)
@@ -170,6 +172,10 @@ def _outer_reads_by_tile(mapping: TileMapping, chunks: int, size: int, kept: int
     at = np.flatnonzero(first)
     last = np.append(at[1:], len(o)) - 1
     starts, ends, j, tile = o[at], o[last] + 1, j[at], tile[at]
+    groups = None
+    if with_rows:
+        groups = Rows(np.searchsorted(np.unique(mapping.tiles), tile), j * size * kept + starts, ends - starts,
+                      np.full(len(tile), kept, np.int64), np.full(len(tile), size, np.int64))
     rows = (j[:, None] * size + np.arange(size)) * kept             # [runs, size]
     lo, hi = (rows + starts[:, None]).ravel(), (rows + ends[:, None]).ravel()
     several = len(tile) > 1 and (tile[1:] == tile[:-1]).any()       # else a tile's rows ascend already
@@ -178,7 +184,8 @@ def _outer_reads_by_tile(mapping: TileMapping, chunks: int, size: int, kept: int
         order = np.lexsort((lo, tile))
         lo, hi, tile = lo[order], hi[order], tile[order]
     cuts = np.flatnonzero(tile[1:] != tile[:-1]) + 1
-    return _as_intervals(lo, hi), np.r_[0, cuts, len(tile)] if len(tile) else np.zeros(1, np.int64)
+    out = _as_intervals(lo, hi), np.r_[0, cuts, len(tile)] if len(tile) else np.zeros(1, np.int64)
+    return (*out, groups) if groups is not None else out
 
 
 def _init_source(lowered) -> View | np.ndarray:
@@ -276,13 +283,13 @@ def reduce(b: Builder, op: ir.Op) -> None:
     tiles, intervals, offsets, counts = b.by_tile(outs[0].mapping)
     one = b.one_element(len(tiles))
     # Each output's partials: a column of the outer [chunks, kept], else a row of [kept, chunks].
-    reads = [(p, *(_outer_reads_by_tile(outs[0].mapping, 1, chunks, kept) if outer
-                   else (intervals * chunks, offsets))) for p in partials]
+    column = _outer_reads_by_tile(outs[0].mapping, 1, chunks, kept, with_rows=True) if outer else None
+    reads = [(p, *(column[:2] if outer else (intervals * chunks, offsets))) for p in partials]
     reads += [(i.tensor, *one) for i in init_sources if isinstance(i, View)]
     vertices = VertexArray(
         codelet, tiles,
         b.cycles_by_count(counts, lambda n: cost.reduce_cycles(b.target, n * chunks * per_element, accs[0])),
-        tuple(reads), tuple((o, intervals, offsets) for o in outs))
+        tuple(reads), tuple((o, intervals, offsets) for o in outs), (column[2],) if outer else ())
     kernel = (codelets.ReduceCombine(View(partials[0]), 0 if outer else 1, single, init_sources[0], outs[0])
               if single else
               codelets.TreeReduce(tuple(View(p) for p in partials), 1, program, results,
@@ -326,15 +333,19 @@ def _outer_partials(b: Builder, op: ir.Op, x: View, single: str, codelet: str, c
     partials = b.tensor(f"{name_of(op)}/partials", (chunks, kept), acc, TileMapping.from_runs(chunks * kept, tiles, starts))
     vertex_widths = np.tile(widths, chunks)
     writes = np.stack([starts, starts + vertex_widths], axis=1)
+    read_rows = ()
     if groups == 1:
         reads, read_offsets = np.stack([block, block + size * kept], axis=1), np.arange(chunks + 1)
     else:
         rows = (block[:, None] + np.arange(size) * kept).ravel()           # each row's part of the block
         reads = np.stack([rows, rows + np.repeat(vertex_widths, size)], axis=1)
         read_offsets = np.arange(chunks * groups + 1) * size
+        vertices = chunks * groups
+        read_rows = (Rows(np.arange(vertices), block, vertex_widths, np.full(vertices, kept, np.int64),
+                          np.full(vertices, size, np.int64)),)
     cycles = b.cycles_by_count(vertex_widths, lambda n: cost.reduce_cycles(target, size * n, x.dtype))
     vertices = VertexArray(codelet, tiles, cycles, ((x.tensor, reads, read_offsets),),
-                           ((partials, writes, np.arange(chunks * groups + 1)),))
+                           ((partials, writes, np.arange(chunks * groups + 1)),), read_rows)
     b.execute(f"reduce {single} {name_of(op)} partials", codelets.ReducePartials(x, single, partials, True), vertices)
     return partials
 
@@ -350,13 +361,13 @@ def _single_stage(b: Builder, op: ir.Op, x: View, single: str, init, dtype: np.d
     out = b.tensor(name_of(op), (kept,), dtype, _spread_mapping(b, kept, size, x.dtype, dtype))
     codelet = f"Reduce<{single},{dtype.name}>"
     tiles, intervals, offsets, counts = b.by_tile(out.mapping)
-    reads = [(x.tensor, *(_outer_reads_by_tile(out.mapping, 1, size, kept) if outer
-                          else (intervals * size, offsets)))]
+    column = _outer_reads_by_tile(out.mapping, 1, size, kept, with_rows=True) if outer else None
+    reads = [(x.tensor, *(column[:2] if outer else (intervals * size, offsets)))]
     if isinstance(init, View):
         reads.append((init.tensor, *b.one_element(len(tiles))))
     vertices = VertexArray(codelet, tiles,
                            b.cycles_by_count(counts, lambda n: cost.reduce_cycles(b.target, n * size, dtype)),
-                           tuple(reads), ((out, intervals, offsets),))
+                           tuple(reads), ((out, intervals, offsets),), (column[2],) if outer else ())
     b.execute(f"reduce {single} {name_of(op)}", codelets.ReducePartials(x, single, out, outer, init), vertices)
     b.flops += kept * size
     b.values[op.results[0]] = View(out).then("reshape", op.results[0].type.shape)
