@@ -54,7 +54,7 @@ def _rewritten(op: ir.Op) -> list[ir.Op]:
         size, (lo, _) = lhs_t.shape[dn.input_spatial_dimensions[d]], pads[d]
         outs = out_t.shape[dn.output_spatial_dimensions[d]]
         # Input element i is read by output i * ld + lo alone.
-        first = max(0, -(-(-lo) // ld))
+        first = max(0, -(lo // ld))          # ceil(-lo / ld)
         stop = min(size, (outs - 1 - lo) // ld + 1)
         if stop <= first:
             continue          # no output reads input: left as it is
