@@ -81,6 +81,9 @@ class ResNet50(nn.Module):
     dtype: Dtype = jnp.float32
     remat: bool = False     # recompute each bottleneck block's activations in the backward pass
     width: int = 64         # the first stage's filters (each stage doubles them)
+    # For resnet50_remat_bound_bytes: stop after this block (counting from
+    # 0), not recomputed, and return its output summed (no head).
+    until: int = -1
 
     @nn.compact
     def __call__(self, x, train: bool):
@@ -91,9 +94,15 @@ class ResNet50(nn.Module):
         x = nn.Conv(self.width, (7, 7), (2, 2), padding=[(3, 3), (3, 3)], use_bias=False, dtype=self.dtype)(x)
         x = nn.relu(nn.BatchNorm(use_running_average=not train, momentum=0.9, dtype=self.dtype)(x))
         x = nn.max_pool(x, (3, 3), (2, 2), padding="SAME")
+        k = 0
         for i, blocks in enumerate(self.stages):
             for j in range(blocks):
-                x = block(self.width * 2 ** i, 2 if i > 0 and j == 0 else 1, self.dtype)(x, train)
+                last = k == self.until
+                x = (Bottleneck if last else block)(self.width * 2 ** i, 2 if i > 0 and j == 0 else 1,
+                                                    self.dtype)(x, train)
+                if last:
+                    return x.astype(jnp.float32).sum()
+                k += 1
         x = jnp.mean(x, axis=(1, 2))
         return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
 
@@ -214,12 +223,58 @@ def resnet50_saved_bytes(batch: int, dtype: str, remat: bool, image: int = 224, 
     its forward pass for its backward pass (jax's saved_residuals of the
     loss, the parameters themselves left out: they are arguments): what
     any plan must keep at the step's peak, the activations' lower bound."""
+    loss_fn, _, _, variables, x, y = resnet50_parts(batch, DTYPES[dtype], image, remat=remat,
+                                                    param_dtype=DTYPES[params])
+    return _saved_bytes(loss_fn, variables, x, y)
+
+
+def _saved_bytes(loss_fn, variables, x, y) -> int:
     from jax._src.ad_checkpoint import saved_residuals
-    dt = jnp.float16 if dtype == "f16" else jnp.float32
-    loss_fn, _, _, variables, x, y = resnet50_parts(batch, dt, image, remat=remat, param_dtype=DTYPES[params])
     saved = saved_residuals(lambda p, s, x, y: loss_fn(p, s, x, y)[0], variables["params"],
                             variables["batch_stats"], x, y)
     return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a, why in saved if "argument" not in why)
+
+
+def resnet50_remat_bounds(batch: int, dtype, image: int = 224, classes: int = 1000,
+                          stages: Sequence[int] = (3, 4, 6, 3), width: int = 64,
+                          param_dtype=jnp.float32) -> list[int]:
+    """What the backward pass of ResNet-50 with each block under nn.remat
+    keeps at least while it goes back through each block k: what the
+    forward pass saved before block k (the stem's residuals, the earlier
+    blocks' inputs) and block k's own residuals, recomputed: the saved
+    residuals of the network cut after block k, that block not recomputed
+    (one figure per block, then the whole network's). Their most is a lower
+    bound of the backward pass's peak; resnet50_saved_bytes(remat=True)
+    counts the blocks' inputs only, not the recomputed block's own.
+    Traced from shapes (nothing is initialised or compiled)."""
+    x = jax.ShapeDtypeStruct((batch, image, image, 3), jnp.float32)
+    y = jax.ShapeDtypeStruct((batch,), jnp.int32)
+
+    def saved(until):
+        model = ResNet50(stages=tuple(stages), dtype=dtype, num_classes=classes, remat=True, width=width,
+                         until=until)
+        variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, image, image, 3)),
+                                                      False))
+        params = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, param_dtype), variables["params"])
+
+        def loss_fn(params, stats, x, y):
+            out, updates = model.apply({"params": params, "batch_stats": stats}, x.astype(dtype), True,
+                                       mutable=["batch_stats"])
+            if until < 0:
+                out = optax.softmax_cross_entropy_with_integer_labels(out, y).mean()
+            return out, updates
+        return _saved_bytes(loss_fn, {"params": params, "batch_stats": variables["batch_stats"]}, x, y)
+    return [saved(k) for k in [*range(sum(stages)), -1]]
+
+
+def remat_bound_per_image(batch: int, dtype, image: int = 224, classes: int = 1000,
+                          stages: Sequence[int] = (3, 4, 6, 3), width: int = 64,
+                          param_dtype=jnp.float32) -> float:
+    """The most over the blocks of resnet50_remat_bounds' growth an image
+    from batch 1 to `batch` (at least 2): the weights' float16 copies and
+    other per-step tensors left out."""
+    one, more = (resnet50_remat_bounds(n, dtype, image, classes, stages, width, param_dtype) for n in (1, batch))
+    return max((b - a) / (batch - 1) for a, b in zip(one, more, strict=True))
 
 
 def resnet50_train(batch: int, dtype, image: int = 224, classes: int = 1000, remat: bool = False,
