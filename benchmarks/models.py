@@ -12,6 +12,8 @@ default ipu2 and for XLA:CPU in the same process, one program per run:
         --partials half --amp 0.15      (Graphcore's MLPerf settings)
     python benchmarks/models.py --model bert-large-128 --mode train --dtype f16 --partials half
         (the busiest pipeline stage of Graphcore's BERT-Large phase 1: models_zoo.STAGES)
+    python benchmarks/models.py --model resnet50 --mode train --dtype f16 --params f16 --batch 20 --remat
+        (16.16: float16 parameters and optimiser state, as Graphcore trained)
     (--steps 0 skips running the step; --json prints the figures as JSON;
      --tiles T compiles for a T-tile ipu2; --image and --length shrink inputs;
      --remat recomputes each ResNet-50 bottleneck block in the backward
@@ -149,6 +151,9 @@ def main():
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--remat", action="store_true",
                         help="ResNet-50: each bottleneck block under nn.remat (activation checkpointing)")
+    parser.add_argument("--params", choices=["f32", "f16"], default="f32",
+                        help="ResNet-50 training: the parameters' and optimiser state's type (f16 with "
+                             "--dtype f16: Graphcore's 16.16; default f32, master weights)")
     parser.add_argument("--partials", choices=["float", "half"], default="float",
                         help="the partials_type compiler option (Poplar's partialsType)")
     parser.add_argument("--amp", type=float, default=None,
@@ -163,12 +168,13 @@ def main():
         os.environ["JAX_IPU_MODEL_NUM_TILES"] = str(args.tiles)
     instrument()
     f, host_args, samples = models_zoo.program(args.model, args.mode, args.dtype, args.batch, args.length,
-                                               args.image, args.remat)
+                                               args.image, args.remat, args.params)
     # On the host, so that each device_put copies (a CPU array put on the
     # CPU is itself, and donating it would delete the benchmark's input).
     host_args = jax.tree.map(np.asarray, host_args)
     ipu, cpu = jax.devices("ipu")[0], jax.devices("cpu")[0]
-    label = (f"{args.model} {args.mode} {args.dtype} batch {args.batch}{' remat' if args.remat else ''}"
+    label = (f"{args.model} {args.mode} {args.dtype}{' params f16' if args.params == 'f16' else ''} "
+             f"batch {args.batch}{' remat' if args.remat else ''}"
              f"{' half partials' if args.partials == 'half' else ''}"
              f"{f' available_memory_proportion {args.amp}' if args.amp is not None else ''}")
 
@@ -249,8 +255,8 @@ def main():
     if args.model == "resnet50" and args.mode == "train":
         # Per image: over batch 1's (which holds what does not grow with the
         # batch: float16 copies of the weights, for one).
-        saved = models_zoo.resnet50_saved_bytes(args.batch, args.dtype, args.remat, args.image)
-        one = models_zoo.resnet50_saved_bytes(1, args.dtype, args.remat, args.image)
+        saved = models_zoo.resnet50_saved_bytes(args.batch, args.dtype, args.remat, args.image, args.params)
+        one = models_zoo.resnet50_saved_bytes(1, args.dtype, args.remat, args.image, args.params)
         per_image = (saved - one) / (args.batch - 1) if args.batch > 1 else float(saved)
         r["saved_residual_bytes"], r["saved_residual_bytes_per_image"] = saved, per_image
         temporaries = r["by_category"]["temporaries (sum of tile peaks)"]

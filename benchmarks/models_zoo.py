@@ -5,6 +5,10 @@ weights) and a static loss scale.
 
 - ResNet-50 (He et al. 2015, v1.5 strides as in Flax's ImageNet example):
   bottleneck blocks [3, 4, 6, 3], BatchNorm, 1000 classes, 224x224x3 NHWC.
+  Besides float32 and mixed precision, float16 parameters and optimiser
+  state (Graphcore's "16.16": the parameters cast to float16 after
+  initialisation, so the gradients and the momentum are float16 too; the
+  BatchNorm running statistics stay float32).
 - BERT-base encoder: 12 layers, 768 wide, 12 heads, MLP 3072, 30,522-word
   vocabulary, learned positions, post-LayerNorm, GELU.
 - A ResNet-18-style CIFAR network (basic blocks, 32 to 256 channels,
@@ -77,6 +81,9 @@ class ResNet50(nn.Module):
     dtype: Dtype = jnp.float32
     remat: bool = False     # recompute each bottleneck block's activations in the backward pass
     width: int = 64         # the first stage's filters (each stage doubles them)
+    # For resnet50_remat_bound_bytes: stop after this block (counting from
+    # 0), not recomputed, and return its output summed (no head).
+    until: int = -1
 
     @nn.compact
     def __call__(self, x, train: bool):
@@ -87,9 +94,15 @@ class ResNet50(nn.Module):
         x = nn.Conv(self.width, (7, 7), (2, 2), padding=[(3, 3), (3, 3)], use_bias=False, dtype=self.dtype)(x)
         x = nn.relu(nn.BatchNorm(use_running_average=not train, momentum=0.9, dtype=self.dtype)(x))
         x = nn.max_pool(x, (3, 3), (2, 2), padding="SAME")
+        k = 0
         for i, blocks in enumerate(self.stages):
             for j in range(blocks):
-                x = block(self.width * 2 ** i, 2 if i > 0 and j == 0 else 1, self.dtype)(x, train)
+                last = k == self.until
+                x = (Bottleneck if last else block)(self.width * 2 ** i, 2 if i > 0 and j == 0 else 1,
+                                                    self.dtype)(x, train)
+                if last:
+                    return x.astype(jnp.float32).sum()
+                k += 1
         x = jnp.mean(x, axis=(1, 2))
         return nn.Dense(self.num_classes, dtype=self.dtype)(x).astype(jnp.float32)
 
@@ -174,22 +187,26 @@ class Gpt2Small(nn.Module):
 
 # ---------------------------------------------------------------- programs
 LOSS_SCALE = 128.0   # static loss scale for float16 training (as Graphcore's examples use)
+DTYPES = {"f32": jnp.float32, "f16": jnp.float16}
 
 
 def resnet50_parts(batch: int, dtype, image: int = 224, classes: int = 1000, remat: bool = False,
-                   stages: Sequence[int] = (3, 4, 6, 3), width: int = 64):
+                   stages: Sequence[int] = (3, 4, 6, 3), width: int = 64, param_dtype=jnp.float32):
     """What a ResNet-50 training step is made of: (loss_fn(params, stats,
     x, y) -> (scaled loss, (loss, new stats)), the optax optimiser, the loss
     scale, the initial variables, a batch x, y). With float16 compute the
     loss is scaled by LOSS_SCALE; the gradients are then of the scaled loss.
     remat: each bottleneck block under nn.remat; stages, width: bottleneck
-    blocks per stage and the first stage's filters (fewer for quick runs)."""
+    blocks per stage and the first stage's filters (fewer for quick runs);
+    param_dtype: the parameters' type (float16: 16.16, the optimiser's
+    momentum then float16 too)."""
     model = ResNet50(stages=tuple(stages), dtype=dtype, num_classes=classes, remat=remat, width=width)
     tx = optax.sgd(0.1, momentum=0.9)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, image, image, 3)).astype(np.float32)
     y = (np.arange(batch) % classes).astype(np.int32)
     variables = jax.jit(lambda: model.init(jax.random.PRNGKey(0), x[:1], False), backend="cpu")()
+    variables = {**variables, "params": jax.tree.map(lambda p: p.astype(param_dtype), variables["params"])}
     scale = LOSS_SCALE if dtype == jnp.float16 else 1.0
 
     def loss_fn(params, stats, x, y):
@@ -201,26 +218,73 @@ def resnet50_parts(batch: int, dtype, image: int = 224, classes: int = 1000, rem
     return loss_fn, tx, scale, variables, x, y
 
 
-def resnet50_saved_bytes(batch: int, dtype: str, remat: bool, image: int = 224) -> int:
+def resnet50_saved_bytes(batch: int, dtype: str, remat: bool, image: int = 224, params: str = "f32") -> int:
     """The bytes of the tensors JAX's ResNet-50 training program saves from
     its forward pass for its backward pass (jax's saved_residuals of the
     loss, the parameters themselves left out: they are arguments): what
     any plan must keep at the step's peak, the activations' lower bound."""
+    loss_fn, _, _, variables, x, y = resnet50_parts(batch, DTYPES[dtype], image, remat=remat,
+                                                    param_dtype=DTYPES[params])
+    return _saved_bytes(loss_fn, variables, x, y)
+
+
+def _saved_bytes(loss_fn, variables, x, y) -> int:
     from jax._src.ad_checkpoint import saved_residuals
-    dt = jnp.float16 if dtype == "f16" else jnp.float32
-    loss_fn, _, _, variables, x, y = resnet50_parts(batch, dt, image, remat=remat)
     saved = saved_residuals(lambda p, s, x, y: loss_fn(p, s, x, y)[0], variables["params"],
                             variables["batch_stats"], x, y)
     return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a, why in saved if "argument" not in why)
 
 
+def resnet50_remat_bounds(batch: int, dtype, image: int = 224, classes: int = 1000,
+                          stages: Sequence[int] = (3, 4, 6, 3), width: int = 64,
+                          param_dtype=jnp.float32) -> list[int]:
+    """What the backward pass of ResNet-50 with each block under nn.remat
+    keeps at least while it goes back through each block k: what the
+    forward pass saved before block k (the stem's residuals, the earlier
+    blocks' inputs) and block k's own residuals, recomputed: the saved
+    residuals of the network cut after block k, that block not recomputed
+    (one figure per block, then the whole network's). Their most is a lower
+    bound of the backward pass's peak; resnet50_saved_bytes(remat=True)
+    counts the blocks' inputs only, not the recomputed block's own.
+    Traced from shapes (nothing is initialised or compiled)."""
+    x = jax.ShapeDtypeStruct((batch, image, image, 3), jnp.float32)
+    y = jax.ShapeDtypeStruct((batch,), jnp.int32)
+
+    def saved(until):
+        model = ResNet50(stages=tuple(stages), dtype=dtype, num_classes=classes, remat=True, width=width,
+                         until=until)
+        variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, image, image, 3)),
+                                                      False))
+        params = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, param_dtype), variables["params"])
+
+        def loss_fn(params, stats, x, y):
+            out, updates = model.apply({"params": params, "batch_stats": stats}, x.astype(dtype), True,
+                                       mutable=["batch_stats"])
+            if until < 0:
+                out = optax.softmax_cross_entropy_with_integer_labels(out, y).mean()
+            return out, updates
+        return _saved_bytes(loss_fn, {"params": params, "batch_stats": variables["batch_stats"]}, x, y)
+    return [saved(k) for k in [*range(sum(stages)), -1]]
+
+
+def remat_bound_per_image(batch: int, dtype, image: int = 224, classes: int = 1000,
+                          stages: Sequence[int] = (3, 4, 6, 3), width: int = 64,
+                          param_dtype=jnp.float32) -> float:
+    """The most over the blocks of resnet50_remat_bounds' growth an image
+    from batch 1 to `batch` (at least 2): the weights' float16 copies and
+    other per-step tensors left out."""
+    one, more = (resnet50_remat_bounds(n, dtype, image, classes, stages, width, param_dtype) for n in (1, batch))
+    return max((b - a) / (batch - 1) for a, b in zip(one, more, strict=True))
+
+
 def resnet50_train(batch: int, dtype, image: int = 224, classes: int = 1000, remat: bool = False,
-                   stages: Sequence[int] = (3, 4, 6, 3), width: int = 64):
+                   stages: Sequence[int] = (3, 4, 6, 3), width: int = 64, param_dtype=jnp.float32):
     """(step, args): one SGD-momentum step of ResNet-50 on a batch, the
     parameters, batch statistics and optimiser state donated. With float16
-    compute the loss is scaled and the gradients (float32, of the float32
-    master weights) unscaled. Arguments as resnet50_parts."""
-    loss_fn, tx, scale, variables, x, y = resnet50_parts(batch, dtype, image, classes, remat, stages, width)
+    compute the loss is scaled and the gradients (of the parameters: float32
+    master weights, or float16 ones) unscaled. Arguments as resnet50_parts."""
+    loss_fn, tx, scale, variables, x, y = resnet50_parts(batch, dtype, image, classes, remat, stages, width,
+                                                         param_dtype)
 
     def step(params, stats, opt_state, x, y):
         (_, (loss, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, stats, x, y)
@@ -391,14 +455,18 @@ def stage_saved_bytes(name: str, **shrink) -> int:
 
 
 def program(model: str, mode: str, dtype: str, batch: int, length: int = 128, image: int = 224,
-            remat: bool = False):
+            remat: bool = False, params: str = "f32"):
     """(jitted function, host arguments, samples per call). remat: ResNet-50's
-    bottleneck blocks recomputed in the backward pass (nn.remat)."""
-    dt = {"f32": jnp.float32, "f16": jnp.float16}[dtype]
+    bottleneck blocks recomputed in the backward pass (nn.remat); params:
+    ResNet-50's parameter and optimiser-state type ("f16" with dtype "f16":
+    16.16)."""
+    dt = DTYPES[dtype]
+    if params != "f32" and not (model == "resnet50" and mode == "train"):
+        raise SystemExit("--params: only for --model resnet50 --mode train")
     if model == "resnet50":
         if mode != "train":
             raise SystemExit("resnet50: only --mode train")
-        f, args = resnet50_train(batch, dt, image, remat=remat)
+        f, args = resnet50_train(batch, dt, image, remat=remat, param_dtype=DTYPES[params])
     elif model == "bert":
         if mode != "infer":
             raise SystemExit("bert: only --mode infer")

@@ -42,6 +42,7 @@ from jax_ipu.compiler.lowering import (  # noqa: F401
 from jax_ipu.compiler.options import CompileOptions
 from jax_ipu.compiler.passes import layouts, spmd, streaming
 from jax_ipu.compiler.passes.demote import demote_64bit
+from jax_ipu.compiler.passes.dilate_post_conv import dilate_post_conv
 from jax_ipu.compiler.passes.emulate import emulate_products
 from jax_ipu.compiler.passes.fft import expand_ffts
 from jax_ipu.compiler.passes.fold_transposes import fold_result_transposes
@@ -144,6 +145,10 @@ def _plan_streaming(c: Compilation) -> None:
                                                              main.result_memory_kinds)
 
 
+def _dilate_post_conv(c: Compilation) -> None:
+    c.flat.ops = dilate_post_conv(c.flat.ops)
+
+
 def _fold_transposes(c: Compilation) -> None:
     c.flat.ops = fold_result_transposes(c.flat.ops, c.flat.results)
 
@@ -231,6 +236,7 @@ PASSES: list[tuple[str, Callable[[Compilation], None]]] = [
     ("emulate-types", _emulate_types),
     ("plan-layouts", _plan_layouts),
     ("plan-streaming", _plan_streaming),
+    ("dilate-post-conv", _dilate_post_conv),
     ("fold-transposes", _fold_transposes),
     ("fuse", _fuse),
     ("lower", _lower),
