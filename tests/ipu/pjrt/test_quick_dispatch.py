@@ -19,19 +19,20 @@ def device_object(ipu):
     return client.CURRENT.device(ipu.id)
 
 
-def runs_by_thread(monkeypatch):
+def runs_by_thread(monkeypatch, ipu):
     """Counts runs per thread name. The worker's grace is made long, so that
     who runs a quick run does not depend on the machine's load."""
-    from jax_ipu.pjrt import device, executable
+    from jax_ipu.pjrt import device
     monkeypatch.setattr(device.DeviceWorker, "GRACE_SECONDS", 60.0)
     counts: dict[str, int] = {}
-    real = executable._Run.__call__
+    engine = device_object(ipu).engine
+    real = engine.run
 
-    def counted(run):
+    def counted(*args, **kwargs):    # every run on the device runs its program here
         name = threading.current_thread().name
         counts[name] = counts.get(name, 0) + 1
-        return real(run)
-    monkeypatch.setattr(executable._Run, "__call__", counted)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(engine, "run", counted)
     return counts
 
 
@@ -39,7 +40,7 @@ def test_back_to_back_small_runs_are_taken_by_the_dispatching_thread(ipu, monkey
     f = jax.jit(lambda x: x * 2 + 1)
     x = jax.device_put(np.arange(4, dtype=np.float32), ipu)
     f(x).block_until_ready()            # compiled, and seen to be quick
-    counts = runs_by_thread(monkeypatch)
+    counts = runs_by_thread(monkeypatch, ipu)
     y = x
     for _ in range(50):
         y = f(y)
@@ -88,7 +89,7 @@ def test_asking_about_a_quick_result_runs_it_on_the_asking_thread(ipu, monkeypat
     f = jax.jit(lambda x: x * x)
     x = jax.device_put(np.arange(3, dtype=np.float32), ipu)
     f(x).block_until_ready()
-    counts = runs_by_thread(monkeypatch)
+    counts = runs_by_thread(monkeypatch, ipu)
     y = f(x)
     assert counts == {}
     y.block_until_ready()               # cheaper than waking the worker
