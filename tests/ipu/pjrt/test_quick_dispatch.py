@@ -243,3 +243,21 @@ def test_a_worker_that_looked_at_a_job_another_thread_ran_gives_the_next_its_gra
         if worker._run_lock.locked():
             worker._run_lock.release()
         worker.close()
+
+
+def test_arguments_a_quick_program_was_not_compiled_for_are_clear_errors(ipus):
+    # Below JAX's checks (the executable called directly, as the Model's
+    # XLA:CPU chains do): the compiled dispatch hands them to the general
+    # path, which names what is wrong; the program then runs as before.
+    f = jax.jit(lambda x: x * 2 + 1)
+    x = jax.device_put(np.arange(4, dtype=np.float32), ipus[0])
+    executable = f.lower(x).compile()._executable.xla_executable
+    wrong = {"expected float32\\[4\\], got float32\\[5\\]": [jax.device_put(np.zeros(5, np.float32), ipus[0])],
+             "expected float32\\[4\\], got int32\\[4\\]": [jax.device_put(np.zeros(4, np.int32), ipus[0])],
+             "is on IpuDevice\\(id=1.*not on IpuDevice\\(id=0": [jax.device_put(np.zeros(4, np.float32), ipus[1])],
+             "takes 1 arguments, got 2": [x, x]}
+    for message, args in wrong.items():
+        with pytest.raises(jax.errors.JaxRuntimeError, match=message):
+            executable.execute_sharded(args)
+    [[y]] = executable.execute_sharded([x]).disassemble_into_single_device_arrays()
+    np.testing.assert_array_equal(np.asarray(y), np.arange(4) * 2 + 1)
