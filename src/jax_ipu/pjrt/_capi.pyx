@@ -652,6 +652,7 @@ CODES = {"OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3,
 include "errors.pxi"
 include "python_calls.pxi"
 include "event.pxi"
+include "jobs.pxi"
 include "named_values.pxi"
 include "plugin.pxi"
 include "client.pxi"

@@ -349,7 +349,8 @@ def set_run_hooks(gather_and_run, run_failed, record_run, check_donations, devic
 
 cdef class QuickPath:
     """What the quick dispatch of one executable reads on every call."""
-    cdef object executable, program, device, worker, donated_set
+    cdef object executable, program, device, donated_set
+    cdef JobQueue worker
     cdef tuple input_specs, input_memories, output_specs, donated
     cdef Py_ssize_t num_params
     cdef bint last_output_completes, own_completion
@@ -440,7 +441,7 @@ cdef bint quick_dispatch(PJRT_LoadedExecutable* e, QuickPath q, PJRT_LoadedExecu
     cdef list row, held, outs
     cdef bint all_held = True
     cdef QuickRun run
-    worker = q.worker
+    cdef JobQueue worker = q.worker
     ident = worker.thread_ident
     if ident is not None and <unsigned long>ident == PyThread_get_thread_ident():
         return False     # from a host callback of a program running on this IPU
@@ -451,7 +452,7 @@ cdef bint quick_dispatch(PJRT_LoadedExecutable* e, QuickPath q, PJRT_LoadedExecu
     if q.donated:
         CHECK_DONATIONS(row, q.donated_set)
     if worker._jobs:
-        worker.help()        # quick runs still waiting: their results may be our arguments
+        worker.run_quick_jobs()   # quick runs still waiting: their results may be our arguments
     device = q.device
     held = []
     for i in range(q.num_params):
@@ -468,7 +469,7 @@ cdef bint quick_dispatch(PJRT_LoadedExecutable* e, QuickPath q, PJRT_LoadedExecu
     # Complete when the last output is: runs fulfil outputs in order.
     run.done = outs[len(outs) - 1].ready if q.last_output_completes else Event()   # (no wraparound here)
     # Deferred: nothing runs before the outputs are wrapped.
-    worker.submit(run, True)
+    worker.submit_job(run, True)
     for i in q.donated:
         buffer_drop_storage(a.argument_lists[0][i])
     for i in range(len(outs)):
