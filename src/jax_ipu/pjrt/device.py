@@ -89,7 +89,7 @@ class DeviceWorker(JobQueue):
             self._wakes_at = float("inf")
             now = time.perf_counter()
             if jobs:
-                _, quick, due, seq = jobs[0]
+                quick, due, seq = jobs[0][1:]     # (not the job: a sleeping worker would keep it)
                 if quick and seq > self._urged:
                     # Its grace; a linger if others took the job slept for.
                     wake_at = max(due, now + self.LINGER_SECONDS) if waited not in (None, seq) else due

@@ -63,8 +63,10 @@ cdef PJRT_LoadedExecutable* build_executable(PJRT_Client* c, object py_exe) exce
     e.streaming_argument_bytes = stats["streaming_arguments"]
     e.streaming_output_bytes = stats["streaming_outputs"]
     e.streaming_temp_bytes = stats["streaming_temporary"]
-    quick = py_exe.quick_path
-    if quick is not None:
+    if py_exe.dispatch_compiled:
+        # Held here, not by the Executable (which it reads): no cycle to wait
+        # for the collector, and the program goes with its last handle.
+        quick = QuickPath(py_exe)
         Py_INCREF(quick)
         e.quick = <void*>quick
     return e

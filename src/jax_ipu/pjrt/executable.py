@@ -14,7 +14,7 @@ from jax_ipu import profile
 from jax_ipu.errors import IpuInvalidArgument, IpuRuntimeError
 from jax_ipu.graph import programs as p
 from jax_ipu.model import links
-from jax_ipu.pjrt._capi import Event, QuickPath, set_run_hooks
+from jax_ipu.pjrt._capi import Event, set_run_hooks
 from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer
 from jax_ipu.pjrt.device import Device
 from jax_ipu.pjrt.shardings import executable_shardings
@@ -115,10 +115,10 @@ class Executable:
         # not to an event that would re-raise it ever after.
         self.own_completion = bool(self.output_specs) and _calls_host(program.body)
         self.last_output_completes = bool(self.output_specs) and not self.own_completion
-        # Its calls dispatched by the compiled module (_capi.QuickPath): quick
-        # runs on one device of this process whose outputs take no streaming memory.
-        self.quick_path = QuickPath(self) if self.quick and self.single_device is not None \
-            and not self.streaming_outputs else None
+        # Whether the compiled module dispatches its calls (a _capi.QuickPath,
+        # which its C handle holds): quick runs on one device of this process
+        # whose outputs take no streaming memory.
+        self.dispatch_compiled = self.quick and self.single_device is not None and not self.streaming_outputs
 
     # -- saved and loaded (PJRT_Executable_Serialize, DeserializeAndLoad) --
     def serialize(self) -> bytes:

@@ -261,3 +261,36 @@ def test_arguments_a_quick_program_was_not_compiled_for_are_clear_errors(ipus):
             executable.execute_sharded(args)
     [[y]] = executable.execute_sharded([x]).disassemble_into_single_device_arrays()
     np.testing.assert_array_equal(np.asarray(y), np.arange(4) * 2 + 1)
+
+
+def test_a_quick_programs_executable_goes_with_its_last_handle(ipu, monkeypatch):
+    # Without the cycle collector: what the compiled dispatch keeps of an
+    # executable (and a sleeping worker of its last run) must not hold it,
+    # nor its program, once JAX drops it.
+    import gc
+    import weakref
+
+    from jax_ipu.pjrt._capi import drain_released
+
+    from jax_ipu.pjrt import executable
+    made = []
+    real = executable.Executable.__init__
+
+    def recorded(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        made.append(weakref.ref(self))
+    monkeypatch.setattr(executable.Executable, "__init__", recorded)
+    x = jax.device_put(np.arange(4, dtype=np.float32), ipu)
+    gc.disable()
+    try:
+        f = jax.jit(lambda x: x * 3 - 7)
+        for _ in range(5):
+            y = f(x)
+        np.testing.assert_array_equal(np.asarray(y), np.arange(4) * 3 - 7)
+        assert len(made) == 1 and made[0]().dispatch_compiled
+        del f, y
+        jax.clear_caches()
+        drain_released()          # (references the framework let go on its own threads)
+        assert made[0]() is None
+    finally:
+        gc.enable()
