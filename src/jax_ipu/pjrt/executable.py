@@ -168,7 +168,7 @@ class Executable:
             for row in args:
                 _check_donations(row, donated_set)
         if len(ids) == 1 and (device_id is not None or len(self.device_ids) == 1):
-            # the common case, kept lean: it is paid on every call
+            # one device (its quick calls mostly dispatched by _capi.QuickPath, which hands the rest here)
             device = self.single_device if device_id is None else self.client.device(device_id)
             worker = device.worker
             if worker._jobs:
