@@ -14,6 +14,7 @@ from cpython.exc cimport PyErr_Fetch, PyErr_Restore
 from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.buffer cimport PyBUF_READ, PyBUF_WRITE
 from cpython.pycapsule cimport PyCapsule_New
+from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, calloc, free
@@ -197,6 +198,7 @@ cdef extern from "pjrt_decls.h" nogil:
         int64_t code_bytes, argument_bytes, output_bytes, alias_bytes, temp_bytes, peak_bytes
         int64_t streaming_argument_bytes, streaming_output_bytes, streaming_temp_bytes
         int deleted
+        void* quick
     ctypedef struct PJRT_Blob:
         void* py
 
@@ -650,6 +652,7 @@ CODES = {"OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3,
 include "errors.pxi"
 include "python_calls.pxi"
 include "event.pxi"
+include "jobs.pxi"
 include "named_values.pxi"
 include "plugin.pxi"
 include "client.pxi"

@@ -1,14 +1,13 @@
 """An IPU device of the client: its description, its worker and engine."""
 from __future__ import annotations
 
-import collections
 import queue
 import threading
 import time
 import weakref
 
 from jax_ipu.model.engine import Engine, forget_quiet_thread, quiet_numpy_on_this_thread
-from jax_ipu.pjrt._capi import drain_released
+from jax_ipu.pjrt._capi import JobQueue, drain_released
 from jax_ipu.targets import STREAMING_MEMORY_KIND, Target
 
 
@@ -26,7 +25,7 @@ class TransferCounters:
                 "device_to_host_bytes": self.device_to_host}
 
 
-class DeviceWorker:
+class DeviceWorker(JobQueue):
     """Runs a device's jobs in submission order, one at a time, so that an
     Execute call returns before its program has finished (asynchronous
     dispatch, as on the hardware's stream).
@@ -52,54 +51,13 @@ class DeviceWorker:
     LINGER_SECONDS = 0.008
 
     def __init__(self, name: str):
-        self._jobs: collections.deque = collections.deque()   # (job, quick, due, seq)
+        # (the queue, the run lock and the counts are JobQueue's)
         self._wake: queue.SimpleQueue = queue.SimpleQueue()
-        self._run_lock = threading.Lock()    # held while a job runs: one at a time, in order
-        self._submitted = 0
-        self._urged = 0                      # jobs up to this number are due now
-        self._wakes_at = 0.0                 # when the worker's sleep ends (inf: until woken)
+        self._wakes_at = 0.0
         self.closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
         self.thread_ident = self._thread.ident     # (compared on every dispatch)
-
-    def submit(self, job, quick: bool = False) -> None:
-        self._submitted += 1
-        if quick:
-            due = time.perf_counter() + self.GRACE_SECONDS
-            self._jobs.append((job, True, due, self._submitted))
-            if due + self.LINGER_SECONDS < self._wakes_at:     # the worker would sleep well past it
-                self._wakes_at = due
-                self._wake.put(True)
-        else:   # due now, and so are the deferred jobs before it
-            self._jobs.append((job, False, 0.0, self._submitted))
-            self._urged = self._submitted
-            self._wake.put(True)
-
-    def urge(self) -> None:
-        """Someone waits for the jobs submitted so far: no grace for them."""
-        if self._urged != self._submitted and self._jobs:
-            self._urged = self._submitted
-            self._wake.put(True)
-
-    def wanted(self) -> None:
-        """Someone asks about the results of the jobs submitted so far (a
-        buffer's ready event): quick ones run now, on the asking thread (it
-        takes less than waking the worker would), the rest without grace."""
-        self.help()
-        self.urge()
-
-    def help(self) -> None:
-        """Runs the quick jobs waiting at the front on the calling thread
-        (they never block), unless a job is running now."""
-        jobs = self._jobs
-        if not jobs or not jobs[0][1] or not self._run_lock.acquire(False):
-            return
-        try:
-            while jobs and jobs[0][1]:
-                jobs.popleft()[0]()
-        finally:
-            self._run_lock.release()
 
     def on_worker_thread(self) -> bool:
         return threading.get_ident() == self.thread_ident
@@ -131,7 +89,7 @@ class DeviceWorker:
             self._wakes_at = float("inf")
             now = time.perf_counter()
             if jobs:
-                _, quick, due, seq = jobs[0]
+                quick, due, seq = jobs[0][1:]     # (not the job: a sleeping worker would keep it)
                 if quick and seq > self._urged:
                     # Its grace; a linger if others took the job slept for.
                     wake_at = max(due, now + self.LINGER_SECONDS) if waited not in (None, seq) else due

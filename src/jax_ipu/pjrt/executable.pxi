@@ -63,6 +63,12 @@ cdef PJRT_LoadedExecutable* build_executable(PJRT_Client* c, object py_exe) exce
     e.streaming_argument_bytes = stats["streaming_arguments"]
     e.streaming_output_bytes = stats["streaming_outputs"]
     e.streaming_temp_bytes = stats["streaming_temporary"]
+    if py_exe.dispatch_compiled:
+        # Held here, not by the Executable (which it reads): no cycle to wait
+        # for the collector, and the program goes with its last handle.
+        quick = QuickPath(py_exe)
+        Py_INCREF(quick)
+        e.quick = <void*>quick
     return e
 
 cdef void executable_unref(PJRT_LoadedExecutable* e) noexcept nogil:
@@ -71,6 +77,7 @@ cdef void executable_unref(PJRT_LoadedExecutable* e) noexcept nogil:
     free(e.devices)
     free(e.logical_ids)
     free(e.cost)
+    py_release(e.quick)
     py_release(e.py)
     free(e)
 
@@ -312,9 +319,170 @@ cdef PJRT_Error* e_parameter_shardings(PJRT_Shardings_Args* a) noexcept nogil:
 cdef PJRT_Error* e_output_shardings(PJRT_Shardings_Args* a) noexcept nogil:
     return shardings_of(a, True)
 
+# ------------------------------------------------------------ quick runs --
+# The common call, paid on every dispatch of a small program: one device, a
+# quick program (executable.is_quick), its arguments there and in the specs
+# and memories it was compiled for. QuickPath.dispatch does what
+# Executable.execute and _Run do for it (the same checks, objects and order)
+# without the interpreter; QuickRun is its _Run. Anything else (a mismatched
+# argument, undonatable donations, a call from a program's host callback on
+# the device's own worker) goes to the general path, which repeats nothing
+# this one has done but the harmless help() and donation check.
+
+# Python functions the quick runs share with _Run (jax_ipu.pjrt.executable
+# hands them over when imported): they are paid only off the common case.
+cdef object GATHER_AND_RUN = None
+cdef object RUN_FAILED = None
+cdef object RECORD_RUN = None
+cdef object CHECK_DONATIONS = None
+cdef object DEVICE_BUFFER = None
+cdef object TRACING = None
+cdef object PROFILE = None
+cdef object TIME_NS = None
+
+
+def set_run_hooks(gather_and_run, run_failed, record_run, check_donations, device_buffer, tracing, profile):
+    global GATHER_AND_RUN, RUN_FAILED, RECORD_RUN, CHECK_DONATIONS, DEVICE_BUFFER, TRACING, PROFILE, TIME_NS
+    import time
+    GATHER_AND_RUN, RUN_FAILED, RECORD_RUN = gather_and_run, run_failed, record_run
+    CHECK_DONATIONS, DEVICE_BUFFER, TRACING, PROFILE = check_donations, device_buffer, tracing, profile
+    TIME_NS = time.time_ns
+
+
+cdef class QuickPath:
+    """What the quick dispatch of one executable reads on every call."""
+    cdef object executable, program, device, donated_set
+    cdef JobQueue worker
+    cdef tuple input_specs, input_memories, output_specs, donated
+    cdef Py_ssize_t num_params
+    cdef bint last_output_completes, own_completion
+
+    def __init__(self, executable):
+        self.executable = executable
+        self.program = executable.program
+        self.device = executable.single_device
+        self.worker = self.device.worker
+        self.input_specs = tuple(executable.input_specs)
+        self.input_memories = tuple(executable.input_memories)
+        self.output_specs = tuple(executable.output_specs)
+        self.donated = tuple(executable.donated)
+        self.donated_set = executable.donated_set
+        self.num_params = executable.num_params
+        self.last_output_completes = executable.last_output_completes
+        self.own_completion = executable.own_completion
+
+
+cdef class QuickRun:
+    """One run of a QuickPath's program: a _Run for one device."""
+    cdef QuickPath path
+    cdef readonly list args, held, outputs
+    cdef readonly object done
+    cdef readonly bint all_held
+    replica = None
+
+    @property
+    def executable(self):
+        return self.path.executable
+
+    @property
+    def program(self):
+        return self.path.program
+
+    @property
+    def device(self):
+        return self.path.device
+
+    @property
+    def donated(self):
+        return self.path.donated
+
+    def __call__(self):
+        cdef QuickPath q = self.path
+        cdef list outputs = self.outputs
+        cdef Py_ssize_t i
+        traced = TRACING.RUNNING       # inside a jax.profiler trace: when the run began
+        began = TIME_NS() if traced else 0
+        device = q.device
+        try:
+            if self.all_held and not q.donated:
+                results = device.engine.run(q.program, self.held, (), False)
+            else:
+                results = GATHER_AND_RUN(self)
+        except BaseException as exc:   # reaches the user at the next sync point
+            if RUN_FAILED(self, exc):
+                raise
+            return
+        device.last_program = q.program
+        device.last_between_processes = None
+        if traced or PROFILE.ACTIVE is not None:
+            RECORD_RUN(q.program, device, None, began, traced)
+        if len(results) != len(outputs):
+            raise ValueError(f"{q.program.name} gave {len(results)} results for {len(outputs)} outputs")
+        for i in range(len(outputs)):   # the last output's event is the run's completion
+            outputs[i].fulfil(results[i])
+        if q.own_completion or not outputs:
+            self.done.set()
+
+
+cdef list argument_row(PJRT_LoadedExecutable_Execute_Args* a, size_t d):
+    cdef PJRT_Buffer* b
+    cdef size_t i
+    cdef list row = []
+    for i in range(a.num_args):
+        b = a.argument_lists[d][i]
+        if b.deleted:
+            raise ValueError(f"argument {i} of the IPU program has been deleted or donated")
+        row.append(<object>b.py)
+    return row
+
+
+cdef bint quick_dispatch(PJRT_LoadedExecutable* e, QuickPath q, PJRT_LoadedExecutable_Execute_Args* a) except -1:
+    """Dispatches a quick run as Executable.execute would; False, having
+    made nothing, when the general path must take the call."""
+    cdef Py_ssize_t i
+    cdef list row, held, outs
+    cdef bint all_held = True
+    cdef QuickRun run
+    cdef JobQueue worker = q.worker
+    ident = worker.thread_ident
+    if ident is not None and <unsigned long>ident == PyThread_get_thread_ident():
+        return False     # from a host callback of a program running on this IPU
+    if <Py_ssize_t>a.num_args != q.num_params or (
+            q.donated and a.options != NULL and a.options.num_non_donatable_input_indices):
+        return False
+    row = argument_row(a, 0)
+    if q.donated:
+        CHECK_DONATIONS(row, q.donated_set)
+    if worker._jobs:
+        worker.run_quick_jobs()   # quick runs still waiting: their results may be our arguments
+    device = q.device
+    held = []
+    for i in range(q.num_params):
+        buf = row[i]
+        if buf.spec is not q.input_specs[i] or buf.device is not device or buf.memory != q.input_memories[i]:
+            return False     # (specs are interned)
+        array = buf._array
+        if array is None:
+            all_held = False
+        held.append(array)
+    outs = [DEVICE_BUFFER(device, spec) for spec in q.output_specs]
+    run = QuickRun.__new__(QuickRun)
+    run.path, run.args, run.held, run.all_held, run.outputs = q, row, held, all_held, outs
+    # Complete when the last output is: runs fulfil outputs in order.
+    run.done = outs[len(outs) - 1].ready if q.last_output_completes else Event()   # (no wraparound here)
+    # Deferred: nothing runs before the outputs are wrapped.
+    worker.submit_job(run, True)
+    for i in q.donated:
+        buffer_drop_storage(a.argument_lists[0][i])
+    for i in range(len(outs)):
+        a.output_lists[0][i] = wrap_buffer(e.client, outs[i])
+    if a.device_complete_events != NULL:
+        a.device_complete_events[0] = event_of(run.done)
+    return True
+
+
 cdef PJRT_Error* e_loaded_executable_execute(PJRT_LoadedExecutable_Execute_Args* a) noexcept nogil:
     cdef PJRT_LoadedExecutable* e = a.executable
-    cdef PJRT_Buffer* b
     cdef size_t d, i
     if e.deleted:
         return make_error(CODE_FAILED_PRECONDITION, b"the IPU executable has been deleted", 35)
@@ -322,15 +490,10 @@ cdef PJRT_Error* e_loaded_executable_execute(PJRT_LoadedExecutable_Execute_Args*
         saved = py_enter()
         try:
             drain_released_now()
-            args = []
-            for d in range(a.num_devices):
-                row = []
-                for i in range(a.num_args):
-                    b = a.argument_lists[d][i]
-                    if b.deleted:
-                        raise ValueError(f"argument {i} of the IPU program has been deleted or donated")
-                    row.append(<object>b.py)
-                args.append(row)
+            if e.quick != NULL and a.num_devices == 1 and a.execute_device == NULL and \
+                    quick_dispatch(e, <QuickPath>e.quick, a):
+                return NULL
+            args = [argument_row(a, d) for d in range(a.num_devices)]
             non_donatable = None
             if a.options != NULL and a.options.num_non_donatable_input_indices:
                 non_donatable = {a.options.non_donatable_input_indices[i]

@@ -14,7 +14,7 @@ from jax_ipu import profile
 from jax_ipu.errors import IpuInvalidArgument, IpuRuntimeError
 from jax_ipu.graph import programs as p
 from jax_ipu.model import links
-from jax_ipu.pjrt._capi import Event
+from jax_ipu.pjrt._capi import Event, set_run_hooks
 from jax_ipu.pjrt.buffer import ArraySpec, DeviceBuffer
 from jax_ipu.pjrt.device import Device
 from jax_ipu.pjrt.shardings import executable_shardings
@@ -117,6 +117,10 @@ class Executable:
         self.last_output_completes = bool(self.output_specs) and not self.own_completion
         self.host_callback_ids = frozenset(_host_callback_ids(program.body))
         self._returns_when_done = None
+        # Whether the compiled module dispatches its calls (a _capi.QuickPath,
+        # which its C handle holds): quick runs on one device of this process
+        # whose outputs take no streaming memory.
+        self.dispatch_compiled = self.quick and self.single_device is not None and not self.streaming_outputs
 
     # -- saved and loaded (PJRT_Executable_Serialize, DeserializeAndLoad) --
     def serialize(self) -> bytes:
@@ -166,7 +170,7 @@ class Executable:
             for row in args:
                 _check_donations(row, donated_set)
         if len(ids) == 1 and (device_id is not None or len(self.device_ids) == 1):
-            # the common case, kept lean: it is paid on every call
+            # one device (its quick calls mostly dispatched by _capi.QuickPath, which hands the rest here)
             device = self.single_device if device_id is None else self.client.device(device_id)
             worker = device.worker
             if worker._jobs:
@@ -510,20 +514,6 @@ class _Run:
         self.donated, self.outputs, self.done = donated, outputs, done
         self.replica = replica             # links.Replica when it runs with others
 
-    def _run(self) -> list:
-        args = self.args
-        inputs = self.held if self.all_held else []
-        for buf, held in zip(args, self.held, strict=True) if not self.all_held else ():
-            if held is None:
-                if buf.device is not self.device:
-                    buf.device.worker.urge()
-                buf.ready.wait()
-                held = buf.array()
-            inputs.append(held)
-        for i in self.donated:
-            args[i].take()
-        return self.device.engine.run(self.program, inputs, self.donated, checked=False)
-
     def __call__(self) -> None:
         traced = tracing.RUNNING       # inside a jax.profiler trace: when the run began
         began = time.time_ns() if traced else 0
@@ -532,30 +522,13 @@ class _Run:
                 if self.all_held and not self.donated:    # the usual case: one call less
                     results = self.device.engine.run(self.program, self.held, (), False)
                 else:
-                    results = self._run()
+                    results = gather_and_run(self)
             else:
                 with links.running(self.replica):   # a failure here releases the other replicas
-                    results = self._run()
+                    results = gather_and_run(self)
         except BaseException as exc:  # reaches the user at the next sync point
-            tokens = self.program.token_outputs
-            # JAX passes the run's output token to the next program with
-            # ordered effects: were it failed too, every later such program
-            # would fail with this error (one failed callback or feed
-            # timeout would stop them all, where the CPU goes on). The
-            # error reaches the user through the run's other outputs; only
-            # a run that has none fails its tokens.
-            keep_tokens = len(tokens) < len(self.outputs)
-            for i, out in enumerate(self.outputs):
-                if keep_tokens and i in tokens:
-                    out.fulfil(_EMPTY_TOKEN)
-                else:
-                    out.fail(exc)
-            if not self.outputs:
-                self.done.set(exc)
-            elif self.executable.own_completion:   # the error is the outputs' (unless all are tokens)
-                self.done.set(None if keep_tokens else exc)
-            if isinstance(exc, KeyboardInterrupt) and not self.device.worker.on_worker_thread():
-                raise    # Ctrl-C during a quick run on the user's thread interrupts the user
+            if run_failed(self, exc):
+                raise
             return
         device = self.device
         device.last_program = self.program
@@ -563,10 +536,8 @@ class _Run:
         replica = self.replica
         device.last_between_processes = between = (
             None if replica is None or replica.launch.remote is None else replica.launch.remote.counts)
-        if profile.ACTIVE is not None:
-            profile.ACTIVE.record(self.program, device, device.engine.last_run, between)
-        if traced:
-            tracing.record(self.program, self.device, self.device.engine.last_run, began)
+        if traced or profile.ACTIVE is not None:
+            record_run(self.program, device, between, began, traced)
         outputs = self.outputs
         if outputs:         # the last output's event is the run's completion
             for out, result in zip(outputs, results, strict=True):
@@ -575,6 +546,64 @@ class _Run:
                 self.done.set()
         else:
             self.done.set()
+
+
+# What a run (a _Run, or the compiled module's QuickRun) shares with the
+# other kind: each reads the run's program, device, args, held, all_held,
+# donated, outputs, done and executable.
+
+def gather_and_run(run) -> list:
+    """Runs the program once the arguments still being computed are ready,
+    taking the donated ones."""
+    args = run.args
+    inputs = run.held if run.all_held else []
+    for buf, held in zip(args, run.held, strict=True) if not run.all_held else ():
+        if held is None:
+            if buf.device is not run.device:
+                buf.device.worker.urge()
+            buf.ready.wait()
+            held = buf.array()
+        inputs.append(held)
+    for i in run.donated:
+        args[i].take()
+    return run.device.engine.run(run.program, inputs, run.donated, checked=False)
+
+
+def run_failed(run, exc: BaseException) -> bool:
+    """Fails the run's outputs (or completion) with its error; whether the
+    caller re-raises it (Ctrl-C during a quick run on the user's thread)."""
+    tokens = run.program.token_outputs
+    outputs = run.outputs
+    # JAX passes the run's output token to the next program with
+    # ordered effects: were it failed too, every later such program
+    # would fail with this error (one failed callback or feed
+    # timeout would stop them all, where the CPU goes on). The
+    # error reaches the user through the run's other outputs; only
+    # a run that has none fails its tokens.
+    keep_tokens = len(tokens) < len(outputs)
+    for i, out in enumerate(outputs):
+        if keep_tokens and i in tokens:
+            out.fulfil(_EMPTY_TOKEN)
+        else:
+            out.fail(exc)
+    if not outputs:
+        run.done.set(exc)
+    elif run.executable.own_completion:   # the error is the outputs' (unless all are tokens)
+        run.done.set(None if keep_tokens else exc)
+    # Ctrl-C during a quick run on the user's thread interrupts the user.
+    return isinstance(exc, KeyboardInterrupt) and not run.device.worker.on_worker_thread()
+
+
+def record_run(program, device, between, began: int, traced) -> None:
+    """Gives a finished run to the profile session and the jax.profiler
+    traces running."""
+    if profile.ACTIVE is not None:
+        profile.ACTIVE.record(program, device, device.engine.last_run, between)
+    if traced:
+        tracing.record(program, device, device.engine.last_run, began)
+
+
+set_run_hooks(gather_and_run, run_failed, record_run, _check_donations, DeviceBuffer, tracing, profile)
 
 
 def fingerprint(code: bytes, options: bytes, target) -> bytes:

@@ -133,6 +133,7 @@ struct PJRT_LoadedExecutable {
   int64_t code_bytes, argument_bytes, output_bytes, alias_bytes, temp_bytes, peak_bytes;
   int64_t streaming_argument_bytes, streaming_output_bytes, streaming_temp_bytes; /* JAX's host_* figures */
   int deleted;
+  void* quick; /* PyObject*: its QuickPath, or NULL (executable.pxi) */
 };
 
 struct PJRT_Blob { void* py; }; /* PyObject*: bytes */

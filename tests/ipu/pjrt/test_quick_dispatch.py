@@ -19,19 +19,20 @@ def device_object(ipu):
     return client.CURRENT.device(ipu.id)
 
 
-def runs_by_thread(monkeypatch):
+def runs_by_thread(monkeypatch, ipu):
     """Counts runs per thread name. The worker's grace is made long, so that
     who runs a quick run does not depend on the machine's load."""
-    from jax_ipu.pjrt import device, executable
+    from jax_ipu.pjrt import device
     monkeypatch.setattr(device.DeviceWorker, "GRACE_SECONDS", 60.0)
     counts: dict[str, int] = {}
-    real = executable._Run.__call__
+    engine = device_object(ipu).engine
+    real = engine.run
 
-    def counted(run):
+    def counted(*args, **kwargs):    # every run on the device runs its program here
         name = threading.current_thread().name
         counts[name] = counts.get(name, 0) + 1
-        return real(run)
-    monkeypatch.setattr(executable._Run, "__call__", counted)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(engine, "run", counted)
     return counts
 
 
@@ -39,7 +40,7 @@ def test_back_to_back_small_runs_are_taken_by_the_dispatching_thread(ipu, monkey
     f = jax.jit(lambda x: x * 2 + 1)
     x = jax.device_put(np.arange(4, dtype=np.float32), ipu)
     f(x).block_until_ready()            # compiled, and seen to be quick
-    counts = runs_by_thread(monkeypatch)
+    counts = runs_by_thread(monkeypatch, ipu)
     y = x
     for _ in range(50):
         y = f(y)
@@ -88,7 +89,7 @@ def test_asking_about_a_quick_result_runs_it_on_the_asking_thread(ipu, monkeypat
     f = jax.jit(lambda x: x * x)
     x = jax.device_put(np.arange(3, dtype=np.float32), ipu)
     f(x).block_until_ready()
-    counts = runs_by_thread(monkeypatch)
+    counts = runs_by_thread(monkeypatch, ipu)
     y = f(x)
     assert counts == {}
     y.block_until_ready()               # cheaper than waking the worker
@@ -242,3 +243,54 @@ def test_a_worker_that_looked_at_a_job_another_thread_ran_gives_the_next_its_gra
         if worker._run_lock.locked():
             worker._run_lock.release()
         worker.close()
+
+
+def test_arguments_a_quick_program_was_not_compiled_for_are_clear_errors(ipus):
+    # Below JAX's checks (the executable called directly, as the Model's
+    # XLA:CPU chains do): the compiled dispatch hands them to the general
+    # path, which names what is wrong; the program then runs as before.
+    f = jax.jit(lambda x: x * 2 + 1)
+    x = jax.device_put(np.arange(4, dtype=np.float32), ipus[0])
+    executable = f.lower(x).compile()._executable.xla_executable
+    wrong = {"expected float32\\[4\\], got float32\\[5\\]": [jax.device_put(np.zeros(5, np.float32), ipus[0])],
+             "expected float32\\[4\\], got int32\\[4\\]": [jax.device_put(np.zeros(4, np.int32), ipus[0])],
+             "is on IpuDevice\\(id=1.*not on IpuDevice\\(id=0": [jax.device_put(np.zeros(4, np.float32), ipus[1])],
+             "takes 1 arguments, got 2": [x, x]}
+    for message, args in wrong.items():
+        with pytest.raises(jax.errors.JaxRuntimeError, match=message):
+            executable.execute_sharded(args)
+    [[y]] = executable.execute_sharded([x]).disassemble_into_single_device_arrays()
+    np.testing.assert_array_equal(np.asarray(y), np.arange(4) * 2 + 1)
+
+
+def test_a_quick_programs_executable_goes_with_its_last_handle(ipu, monkeypatch):
+    # Without the cycle collector: what the compiled dispatch keeps of an
+    # executable (and a sleeping worker of its last run) must not hold it,
+    # nor its program, once JAX drops it.
+    import gc
+    import weakref
+
+    from jax_ipu.pjrt._capi import drain_released
+
+    from jax_ipu.pjrt import executable
+    made = []
+    real = executable.Executable.__init__
+
+    def recorded(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        made.append(weakref.ref(self))
+    monkeypatch.setattr(executable.Executable, "__init__", recorded)
+    x = jax.device_put(np.arange(4, dtype=np.float32), ipu)
+    gc.disable()
+    try:
+        f = jax.jit(lambda x: x * 3 - 7)
+        for _ in range(5):
+            y = f(x)
+        np.testing.assert_array_equal(np.asarray(y), np.arange(4) * 3 - 7)
+        assert len(made) == 1 and made[0]().dispatch_compiled
+        del f, y
+        jax.clear_caches()
+        drain_released()          # (references the framework let go on its own threads)
+        assert made[0]() is None
+    finally:
+        gc.enable()
