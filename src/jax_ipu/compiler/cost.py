@@ -117,6 +117,8 @@ def _owners(mapping, intervals: np.ndarray) -> tuple[np.ndarray | None, np.ndarr
     pieces of those across runs, split apart (splitting every interval
     took most of a large program's costing)."""
     lo, hi = intervals[:, 0], intervals[:, 1]
+    if not len(mapping.starts):     # an empty tensor: its reads are empty too
+        return None, np.zeros(len(lo), mapping.tiles.dtype), hi - lo
     first = np.searchsorted(mapping.stops, lo, side="right")
     # Within run `first` alone when it starts before hi and stops at or
     # after it (the runs touch: the next starts there); a second search
