@@ -152,6 +152,19 @@ class Op:
         return f"{self.name}({', '.join(map(repr, self.operands))}) at {self.loc}"
 
 
+def rewrite(ops: list[Op], rule) -> list[Op]:
+    """The ops with each one that rule(op) rewrites replaced by the list of
+    ops it returns (None keeps the op), in nested regions too, each op's
+    regions before the op itself."""
+    out = []
+    for op in ops:
+        for region in op.regions:
+            region.ops[:] = rewrite(region.ops, rule)
+        new = rule(op)
+        out.extend([op] if new is None else new)
+    return out
+
+
 @dataclasses.dataclass(eq=False)
 class Function:
     name: str

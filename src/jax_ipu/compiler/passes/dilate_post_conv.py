@@ -25,12 +25,7 @@ from jax_ipu.compiler.planners.windows import attr, padding
 
 def dilate_post_conv(ops: list[ir.Op]) -> list[ir.Op]:
     """The ops with each such convolution rewritten (in nested regions too)."""
-    out = []
-    for op in ops:
-        for region in op.regions:
-            region.ops[:] = dilate_post_conv(region.ops)
-        out.extend(_rewritten(op) if op.name == "convolution" else [op])
-    return out
+    return ir.rewrite(ops, lambda op: _rewritten(op) if op.name == "convolution" else None)
 
 
 def _rewritten(op: ir.Op) -> list[ir.Op]:

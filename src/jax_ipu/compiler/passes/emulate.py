@@ -71,20 +71,18 @@ class Emitter:
 def emulate_products(ops: list[ir.Op]) -> list[ir.Op]:
     """The ops with every bfloat16 or complex64 product rewritten (in
     nested regions too)."""
-    out = []
-    for op in ops:
-        for region in op.regions:
-            region.ops[:] = emulate_products(region.ops)
-        if op.name in _PRODUCTS:
-            types = {v.type.dtype for v in list(op.operands) + list(op.results)}
-            if COMPLEX64 in types:
-                out.extend(_complex_product(op))
-                continue
-            if BFLOAT16 in types:
-                out.extend(_widened_product(op))
-                continue
-        out.append(op)
-    return out
+    return ir.rewrite(ops, _emulated_product)
+
+
+def _emulated_product(op: ir.Op) -> list[ir.Op] | None:
+    if op.name not in _PRODUCTS:
+        return None
+    types = {v.type.dtype for v in list(op.operands) + list(op.results)}
+    if COMPLEX64 in types:
+        return _complex_product(op)
+    if BFLOAT16 in types:
+        return _widened_product(op)
+    return None
 
 
 def _product_attrs(op: ir.Op) -> dict:

@@ -40,12 +40,7 @@ _F32 = np.dtype(np.float32)
 
 def expand_ffts(ops: list[ir.Op]) -> list[ir.Op]:
     """The ops with every fft expanded (in nested regions too)."""
-    out = []
-    for op in ops:
-        for region in op.regions:
-            region.ops[:] = expand_ffts(region.ops)
-        out.extend(expand_fft(op) if op.name == "fft" else [op])
-    return out
+    return ir.rewrite(ops, lambda op: expand_fft(op) if op.name == "fft" else None)
 
 
 def expand_fft(op: ir.Op) -> list[ir.Op]:
