@@ -16,7 +16,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from jax import lax
 
@@ -360,6 +360,8 @@ def callback_loop_programs(draw):
                  .filter(lambda s: set(s) & set(CALLBACK_STEPS)))
     outer = draw(st.sampled_from(["repeat", "fori_dynamic", "while_data", "nested"]))
     count = int(args[-1])
+    # A repeat of no trips is no loop: JAX drops it with the host calls in it.
+    assume(outer != "repeat" or count > 0)
 
     def body(i, c):
         for name in steps:
