@@ -40,14 +40,23 @@ def every_loop_translated(monkeypatch):
     monkeypatch.setattr(loops, "MIN_ITERATIONS", 0)
 
 
-def run_both(f, *args):
+def run_both(f, *args, calls: list | None = None):
     """f's program on both Engines: (fast results, reference results, the
-    fast Engine's loaded program, both run records)."""
+    fast Engine's loaded program, both run records). calls: the list the
+    program's host callbacks append to; both runs must make the same calls,
+    in the same order, given the same values."""
     program = compile_fn(f, *args, keep_unused=True)
+    if calls is not None:
+        assert any(isinstance(s, p.HostCall) for s in p.leaves(program.body))
+        calls.clear()
     inputs = [np.asarray(a) for a in args]
     fast, reference = Engine(SMALL), Engine(SMALL, fast=False)
     got = fast.run(program, [a.copy() for a in inputs])
+    if calls is not None:
+        fast_calls, calls[:] = list(calls), []
     want = reference.run(program, [a.copy() for a in inputs])
+    if calls is not None:
+        assert fast_calls == calls
     return got, want, fast.load(program), fast.last_run, reference.last_run
 
 
@@ -156,9 +165,9 @@ def loop_programs(draw):
     return f, (v, h, k, buf, ints, limit), steps, outer != "repeat" or count > 0
 
 
-def _random_loop_both_ways(case):
+def _random_loop_both_ways(case, calls: list | None = None):
     f, args, steps, has_loop = case
-    got, want, loaded, fast_run, reference_run = run_both(f, *args)
+    got, want, loaded, fast_run, reference_run = run_both(f, *args, calls=calls)
     assert not loaded.engine_loops, f"a loop ran on the engine's steps ({steps})"
     assert loaded.xla_loops or not has_loop
     assert_same_bits(got, want)
@@ -384,27 +393,6 @@ def callback_loop_programs(draw):
     return g, tuple(jax.device_put(a, ipu) for a in args), steps, outer != "repeat" or count > 0
 
 
-def _callback_loop_both_ways(case):
-    f, args, steps, has_loop = case
-    program = compile_fn(f, *args, keep_unused=True)
-    assert any(isinstance(s, p.HostCall) for s in p.leaves(program.body))
-    inputs = [np.asarray(a) for a in args]
-    fast, reference = Engine(SMALL), Engine(SMALL, fast=False)
-    CALLS.clear()
-    got = fast.run(program, [a.copy() for a in inputs])
-    fast_calls = list(CALLS)
-    CALLS.clear()
-    want = reference.run(program, [a.copy() for a in inputs])
-    loaded = fast.load(program)
-    assert not loaded.engine_loops, f"a loop ran on the engine's steps ({steps})"
-    assert loaded.xla_loops or not has_loop
-    assert_same_bits(got, want)
-    assert fast_calls == CALLS          # the same calls, in the same order, given the same values
-    assert fast.last_run.cycles == reference.last_run.cycles
-    assert fast.last_run.exchange_bytes == reference.last_run.exchange_bytes
-    assert sorted(fast.last_run.steps) == sorted(reference.last_run.steps)
-
-
 @given(callback_loop_programs())
 @settings(max_examples=10, **EXAMPLES)
 def test_loops_calling_the_host_give_the_reference_bits_calls_and_record(case):
@@ -412,7 +400,7 @@ def test_loops_calling_the_host_give_the_reference_bits_calls_and_record(case):
     several result types, io_callback, callbacks in branches taken in some
     iterations and never) run as executables: the reference's values,
     the same calls in the same order, the same record."""
-    _callback_loop_both_ways(case)
+    _random_loop_both_ways(case, CALLS)
 
 
 @pytest.mark.slow
@@ -421,7 +409,7 @@ def test_loops_calling_the_host_give_the_reference_bits_calls_and_record(case):
 @settings(max_examples=150, **EXAMPLES, database=None)
 def test_many_loops_calling_the_host(case):
     """As above, more programs (pytest -m slow)."""
-    _callback_loop_both_ways(case)
+    _random_loop_both_ways(case, CALLS)
 
 
 def _on_ipu(f, *args, xla_loops=True, monkeypatch=None, devices=None):
