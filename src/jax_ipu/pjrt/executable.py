@@ -113,9 +113,10 @@ class Executable:
         # tokens and waits on them at every effects_barrier (and at exit),
         # so a failed run's error goes to its outputs only, as on XLA:CPU,
         # not to an event that would re-raise it ever after.
-        self.own_completion = bool(self.output_specs) and _calls_host(program.body)
-        self.last_output_completes = bool(self.output_specs) and not self.own_completion
+        # The host callbacks the program calls (its feeds among them).
         self.host_callback_ids = frozenset(_host_callback_ids(program.body))
+        self.own_completion = bool(self.output_specs) and bool(self.host_callback_ids)
+        self.last_output_completes = bool(self.output_specs) and not self.own_completion
         self._returns_when_done = None
         # Whether the compiled module dispatches its calls (a _capi.QuickPath,
         # which its C handle holds): quick runs on one device of this process
@@ -132,7 +133,7 @@ class Executable:
         meta = {"kind": EXECUTABLE_KIND, "name": self.name, "fingerprint": self.fingerprint,
                 "assignment": [[int(d) for d in row] for row in self.assignment],
                 "device_assignment": self.serialized_device_assignment,
-                "callbacks": PROCESS if _calls_host(self.program.body) else None}
+                "callbacks": PROCESS if self.host_callback_ids else None}
         if self.stablehlo is not None:
             meta["stablehlo"] = self.stablehlo
         return serialize.dumps(self.program, meta)
@@ -431,10 +432,6 @@ def from_bytes(client, data: bytes, options: bytes | None) -> Executable:
 QUICK_ELEMENTS = 1 << 17
 
 
-def _calls_host(step) -> bool:
-    return isinstance(step, p.HostCall) or any(_calls_host(child) for child in p.children(step))
-
-
 def _host_callback_ids(step):
     if isinstance(step, p.HostCall):
         yield step.callback_id
@@ -457,11 +454,6 @@ def _wait_for(runs: list) -> None:
         while not done.is_ready:
             time.sleep(pause)
             pause = min(pause * 2, 0.005)
-
-
-def calls_host(program) -> bool:
-    """Whether the program calls host callbacks (its feeds among them)."""
-    return _calls_host(program.body)
 
 
 def is_quick(program, num_devices: int) -> bool:
