@@ -21,7 +21,7 @@ from threading import get_ident
 
 import numpy as np
 
-from jax_ipu.errors import IpuRunCancelled, IpuRuntimeError
+from jax_ipu.errors import IpuReplicaFailed, IpuRunCancelled, IpuRuntimeError
 from jax_ipu.graph import programs as p
 from jax_ipu.graph.program import Program
 from jax_ipu.graph.records import tensor_ids
@@ -410,8 +410,8 @@ def call_host(step: p.HostCall, operands: list, replica) -> list:
     if not ok:
         if replica.rank == caller:
             raise outcome
-        raise IpuRuntimeError(f"the host callback failed on partition {step.partition}: "
-                              f"{type(outcome).__name__}: {outcome}")
+        raise IpuReplicaFailed(f"the host callback failed on partition {step.partition}: "
+                               f"{type(outcome).__name__}: {outcome}")
     return outcome if replica.rank == caller else [np.array(v) for v in outcome]
 
 
