@@ -406,7 +406,14 @@ def call_host(step: p.HostCall, operands: list, replica) -> list:
             posted = (True, host_caller(step.callback_id, operands, specs, None))
         except BaseException as exc:   # the other partitions fail with it
             posted = (False, exc)
-    ok, outcome = replica.launch.exchange(replica.rank, posted, lambda slots: slots[caller])
+    try:
+        ok, outcome = replica.launch.exchange(replica.rank, posted, lambda slots: slots[caller])
+    except IpuReplicaFailed:
+        # The others, failing with our error, may abandon the exchange
+        # before we leave it: ours is still the error to report.
+        if posted is not None and not posted[0]:
+            raise posted[1] from None
+        raise
     if not ok:
         if replica.rank == caller:
             raise outcome
