@@ -4,6 +4,7 @@ fails, with the callback's own exception type and message, and leaves no
 buffers behind; the device runs the next program. Programs with feeds
 return at once, so their callbacks' errors reach their results instead."""
 import gc
+import logging
 import signal
 import threading
 
@@ -184,3 +185,28 @@ def test_a_program_that_returns_at_once_gives_the_error_to_its_results(ipu):
     with pytest.raises(jax.errors.JaxRuntimeError, match="ValueError: no item"):
         np.asarray(out)
     jax.effects_barrier()
+
+
+def test_a_program_run_by_a_callback_on_its_own_ipu_raises_its_callbacks_error(ipu, monkeypatch):
+    """The inner program runs in place, on the outer run's thread; its
+    failing callback fails the inner call, which the outer callback may
+    catch, as on XLA:CPU."""
+    # JAX logs the failure with its traceback, whose frames lead back to
+    # the outer callback's (pytest keeps the records, and so the inner
+    # call's argument, for the test's length).
+    monkeypatch.setattr(logging.getLogger("jax._src.callback"), "disabled", True)
+    inner = jax.jit(lambda v: _calls("io_unordered", v))
+    caught = []
+
+    def outer_host(v):
+        try:
+            inner(jax.device_put(np.asarray(v), ipu))
+        except jax.errors.JaxRuntimeError as error:
+            caught.append(str(error))
+        return v * 2
+    f = jax.jit(lambda x: jax.pure_callback(outer_host, jax.ShapeDtypeStruct(x.shape, x.dtype), x) + 1)
+    x = jax.device_put(np.ones(3, np.float32), ipu)
+    before = _live([ipu])
+    np.testing.assert_array_equal(np.asarray(f(x)), np.full(3, 3.0))
+    assert len(caught) == 1 and "ValueError: no good value" in caught[0], caught
+    assert _live([ipu]) == before
