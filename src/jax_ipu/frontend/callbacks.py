@@ -29,9 +29,11 @@ _ids = itertools.count()
 _lock = threading.Lock()
 # An attribute of a callback's function that may wait for the caller to do
 # something after dispatching the program (an infeed waiting for items).
-# A program calling such a callback returns from its call at once; any other
-# program calling the host returns once its run has ended, as on XLA:CPU,
-# so that what its callbacks print or record is there when the call returns.
+# A program calling such a callback returns from its call at once (its
+# callbacks' errors reach its results); any other program calling the host
+# returns once its run has ended, as on XLA:CPU, so that what its callbacks
+# print or record is there when the call returns, and the call raises their
+# errors.
 WAITS_FOR_HOST = "_jax_ipu_waits_for_host"
 _waiting: set[int] = set()
 
