@@ -54,6 +54,11 @@ class IpuRuntimeError(IpuError):
     pjrt_code = "INTERNAL"
 
 
+class IpuReplicaFailed(IpuRuntimeError):
+    """Raised in one run of a launch over several IPUs because another run
+    of it failed (its error says more)."""
+
+
 class IpuInvalidArgument(IpuError):
     """Bad input at the API: a dtype the IPU does not hold, a wrong shape."""
 

@@ -29,9 +29,11 @@ _ids = itertools.count()
 _lock = threading.Lock()
 # An attribute of a callback's function that may wait for the caller to do
 # something after dispatching the program (an infeed waiting for items).
-# A program calling such a callback returns from its call at once; any other
-# program calling the host returns once its run has ended, as on XLA:CPU,
-# so that what its callbacks print or record is there when the call returns.
+# A program calling such a callback returns from its call at once (its
+# callbacks' errors reach its results); any other program calling the host
+# returns once its run has ended, as on XLA:CPU, so that what its callbacks
+# print or record is there when the call returns, and the call raises their
+# errors.
 WAITS_FOR_HOST = "_jax_ipu_waits_for_host"
 _waiting: set[int] = set()
 
@@ -131,6 +133,19 @@ def _once_on(axis_context, sharding) -> int | None:
     return int(devices[0]) if devices else 0
 
 
+def _with_token_sharding(sharding, token, result_avals):
+    """A Shardy annotation of the call's results, its token first (as JAX
+    annotates its own callbacks' tokens: on the calling device); with no
+    result but the token, the one annotation is the token's."""
+    from jax._src.sharding_impls import SdyArray, SdyArrayList
+
+    if token is None or not result_avals or not isinstance(sharding, SdyArrayList):
+        return sharding
+    first = sharding.shardings[0]
+    return SdyArrayList((SdyArray(mesh_shape=(), dim_shardings=(), logical_device_ids=first.logical_device_ids),
+                         *sharding.shardings))
+
+
 def _emit(original):
     """Wraps jax's emit_python_callback: `ipu` gets the host-callback custom
     call; every other platform keeps JAX's own lowering."""
@@ -164,6 +179,12 @@ def _emit(original):
             result_types = [hlo.TokenType.get(), *result_types]
         op = mlir.custom_call(HOST_CALLBACK_TARGET, result_types=result_types, operands=all_operands,
                               backend_config=config, has_side_effect=has_side_effect)
+        if sharding is not None:
+            # JAX's own annotation of the call (maximal on the calling
+            # device, or manual in shard_map), which code reading the
+            # lowered text looks for; the compiler reads the partition
+            # from backend_config.
+            mlir.set_sharding(ctx.module_context, op, _with_token_sharding(sharding, token, result_avals))
         results = list(op.results)
         if token is not None:
             token, *results = results

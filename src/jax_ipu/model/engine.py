@@ -21,7 +21,7 @@ from threading import get_ident
 
 import numpy as np
 
-from jax_ipu.errors import IpuRunCancelled, IpuRuntimeError
+from jax_ipu.errors import IpuReplicaFailed, IpuRunCancelled, IpuRuntimeError
 from jax_ipu.graph import programs as p
 from jax_ipu.graph.program import Program
 from jax_ipu.graph.records import tensor_ids
@@ -406,12 +406,19 @@ def call_host(step: p.HostCall, operands: list, replica) -> list:
             posted = (True, host_caller(step.callback_id, operands, specs, None))
         except BaseException as exc:   # the other partitions fail with it
             posted = (False, exc)
-    ok, outcome = replica.launch.exchange(replica.rank, posted, lambda slots: slots[caller])
+    try:
+        ok, outcome = replica.launch.exchange(replica.rank, posted, lambda slots: slots[caller])
+    except IpuReplicaFailed:
+        # The others, failing with our error, may abandon the exchange
+        # before we leave it: ours is still the error to report.
+        if posted is not None and not posted[0]:
+            raise posted[1] from None
+        raise
     if not ok:
         if replica.rank == caller:
             raise outcome
-        raise IpuRuntimeError(f"the host callback failed on partition {step.partition}: "
-                              f"{type(outcome).__name__}: {outcome}")
+        raise IpuReplicaFailed(f"the host callback failed on partition {step.partition}: "
+                               f"{type(outcome).__name__}: {outcome}")
     return outcome if replica.rank == caller else [np.array(v) for v in outcome]
 
 

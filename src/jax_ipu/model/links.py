@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from typing import NamedTuple
 
-from jax_ipu.errors import IpuError, IpuRuntimeError
+from jax_ipu.errors import IpuError, IpuReplicaFailed, IpuRuntimeError
 from jax_ipu.model.fast import helper
 
 # Seconds a replica waits for the others at one collective: the replicas
@@ -92,10 +92,12 @@ class Launch:
         try:
             barrier.wait()
         except threading.BrokenBarrierError:
+            # Another replica failed (its reason is the launch's), or one is late.
+            kind = IpuReplicaFailed if self.failure is not None else IpuRuntimeError
             why = self.failure or (f"a replica did not reach the collective within "
                                    f"{barrier._timeout:.0f} s (replicas took different paths?)")
             self.failure = why
-            raise IpuRuntimeError(f"replica {rank}: collective abandoned: {why}") from None
+            raise kind(f"replica {rank}: collective abandoned: {why}") from None
         except IpuError:       # the exchange across processes, in the replica that ran it
             self._barrier.abort()
             raise

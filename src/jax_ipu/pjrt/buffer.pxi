@@ -32,13 +32,15 @@ cdef void buffer_drop_storage(PJRT_Buffer* b) noexcept nogil:
         if b.memory.kind_id == 0:
             ipu_atomic_add64(&b.device.bytes_in_use, -<int64_t>b.nbytes)
 
-cdef PJRT_Error* e_buffer_destroy(PJRT_Buffer_Args* a) noexcept nogil:
-    cdef PJRT_Buffer* b = a.buffer
+cdef void buffer_free(PJRT_Buffer* b) noexcept nogil:
     if b != NULL:
         buffer_drop_storage(b)
         event_unref(b.ready)
         py_release(b.py)
         free(b)
+
+cdef PJRT_Error* e_buffer_destroy(PJRT_Buffer_Args* a) noexcept nogil:
+    buffer_free(a.buffer)
     return NULL
 
 cdef PJRT_Error* e_buffer_delete(PJRT_Buffer_Args* a) noexcept nogil:

@@ -62,6 +62,27 @@ cdef PJRT_Error* error_from_exception(object exc) noexcept:
     except BaseException:
         return make_error(CODE_INTERNAL, b"jax-ipu: error while reporting an error", 39)
 
+cdef tuple run_error_parts(object error):
+    """(code, message) of a run's error, as its outputs and events report
+    it (and Execute, for a call that waits for its run): the error's own
+    PJRT code, or INTERNAL (RESOURCE_EXHAUSTED for MemoryError) with the
+    exception's type and message, as XLA:CPU reports a failed callback."""
+    code = CODES.get(getattr(error, "pjrt_code", None),
+                     CODE_RESOURCE_EXHAUSTED if isinstance(error, MemoryError) else CODE_INTERNAL)
+    text = str(error) if getattr(error, "pjrt_code", None) else f"{type(error).__name__}: {error}"
+    return code, text.encode("utf-8", "replace")
+
+cdef PJRT_Error* error_from_run(object exc) noexcept:
+    """A failed run's error, returned by the Execute that waited for it.
+    Never raises."""
+    try:
+        code, msg = run_error_parts(exc)
+        if isinstance(exc, KeyboardInterrupt):
+            PyErr_SetInterrupt()     # Ctrl-C in a callback: the user's program stops, as it would on the CPU
+        return make_error(code, msg, len(msg))
+    except BaseException:
+        return make_error(CODE_INTERNAL, b"jax-ipu: error while reporting an error", 39)
+
 cdef PJRT_Error* error_from_text(int code, str text) noexcept:
     msg = text.encode("utf-8", "replace")
     return make_error(code, msg, len(msg))

@@ -80,10 +80,7 @@ cdef class Event:
         cdef size_t n
         cdef Waiter* waiters
         if error is not None:
-            code = CODES.get(getattr(error, "pjrt_code", None),
-                             CODE_RESOURCE_EXHAUSTED if isinstance(error, MemoryError) else CODE_INTERNAL)
-            text = str(error) if getattr(error, "pjrt_code", None) else f"{type(error).__name__}: {error}"
-            msg = text.encode("utf-8", "replace")
+            code, msg = run_error_parts(error)
         p = msg
         n = len(msg)
         waiters = event_complete(self.ev, code, p, n)

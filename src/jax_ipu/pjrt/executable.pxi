@@ -481,6 +481,20 @@ cdef bint quick_dispatch(PJRT_LoadedExecutable* e, QuickPath q, PJRT_LoadedExecu
     return True
 
 
+cdef void release_outputs(PJRT_LoadedExecutable_Execute_Args* a, size_t num_outputs) noexcept nogil:
+    """Drops the outputs and completion events an Execute that fails has
+    handed out: the framework ignores them then (it starts from null
+    entries, so those not yet filled are null)."""
+    cdef size_t d, i
+    for d in range(a.num_devices):
+        for i in range(num_outputs):
+            buffer_free(a.output_lists[d][i])
+            a.output_lists[d][i] = NULL
+        if a.device_complete_events != NULL:
+            event_unref(a.device_complete_events[d])
+            a.device_complete_events[d] = NULL
+
+
 cdef PJRT_Error* e_loaded_executable_execute(PJRT_LoadedExecutable_Execute_Args* a) noexcept nogil:
     cdef PJRT_LoadedExecutable* e = a.executable
     cdef size_t d, i
@@ -499,16 +513,25 @@ cdef PJRT_Error* e_loaded_executable_execute(PJRT_LoadedExecutable_Execute_Args*
                 non_donatable = {a.options.non_donatable_input_indices[i]
                                  for i in range(a.options.num_non_donatable_input_indices)}
             device_id = a.execute_device.id if a.execute_device != NULL else None
-            outputs, events, donated, runs = (<object>e.py).execute(args, device_id, non_donatable)
-            for d in range(a.num_devices):
-                for i in donated:
-                    buffer_drop_storage(a.argument_lists[d][i])
-                for i in range(e.num_outputs):
-                    a.output_lists[d][i] = wrap_buffer(e.client, outputs[d][i])
-                if a.device_complete_events != NULL:
-                    a.device_complete_events[d] = event_of(events[d])
-            if runs is not None:
-                (<object>e.py).launch(runs)
+            outputs, events, donated, runs, failure = (<object>e.py).execute(args, device_id, non_donatable)
+            try:
+                for d in range(a.num_devices):
+                    for i in donated:
+                        buffer_drop_storage(a.argument_lists[d][i])
+                    for i in range(e.num_outputs):
+                        a.output_lists[d][i] = wrap_buffer(e.client, outputs[d][i])
+                    if a.device_complete_events != NULL:
+                        a.device_complete_events[d] = event_of(events[d])
+                if runs is not None:
+                    # The error of a run the call waited for (a program
+                    # calling the host): raised by the call, as on XLA:CPU.
+                    failure = (<object>e.py).launch(runs)
+            except BaseException:     # (Ctrl-C while the call waits)
+                release_outputs(a, e.num_outputs)
+                raise
+            if failure is not None:
+                release_outputs(a, e.num_outputs)
+                return error_from_run(failure)
             return NULL
         except BaseException as exc:
             return error_from_exception(exc)

@@ -11,7 +11,7 @@ from threading import get_ident
 import numpy as np
 
 from jax_ipu import profile
-from jax_ipu.errors import IpuInvalidArgument, IpuRuntimeError
+from jax_ipu.errors import IpuInvalidArgument, IpuReplicaFailed, IpuRuntimeError
 from jax_ipu.graph import programs as p
 from jax_ipu.model import links
 from jax_ipu.pjrt._capi import Event, set_run_hooks
@@ -155,9 +155,11 @@ class Executable:
                 non_donatable: set[int] | None):
         """Prepares the program's run on each device: returns the (pending)
         outputs, a completion event per device, the indices of the donated
-        arguments, and the runs to hand to launch() once the caller is done
+        arguments, the runs to hand to launch() once the caller is done
         with the outputs (so the device does not contend with it), or None
-        when the run is quick and already queued (deferred, see DeviceWorker)."""
+        when the run is quick and already queued (deferred, see DeviceWorker)
+        or has run in place, and the error the call raises (see launch) of
+        a run in place."""
         ids = self.local_device_ids if device_id is None else (device_id,)
         if len(args) != len(ids):
             raise IpuInvalidArgument(f"{self.name} runs on {len(ids)} IPUs but got argument "
@@ -191,12 +193,12 @@ class Executable:
                         "with an argument that is still being computed there: it cannot run before that "
                         "program ends. Pass host values (numpy arrays) to programs run inside callbacks")
                 run()
-                return [outs], [done], donated, None
+                return [outs], [done], donated, None, self._failure([run]) if self.returns_when_done else None
             if self.quick and not run.waits_elsewhere:
                 # Deferred: nothing runs before the caller has wrapped the outputs.
                 worker.submit(run, True)
-                return [outs], [done], donated, None
-            return [outs], [done], donated, [run]
+                return [outs], [done], donated, None, None
+            return [outs], [done], donated, [run], None
         outputs, events, runs = [], [], []
         launch = None
         if self.rank_process is not None:     # replicas in other processes too
@@ -220,7 +222,7 @@ class Executable:
             runs.append(_Run(self, device, row, donated_set, outs, done, replica))
             outputs.append(outs)
             events.append(done)
-        return outputs, events, donated, runs
+        return outputs, events, donated, runs, None
 
     @property
     def returns_when_done(self) -> bool:
@@ -237,10 +239,27 @@ class Executable:
     _submitting = threading.Lock()
 
     @classmethod
-    def launch(cls, runs: list) -> None:
+    def launch(cls, runs: list) -> BaseException | None:
+        """Submits the runs. A call that returns once they have ended
+        (returns_when_done) returns the error of a failed one, which the
+        call raises, as XLA:CPU raises a callback's error from the call
+        that runs it; other calls give errors to the runs' outputs."""
         cls._submit(runs)
-        if runs[0].executable.returns_when_done:
-            _wait_for(runs)
+        executable = runs[0].executable
+        if not executable.returns_when_done:
+            return None
+        _wait_for(runs)
+        return executable._failure(runs)
+
+    @staticmethod
+    def _failure(runs: list) -> BaseException | None:
+        """The error of the first run that failed by itself: a replica
+        that failed because another did (IpuReplicaFailed) says less than
+        the one whose callback raised."""
+        errors = [run.error for run in runs if run.error is not None]
+        if not errors:
+            return None
+        return next((e for e in errors if not isinstance(e, IpuReplicaFailed)), errors[0])
 
     @classmethod
     def _submit(cls, runs: list) -> None:
@@ -479,7 +498,7 @@ class _Run:
     """One execution on one device's worker."""
 
     __slots__ = ("executable", "program", "device", "args", "held", "all_held", "waits_elsewhere",
-                 "donated", "outputs", "done", "replica")
+                 "donated", "outputs", "done", "replica", "error")
 
     def __init__(self, executable, device, args, donated, outputs, done, replica=None):
         """Checks the arguments against the program's (one pass over them
@@ -505,6 +524,7 @@ class _Run:
         self.all_held = all_held
         self.donated, self.outputs, self.done = donated, outputs, done
         self.replica = replica             # links.Replica when it runs with others
+        self.error = None                  # why the run failed
 
     def __call__(self) -> None:
         traced = tracing.RUNNING       # inside a jax.profiler trace: when the run began
@@ -518,7 +538,8 @@ class _Run:
             else:
                 with links.running(self.replica):   # a failure here releases the other replicas
                     results = gather_and_run(self)
-        except BaseException as exc:  # reaches the user at the next sync point
+        except BaseException as exc:  # reaches the user at the next sync point (or from the call: launch)
+            self.error = exc
             if run_failed(self, exc):
                 raise
             return

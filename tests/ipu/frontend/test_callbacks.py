@@ -209,7 +209,8 @@ def test_a_callback_may_run_programs_on_the_ipu_that_runs_it(ipu, cpu):
 
 def test_a_callback_given_a_value_its_ipu_computes_later_fails_clearly(ipu):
     # y is queued (by another thread) behind the run whose callback wants
-    # it: a clear error instead of waiting forever.
+    # it: a clear error instead of waiting forever, raised by the call (it
+    # waits for its run, which calls the host).
     import threading
     started, dispatched, box = threading.Event(), threading.Event(), {}
     inner = jax.jit(lambda v: v + 1)
@@ -227,10 +228,9 @@ def test_a_callback_given_a_value_its_ipu_computes_later_fails_clearly(ipu):
         dispatched.set()
     thread = threading.Thread(target=other_thread)
     thread.start()
-    out = f(x)
-    thread.join()
     with pytest.raises(jax.errors.JaxRuntimeError, match="still being computed"):
-        np.asarray(out)
+        f(x)
+    thread.join()
     np.testing.assert_array_equal(np.asarray(box["y"]), 3.0)
 
 
@@ -260,3 +260,46 @@ def test_a_call_of_a_program_calling_the_host_returns_when_its_callbacks_are_don
         assert seen == list(range(n))
         out = capfd.readouterr().out
         assert out.count("step ") == n and out.rstrip().endswith(f"step {n - 1}")
+
+
+@pytest.mark.parametrize("callback_on", [0, 1])
+def test_a_callback_in_a_sharded_jit_carries_jaxs_maximal_sharding(ipus, callback_on):
+    """As JAX lowers callbacks for its own platforms: the call is annotated
+    maximal on the calling device (Shardy's maximal mesh), and it runs
+    there, once for the whole value."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from jax_ipu.frontend import callbacks
+
+    mesh = Mesh(np.array(ipus[:2]), ("x",))
+    callers = []
+
+    def host(v):
+        callers.append(callbacks.caller())
+        return v + np.arange(v.shape[0], dtype=v.dtype)
+    f = jax.jit(lambda x: jax.pure_callback(host, x, x, sharding=jax.sharding.SingleDeviceSharding(ipus[callback_on])),
+                in_shardings=NamedSharding(mesh, P("x")), out_shardings=NamedSharding(mesh, P("x")))
+    x = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(np.asarray(f(x)), 2 * x)
+    assert callers == [None]         # once, for both IPUs
+    text = f.lower(x).as_text()
+    assert f"sdy.sharding = #sdy.sharding_per_value<[<@maximal_mesh_{callback_on}, []>]>" in text, text
+    assert f"sdy.mesh @maximal_mesh_{callback_on} = <[], device_ids=[{callback_on}]>" in text, text
+
+
+def test_an_ordered_callbacks_token_shares_its_maximal_sharding(ipus):
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(ipus[:2]), ("x",))
+    seen = []
+    f = jax.jit(lambda x: x + io_callback(lambda v: (seen.append(float(v.sum())), np.float32(1))[1],
+                                          jax.ShapeDtypeStruct((), np.float32), x, ordered=True),
+                in_shardings=NamedSharding(mesh, P("x")))
+    x = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(np.asarray(f(x)), x + 1)
+    jax.effects_barrier()
+    assert seen == [6.0]
+    text = f.lower(x).as_text()
+    assert "sdy.sharding = #sdy.sharding_per_value<[<@maximal_mesh_0, []>, <@maximal_mesh_0, []>]>" in text, text
