@@ -7,7 +7,16 @@ import numpy as np
 
 from jax_ipu import ops_complex
 from jax_ipu.graph import programs as p
-from jax_ipu.graph.compute import Rows, VertexArray, range_index, region_groups, spans, vertex_cycles, vertex_tiles
+from jax_ipu.graph.compute import (
+    ReadOnce,
+    Rows,
+    VertexArray,
+    range_index,
+    region_groups,
+    spans,
+    vertex_cycles,
+    vertex_tiles,
+)
 from jax_ipu.graph.programs import CONTROL, Copy, Execute, HostCall, leaves
 from jax_ipu.graph.views import Concat, source_tiles
 from jax_ipu.ops import cycles_per_vector, emulates
@@ -227,6 +236,51 @@ def _rows_exchange(num_tiles: int, mapping, rows: Rows, tiles: np.ndarray):
             np.bincount(reader, weights=rows.count * rows.width, minlength=num_tiles) - kept)
 
 
+def _kept_on_tile(a, b_tiles: np.ndarray, b_starts: np.ndarray, num_tiles: int) -> np.ndarray:
+    """Elements each tile holds under both mapping `a` and the runs
+    (b_tiles, b_starts; ascending starts from 0, each up to the next) of a
+    second mapping of the same elements, usually far fewer: each run of
+    `a` is given the run of b it starts in by a repeat (no search per run
+    of a), and only the runs of `a` that cross into another run of b (at
+    most one per run of b) are cut into pieces."""
+    starts, stops, tiles = a.starts, a.stops, a.tiles
+    if not len(starts):
+        return np.zeros(num_tiles)
+    b_stops = np.r_[b_starts[1:], a.size]
+    # The runs of `a` starting in each run of b, then b's run of each.
+    first = np.searchsorted(starts, b_starts, side="left")
+    j = np.repeat(np.arange(len(b_starts)), np.diff(np.r_[first, len(starts)]))
+    lengths = stops - starts
+    cross = stops > b_stops[j]
+    same = (tiles == b_tiles[j]) & ~cross
+    kept = np.bincount(tiles[same], weights=lengths[same], minlength=num_tiles)
+    crossing = np.flatnonzero(cross)
+    if len(crossing):
+        last = np.searchsorted(b_starts, stops[crossing], side="left")     # past b's run of the last element
+        piece = spans(j[crossing], last)
+        run = crossing[range_index(j[crossing], last)]
+        on = tiles[run] == b_tiles[piece]
+        cut = np.minimum(stops[run], b_stops[piece]) - np.maximum(starts[run], b_starts[piece])
+        kept = kept + np.bincount(tiles[run][on], weights=cut[on], minlength=num_tiles)
+    return kept
+
+
+def _once_exchange(num_tiles: int, mapping, once: ReadOnce):
+    """_read_exchange of a read taking each element once (ReadOnce): an
+    owner sends all it holds but what the reader on its own tile takes,
+    a reader receives all it reads but that. None when the tensor is not
+    whole copies of the reading mapping's elements (each `inner` long)."""
+    by, inner = once.mapping, once.inner
+    period = by.size * inner
+    if not period or mapping.size % period or by.starts[0] != 0:
+        return None
+    copies = mapping.size // period
+    starts = (np.arange(copies, dtype=np.int64)[:, None] * period + by.starts.astype(np.int64) * inner).ravel()
+    kept = _kept_on_tile(mapping, np.tile(by.tiles, copies), starts, num_tiles)
+    return (mapping.elements_per_tile(num_tiles) - kept,
+            by.elements_per_tile(num_tiles) * (copies * inner) - kept)
+
+
 def _region_exchanges(num_tiles: int, vertices, tiles: np.ndarray, memo: dict):
     """(tensor, elements sent, elements received) per read region. A region
     whose mapping, intervals, offsets and vertex tiles were counted before
@@ -240,7 +294,10 @@ def _region_exchanges(num_tiles: int, vertices, tiles: np.ndarray, memo: dict):
         tensor, intervals, offsets = region
         key = (id(tensor.mapping), id(intervals), id(offsets), id(tiles))
         if key not in memo:
-            counted = None if rows is None else _rows_exchange(num_tiles, tensor.mapping, rows, tiles)
+            if isinstance(rows, ReadOnce):
+                counted = _once_exchange(num_tiles, tensor.mapping, rows)
+            else:
+                counted = None if rows is None else _rows_exchange(num_tiles, tensor.mapping, rows, tiles)
             if counted is None:
                 _, grouped, of, readers, groups = vertices.grouped(region)
                 counted = _read_exchange(num_tiles, tensor.mapping, grouped, of, tiles[readers], groups)
