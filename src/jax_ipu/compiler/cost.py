@@ -155,12 +155,23 @@ DENSE_KEYS = 1 << 16
 DENSE_KEYS_PER_PIECE = 4
 
 
+# Pieces (read intervals split by owner) per interval, reader and run
+# beyond which _read_exchange counts without pieces (_covered_exchange).
+PIECES_PER_ITEM = 4
+
+
 def _read_exchange(num_tiles: int, mapping, intervals, of, readers, groups) -> tuple[np.ndarray, np.ndarray]:
     """Elements each tile sends and receives for one region of a tensor's
     reads: intervals, the group of each, the reading vertices' tiles and
     their groups (see VertexArray.region_groups). A reader receives what
     its tile does not hold; an owner sends its piece to each reader on
-    another tile. A group read by several vertices is split by owner once."""
+    another tile. A group read by several vertices is split by owner once.
+    Intervals that each meet many runs are not split (_covered_exchange)."""
+    if len(intervals) and mapping.size:
+        count = max(int(of.max()) + 1, int(groups.max()) + 1 if len(groups) else 0)
+        pieces = int((intervals[:, 1] - intervals[:, 0]).sum(dtype=np.int64)) * len(mapping.starts) / mapping.size
+        if pieces > PIECES_PER_ITEM * (len(intervals) + len(mapping.starts) + len(readers) * len(intervals) / count):
+            return _covered_exchange(num_tiles, mapping, intervals, of, readers, groups, count)
     index, owners, lengths = _owners(mapping, intervals)
 
     def per_piece(values):
@@ -206,6 +217,43 @@ def _read_exchange(num_tiles: int, mapping, intervals, of, readers, groups) -> t
     return np.bincount(keys % num_tiles, weights=held * others, minlength=num_tiles), received
 
 
+def _covered_exchange(num_tiles: int, mapping, intervals, of, readers, groups, count: int):
+    """_read_exchange without splitting intervals by owner: what the owners
+    hold of the intervals, each counted once per reader of its group, from
+    the integral of that count over the tensor's positions at the runs'
+    ends (owners sending their pieces to every reader, readers' own tiles
+    aside); what each reading tile holds of its group's intervals, from
+    the tile's runs (_below)."""
+    lo, hi = intervals[:, 0].astype(np.int64), intervals[:, 1].astype(np.int64)
+    per_group = np.bincount(groups, minlength=count)
+    size = np.bincount(of, weights=hi - lo, minlength=count)
+    # Readers of the interval covering each position: a step function.
+    weight = per_group[of]
+    order = np.argsort(np.r_[lo, hi], kind="stable")
+    at = np.r_[lo, hi][order]
+    level = np.cumsum(np.r_[weight, -weight][order])
+    integral = np.r_[0, np.cumsum(level[:-1] * np.diff(at))]
+
+    def covered(x):
+        i = np.searchsorted(at, x, side="right") - 1
+        j = np.maximum(i, 0)
+        return np.where(i >= 0, integral[j] + level[j] * (x - at[j]), 0)
+    runs = covered(mapping.stops.astype(np.int64)) - covered(mapping.starts.astype(np.int64))
+    sent = np.bincount(mapping.tiles, weights=runs, minlength=num_tiles)
+    # Each (group, reading tile) once, with its readers.
+    pairs, readers_on = np.unique(groups * num_tiles + readers, return_counts=True)
+    group, tile = np.divmod(pairs, num_tiles)
+    by_group = np.argsort(of, kind="stable")
+    bounds = np.r_[0, np.cumsum(np.bincount(of, minlength=count))]
+    which = by_group[spans(bounds[group], bounds[group + 1])]
+    pair = range_index(bounds[group], bounds[group + 1])
+    below = _below(mapping)
+    t = tile[pair]
+    held = np.bincount(pair, weights=below(t, hi[which]) - below(t, lo[which]), minlength=len(pairs))
+    return (sent - np.bincount(tile, weights=held * readers_on, minlength=num_tiles),
+            np.bincount(tile, weights=(size[group] - held) * readers_on, minlength=num_tiles))
+
+
 def _rows_exchange(num_tiles: int, mapping, rows: Rows, tiles: np.ndarray):
     """_read_exchange of a read whose vertices each read their own
     intervals, given as Rows: per group and tile run it meets, the
@@ -234,6 +282,30 @@ def _rows_exchange(num_tiles: int, mapping, rows: Rows, tiles: np.ndarray):
     kept = np.bincount(owners[local], weights=lengths[local], minlength=num_tiles)
     return (np.bincount(owners, weights=lengths, minlength=num_tiles) - kept,
             np.bincount(reader, weights=rows.count * rows.width, minlength=num_tiles) - kept)
+
+
+def _below(mapping, scale: int = 1):
+    """below(tiles, x) -> the elements each tile of `tiles` holds before
+    position x (arrays; positions scaled by `scale`: run [start, stop) as
+    [start * scale, stop * scale)): the runs sorted by tile, a tile's
+    elements before each run summed, one search per query."""
+    order = np.lexsort((mapping.starts, mapping.tiles))
+    tiles = mapping.tiles[order].astype(np.int64)
+    starts = mapping.starts[order].astype(np.int64) * scale
+    lengths = mapping.stops[order].astype(np.int64) * scale - starts
+    span = mapping.size * scale + 1
+    keys = tiles * span + starts
+    before = np.cumsum(lengths) - lengths
+    if len(tiles):     # each tile's own: less what the earlier tiles hold
+        first = np.r_[0, np.flatnonzero(tiles[1:] != tiles[:-1]) + 1]
+        before -= np.repeat(before[first], np.diff(np.r_[first, len(tiles)]))
+
+    def below(t: np.ndarray, x: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(keys, t * span + x, side="right") - 1
+        j = np.maximum(i, 0)
+        mine = (i >= 0) & (tiles[j] == t)
+        return np.where(mine, before[j] + np.clip(x - starts[j], 0, lengths[j]), 0)
+    return below
 
 
 def _kept_on_tile(a, b_tiles: np.ndarray, b_starts: np.ndarray, num_tiles: int) -> np.ndarray:
@@ -275,8 +347,22 @@ def _once_exchange(num_tiles: int, mapping, once: ReadOnce):
     if not period or mapping.size % period or by.starts[0] != 0:
         return None
     copies = mapping.size // period
-    starts = (np.arange(copies, dtype=np.int64)[:, None] * period + by.starts.astype(np.int64) * inner).ravel()
-    kept = _kept_on_tile(mapping, np.tile(by.tiles, copies), starts, num_tiles)
+    if copies * len(by.starts) <= len(mapping.starts):
+        starts = (np.arange(copies, dtype=np.int64)[:, None] * period + by.starts.astype(np.int64) * inner).ravel()
+        kept = _kept_on_tile(mapping, np.tile(by.tiles, copies), starts, num_tiles)
+    else:
+        # Fewer runs than the reading mapping's copies have: per run of
+        # the tensor, its elements the reading tile's copies hold, counted
+        # within each copy by the reading mapping's runs on that tile.
+        below = _below(by, inner)
+        tiles = mapping.tiles.astype(np.int64)
+        lo, hi = mapping.starts.astype(np.int64), mapping.stops.astype(np.int64)
+        c0, c1 = lo // period, (hi - 1) // period
+        whole = by.elements_per_tile(num_tiles)[tiles] * inner
+        ends = np.where(c0 == c1, hi - c0 * period, period)
+        within = below(tiles, ends) - below(tiles, lo - c0 * period)
+        across = (c1 - c0 - 1).clip(0) * whole + np.where(c0 == c1, 0, below(tiles, hi - c1 * period))
+        kept = np.bincount(tiles, weights=within + across, minlength=num_tiles)
     return (mapping.elements_per_tile(num_tiles) - kept,
             by.elements_per_tile(num_tiles) * (copies * inner) - kept)
 
