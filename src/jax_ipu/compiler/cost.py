@@ -10,6 +10,7 @@ from jax_ipu.graph import programs as p
 from jax_ipu.graph.compute import (
     ReadOnce,
     Rows,
+    SharedRows,
     VertexArray,
     range_index,
     region_groups,
@@ -188,9 +189,15 @@ def _read_exchange(num_tiles: int, mapping, intervals, of, readers, groups) -> t
                 np.bincount(reader, weights=read, minlength=num_tiles) - kept)
     # (A group may read nothing: a kernel block that meets only padding.)
     count = max(int(of.max()) + 1 if len(of) else 0, int(groups.max()) + 1 if len(groups) else 0)
-    # Elements of each group held by each tile, keyed group * tiles + tile.
-    piece_keys = per_piece(of) * num_tiles + owners
     size = np.bincount(of, weights=intervals[:, 1] - intervals[:, 0], minlength=count)
+    return _grouped_exchange(num_tiles, per_piece(of), owners, lengths, size, readers, groups, count)
+
+
+def _grouped_exchange(num_tiles: int, of, owners, lengths, size, readers, groups, count: int):
+    """_read_exchange of pieces (per piece its group, owner and elements;
+    size: each group's elements) read by vertices in groups."""
+    # Elements of each group held by each tile, keyed group * tiles + tile.
+    piece_keys = of * num_tiles + owners
     reader_keys = groups * num_tiles + readers
     per_group = np.bincount(groups, minlength=count)
     if count * num_tiles <= max(DENSE_KEYS, DENSE_KEYS_PER_PIECE * len(piece_keys)):
@@ -254,12 +261,11 @@ def _covered_exchange(num_tiles: int, mapping, intervals, of, readers, groups, c
             np.bincount(tile, weights=(size[group] - held) * readers_on, minlength=num_tiles))
 
 
-def _rows_exchange(num_tiles: int, mapping, rows: Rows, tiles: np.ndarray):
-    """_read_exchange of a read whose vertices each read their own
-    intervals, given as Rows: per group and tile run it meets, the
-    elements of the group's rows within the run (counted from the rows'
-    pattern, not row by row). None when the groups meet more runs than
-    they have rows (then per interval)."""
+def _rows_pieces(mapping, rows: Rows):
+    """Per group of the rows and tile run it meets: (the group, the run,
+    the elements of the group's rows within the run), counted from the
+    rows' pattern, not row by row. None when the groups meet more runs
+    than they have rows."""
     count = rows.count
     end = rows.base + (count - 1) * rows.stride + rows.width
     first = np.searchsorted(mapping.stops, rows.base, side="right")
@@ -276,7 +282,35 @@ def _rows_exchange(num_tiles: int, mapping, rows: Rows, tiles: np.ndarray):
         row = offset // stride
         whole = np.clip(row, 0, count) * width
         return whole + np.where((row >= 0) & (row < count), np.clip(offset - row * stride, 0, width), 0)
-    lengths = below(np.minimum(mapping.stops[run], end[g])) - below(np.maximum(mapping.starts[run], rows.base[g]))
+    return g, run, below(np.minimum(mapping.stops[run], end[g])) - below(np.maximum(mapping.starts[run], rows.base[g]))
+
+
+def _shared_rows_exchange(num_tiles: int, mapping, shared: SharedRows, tiles: np.ndarray):
+    """_read_exchange of regions shared by vertices, given as Rows (see
+    SharedRows): pieces per group of rows and tile run, not per interval.
+    None when the groups meet more runs than they have rows."""
+    rows = shared.rows
+    pieces = _rows_pieces(mapping, rows)
+    if pieces is None:
+        return None
+    g, run, lengths = pieces
+    count = max(int(rows.vertex.max()) + 1 if len(rows.vertex) else 0,
+                int(shared.region.max()) + 1 if len(shared.region) else 0)
+    size = np.bincount(rows.vertex, weights=rows.count * rows.width, minlength=count)
+    return _grouped_exchange(num_tiles, rows.vertex[g], mapping.tiles[run], lengths, size, tiles,
+                             shared.region, count)
+
+
+def _rows_exchange(num_tiles: int, mapping, rows: Rows, tiles: np.ndarray):
+    """_read_exchange of a read whose vertices each read their own
+    intervals, given as Rows: per group and tile run it meets, the
+    elements of the group's rows within the run (counted from the rows'
+    pattern, not row by row). None when the groups meet more runs than
+    they have rows (then per interval)."""
+    pieces = _rows_pieces(mapping, rows)
+    if pieces is None:
+        return None
+    g, run, lengths = pieces
     owners, reader = mapping.tiles[run], tiles[rows.vertex]
     local = reader[g] == owners
     kept = np.bincount(owners[local], weights=lengths[local], minlength=num_tiles)
@@ -382,6 +416,8 @@ def _region_exchanges(num_tiles: int, vertices, tiles: np.ndarray, memo: dict):
         if key not in memo:
             if isinstance(rows, ReadOnce):
                 counted = _once_exchange(num_tiles, tensor.mapping, rows)
+            elif isinstance(rows, SharedRows):
+                counted = _shared_rows_exchange(num_tiles, tensor.mapping, rows, tiles)
             else:
                 counted = None if rows is None else _rows_exchange(num_tiles, tensor.mapping, rows, tiles)
             if counted is None:

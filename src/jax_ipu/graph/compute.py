@@ -101,6 +101,17 @@ class Rows:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class SharedRows:
+    """Rows of a read whose vertices share regions (offsets [v, 2]):
+    rows.vertex names the region (not a vertex), region[v] the one vertex v
+    reads; the region's intervals are its rows (a convolution's input
+    regions: a run of channels per batch and field position, read by the
+    vertices of every output-channel block)."""
+    rows: Rows
+    region: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class ReadOnce:
     """A read, told the cost pass, that takes each element of its tensor
     exactly once, element q on the tile holding element
@@ -134,7 +145,7 @@ class VertexArray(Sequence):
     Vertex objects (validation, profiles). A compiled convolutional
     network holds millions of vertices: as Python objects they would cost
     most of its compile. read_rows: per read, its intervals as Rows (or
-    None; or ReadOnce), for the cost pass; not part of the program (not
+    None; or SharedRows, ReadOnce), for the cost pass; not part of the program (not
     serialized)."""
 
     def __init__(self, codelet: str, tiles: np.ndarray, cycles: np.ndarray,
