@@ -371,17 +371,19 @@ def _kept_on_tile(a, b_tiles: np.ndarray, b_starts: np.ndarray, num_tiles: int) 
     return kept
 
 
-def _once_exchange(num_tiles: int, mapping, once: ReadOnce):
+def _once_exchange(num_tiles: int, mapping, once: ReadOnce, merge: bool | None = None):
     """_read_exchange of a read taking each element once (ReadOnce): an
     owner sends all it holds but what the reader on its own tile takes,
     a reader receives all it reads but that. None when the tensor is not
-    whole copies of the reading mapping's elements (each `inner` long)."""
+    whole copies of the reading mapping's elements (each `inner` long).
+    merge: whether to cut the tensor's runs at the reading mapping's (by
+    default when the tensor has as many runs as all copies of those)."""
     by, inner = once.mapping, once.inner
     period = by.size * inner
     if not period or mapping.size % period or by.starts[0] != 0:
         return None
     copies = mapping.size // period
-    if copies * len(by.starts) <= len(mapping.starts):
+    if merge if merge is not None else copies * len(by.starts) <= len(mapping.starts):
         starts = (np.arange(copies, dtype=np.int64)[:, None] * period + by.starts.astype(np.int64) * inner).ravel()
         kept = _kept_on_tile(mapping, np.tile(by.tiles, copies), starts, num_tiles)
     else:
