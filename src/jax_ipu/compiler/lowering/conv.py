@@ -364,7 +364,9 @@ def rect_intervals(sizes, lows: np.ndarray, highs: np.ndarray, with_rows: bool =
     strides = np.cumprod(np.r_[1, sizes[::-1]])[:-1][::-1]
     lengths = highs - lows
     boxes = len(lows)
-    shapes, which = np.unique(lengths, axis=0, return_inverse=True)
+    # (Shapes as one number each, in the same order: np.unique over rows sorts them as records, slowly.)
+    keys, which = np.unique(np.ravel_multi_index(lengths.T, sizes + 1), return_inverse=True)
+    shapes = np.stack(np.unravel_index(keys, sizes + 1), axis=1) if len(sizes) else np.zeros((len(keys), 0), np.int64)
     which = which.ravel()
     counts = np.zeros(boxes, np.int64)
     made = []
