@@ -21,7 +21,7 @@ from jax_ipu.compiler.options import CompileOptions
 from jax_ipu.compiler.planners import mapping
 from jax_ipu.errors import IpuOutOfMemoryError
 from jax_ipu.graph import codelets
-from jax_ipu.graph.compute import ComputeSet, VertexArray, compact, range_index, spans
+from jax_ipu.graph.compute import ComputeSet, ReadOnce, VertexArray, compact, range_index, spans
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.programs import Copy, Execute
 from jax_ipu.graph.tensors import Tensor
@@ -310,7 +310,9 @@ class Builder:
         reads = tuple((v.tensor, *broadcast_reads(v, intervals, offsets)) if v.ops and v.ops[-1][0] == "broadcast"
                       else (v.tensor, intervals, offsets) if v.size == m.size else (v.tensor, *one) for v in inputs)
         writes = tuple((out, intervals, offsets) for out in outs)
-        return VertexArray(codelet, tiles, self.cycles_by_count(counts, cycles), reads, writes)
+        # (A whole input of the outputs' size: each element read once, where its output lies.)
+        once = tuple(ReadOnce(m) if v.size == m.size and v.is_whole_tensor else None for v in inputs)
+        return VertexArray(codelet, tiles, self.cycles_by_count(counts, cycles), reads, writes, once)
 
 
 def broadcast_reads(view: View, intervals: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

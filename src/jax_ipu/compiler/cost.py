@@ -7,7 +7,17 @@ import numpy as np
 
 from jax_ipu import ops_complex
 from jax_ipu.graph import programs as p
-from jax_ipu.graph.compute import Rows, VertexArray, range_index, region_groups, spans, vertex_cycles, vertex_tiles
+from jax_ipu.graph.compute import (
+    ReadOnce,
+    Rows,
+    SharedRows,
+    VertexArray,
+    range_index,
+    region_groups,
+    spans,
+    vertex_cycles,
+    vertex_tiles,
+)
 from jax_ipu.graph.programs import CONTROL, Copy, Execute, HostCall, leaves
 from jax_ipu.graph.views import Concat, source_tiles
 from jax_ipu.ops import cycles_per_vector, emulates
@@ -146,12 +156,23 @@ DENSE_KEYS = 1 << 16
 DENSE_KEYS_PER_PIECE = 4
 
 
+# Pieces (read intervals split by owner) per interval, reader and run
+# beyond which _read_exchange counts without pieces (_covered_exchange).
+PIECES_PER_ITEM = 4
+
+
 def _read_exchange(num_tiles: int, mapping, intervals, of, readers, groups) -> tuple[np.ndarray, np.ndarray]:
     """Elements each tile sends and receives for one region of a tensor's
     reads: intervals, the group of each, the reading vertices' tiles and
     their groups (see VertexArray.region_groups). A reader receives what
     its tile does not hold; an owner sends its piece to each reader on
-    another tile. A group read by several vertices is split by owner once."""
+    another tile. A group read by several vertices is split by owner once.
+    Intervals that each meet many runs are not split (_covered_exchange)."""
+    if len(intervals) and mapping.size:
+        count = max(int(of.max()) + 1, int(groups.max()) + 1 if len(groups) else 0)
+        pieces = int((intervals[:, 1] - intervals[:, 0]).sum(dtype=np.int64)) * len(mapping.starts) / mapping.size
+        if pieces > PIECES_PER_ITEM * (len(intervals) + len(mapping.starts) + len(readers) * len(intervals) / count):
+            return _covered_exchange(num_tiles, mapping, intervals, of, readers, groups, count)
     index, owners, lengths = _owners(mapping, intervals)
 
     def per_piece(values):
@@ -168,9 +189,15 @@ def _read_exchange(num_tiles: int, mapping, intervals, of, readers, groups) -> t
                 np.bincount(reader, weights=read, minlength=num_tiles) - kept)
     # (A group may read nothing: a kernel block that meets only padding.)
     count = max(int(of.max()) + 1 if len(of) else 0, int(groups.max()) + 1 if len(groups) else 0)
-    # Elements of each group held by each tile, keyed group * tiles + tile.
-    piece_keys = per_piece(of) * num_tiles + owners
     size = np.bincount(of, weights=intervals[:, 1] - intervals[:, 0], minlength=count)
+    return _grouped_exchange(num_tiles, per_piece(of), owners, lengths, size, readers, groups, count)
+
+
+def _grouped_exchange(num_tiles: int, of, owners, lengths, size, readers, groups, count: int):
+    """_read_exchange of pieces (per piece its group, owner and elements;
+    size: each group's elements) read by vertices in groups."""
+    # Elements of each group held by each tile, keyed group * tiles + tile.
+    piece_keys = of * num_tiles + owners
     reader_keys = groups * num_tiles + readers
     per_group = np.bincount(groups, minlength=count)
     if count * num_tiles <= max(DENSE_KEYS, DENSE_KEYS_PER_PIECE * len(piece_keys)):
@@ -197,12 +224,48 @@ def _read_exchange(num_tiles: int, mapping, intervals, of, readers, groups) -> t
     return np.bincount(keys % num_tiles, weights=held * others, minlength=num_tiles), received
 
 
-def _rows_exchange(num_tiles: int, mapping, rows: Rows, tiles: np.ndarray):
-    """_read_exchange of a read whose vertices each read their own
-    intervals, given as Rows: per group and tile run it meets, the
-    elements of the group's rows within the run (counted from the rows'
-    pattern, not row by row). None when the groups meet more runs than
-    they have rows (then per interval)."""
+def _covered_exchange(num_tiles: int, mapping, intervals, of, readers, groups, count: int):
+    """_read_exchange without splitting intervals by owner: what the owners
+    hold of the intervals, each counted once per reader of its group, from
+    the integral of that count over the tensor's positions at the runs'
+    ends (owners sending their pieces to every reader, readers' own tiles
+    aside); what each reading tile holds of its group's intervals, from
+    the tile's runs (_below)."""
+    lo, hi = intervals[:, 0].astype(np.int64), intervals[:, 1].astype(np.int64)
+    per_group = np.bincount(groups, minlength=count)
+    size = np.bincount(of, weights=hi - lo, minlength=count)
+    # Readers of the interval covering each position: a step function.
+    weight = per_group[of]
+    order = np.argsort(np.r_[lo, hi], kind="stable")
+    at = np.r_[lo, hi][order]
+    level = np.cumsum(np.r_[weight, -weight][order])
+    integral = np.r_[0, np.cumsum(level[:-1] * np.diff(at))]
+
+    def covered(x):
+        i = np.searchsorted(at, x, side="right") - 1
+        j = np.maximum(i, 0)
+        return np.where(i >= 0, integral[j] + level[j] * (x - at[j]), 0)
+    runs = covered(mapping.stops.astype(np.int64)) - covered(mapping.starts.astype(np.int64))
+    sent = np.bincount(mapping.tiles, weights=runs, minlength=num_tiles)
+    # Each (group, reading tile) once, with its readers.
+    pairs, readers_on = np.unique(groups * num_tiles + readers, return_counts=True)
+    group, tile = np.divmod(pairs, num_tiles)
+    by_group = np.argsort(of, kind="stable")
+    bounds = np.r_[0, np.cumsum(np.bincount(of, minlength=count))]
+    which = by_group[spans(bounds[group], bounds[group + 1])]
+    pair = range_index(bounds[group], bounds[group + 1])
+    below = _below(mapping)
+    t = tile[pair]
+    held = np.bincount(pair, weights=below(t, hi[which]) - below(t, lo[which]), minlength=len(pairs))
+    return (sent - np.bincount(tile, weights=held * readers_on, minlength=num_tiles),
+            np.bincount(tile, weights=(size[group] - held) * readers_on, minlength=num_tiles))
+
+
+def _rows_pieces(mapping, rows: Rows):
+    """Per group of the rows and tile run it meets: (the group, the run,
+    the elements of the group's rows within the run), counted from the
+    rows' pattern, not row by row. None when the groups meet more runs
+    than they have rows."""
     count = rows.count
     end = rows.base + (count - 1) * rows.stride + rows.width
     first = np.searchsorted(mapping.stops, rows.base, side="right")
@@ -219,12 +282,125 @@ def _rows_exchange(num_tiles: int, mapping, rows: Rows, tiles: np.ndarray):
         row = offset // stride
         whole = np.clip(row, 0, count) * width
         return whole + np.where((row >= 0) & (row < count), np.clip(offset - row * stride, 0, width), 0)
-    lengths = below(np.minimum(mapping.stops[run], end[g])) - below(np.maximum(mapping.starts[run], rows.base[g]))
+    return g, run, below(np.minimum(mapping.stops[run], end[g])) - below(np.maximum(mapping.starts[run], rows.base[g]))
+
+
+def _shared_rows_exchange(num_tiles: int, mapping, shared: SharedRows, tiles: np.ndarray):
+    """_read_exchange of regions shared by vertices, given as Rows (see
+    SharedRows): pieces per group of rows and tile run, not per interval.
+    None when the groups meet more runs than they have rows."""
+    rows = shared.rows
+    pieces = _rows_pieces(mapping, rows)
+    if pieces is None:
+        return None
+    g, run, lengths = pieces
+    count = max(int(rows.vertex.max()) + 1 if len(rows.vertex) else 0,
+                int(shared.region.max()) + 1 if len(shared.region) else 0)
+    size = np.bincount(rows.vertex, weights=rows.count * rows.width, minlength=count)
+    return _grouped_exchange(num_tiles, rows.vertex[g], mapping.tiles[run], lengths, size, tiles,
+                             shared.region, count)
+
+
+def _rows_exchange(num_tiles: int, mapping, rows: Rows, tiles: np.ndarray):
+    """_read_exchange of a read whose vertices each read their own
+    intervals, given as Rows: per group and tile run it meets, the
+    elements of the group's rows within the run (counted from the rows'
+    pattern, not row by row). None when the groups meet more runs than
+    they have rows (then per interval)."""
+    pieces = _rows_pieces(mapping, rows)
+    if pieces is None:
+        return None
+    g, run, lengths = pieces
     owners, reader = mapping.tiles[run], tiles[rows.vertex]
     local = reader[g] == owners
     kept = np.bincount(owners[local], weights=lengths[local], minlength=num_tiles)
     return (np.bincount(owners, weights=lengths, minlength=num_tiles) - kept,
             np.bincount(reader, weights=rows.count * rows.width, minlength=num_tiles) - kept)
+
+
+def _below(mapping, scale: int = 1):
+    """below(tiles, x) -> the elements each tile of `tiles` holds before
+    position x (arrays; positions scaled by `scale`: run [start, stop) as
+    [start * scale, stop * scale)): the runs sorted by tile, a tile's
+    elements before each run summed, one search per query."""
+    order = np.lexsort((mapping.starts, mapping.tiles))
+    tiles = mapping.tiles[order].astype(np.int64)
+    starts = mapping.starts[order].astype(np.int64) * scale
+    lengths = mapping.stops[order].astype(np.int64) * scale - starts
+    span = mapping.size * scale + 1
+    keys = tiles * span + starts
+    before = np.cumsum(lengths) - lengths
+    if len(tiles):     # each tile's own: less what the earlier tiles hold
+        first = np.r_[0, np.flatnonzero(tiles[1:] != tiles[:-1]) + 1]
+        before -= np.repeat(before[first], np.diff(np.r_[first, len(tiles)]))
+
+    def below(t: np.ndarray, x: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(keys, t * span + x, side="right") - 1
+        j = np.maximum(i, 0)
+        mine = (i >= 0) & (tiles[j] == t)
+        return np.where(mine, before[j] + np.clip(x - starts[j], 0, lengths[j]), 0)
+    return below
+
+
+def _kept_on_tile(a, b_tiles: np.ndarray, b_starts: np.ndarray, num_tiles: int) -> np.ndarray:
+    """Elements each tile holds under both mapping `a` and the runs
+    (b_tiles, b_starts; ascending starts from 0, each up to the next) of a
+    second mapping of the same elements, usually far fewer: each run of
+    `a` is given the run of b it starts in by a repeat (no search per run
+    of a), and only the runs of `a` that cross into another run of b (at
+    most one per run of b) are cut into pieces."""
+    starts, stops, tiles = a.starts, a.stops, a.tiles
+    if not len(starts):
+        return np.zeros(num_tiles)
+    b_stops = np.r_[b_starts[1:], a.size]
+    # The runs of `a` starting in each run of b, then b's run of each.
+    first = np.searchsorted(starts, b_starts, side="left")
+    j = np.repeat(np.arange(len(b_starts)), np.diff(np.r_[first, len(starts)]))
+    lengths = stops - starts
+    cross = stops > b_stops[j]
+    same = (tiles == b_tiles[j]) & ~cross
+    kept = np.bincount(tiles[same], weights=lengths[same], minlength=num_tiles)
+    crossing = np.flatnonzero(cross)
+    if len(crossing):
+        last = np.searchsorted(b_starts, stops[crossing], side="left")     # past b's run of the last element
+        piece = spans(j[crossing], last)
+        run = crossing[range_index(j[crossing], last)]
+        on = tiles[run] == b_tiles[piece]
+        cut = np.minimum(stops[run], b_stops[piece]) - np.maximum(starts[run], b_starts[piece])
+        kept = kept + np.bincount(tiles[run][on], weights=cut[on], minlength=num_tiles)
+    return kept
+
+
+def _once_exchange(num_tiles: int, mapping, once: ReadOnce, merge: bool | None = None):
+    """_read_exchange of a read taking each element once (ReadOnce): an
+    owner sends all it holds but what the reader on its own tile takes,
+    a reader receives all it reads but that. None when the tensor is not
+    whole copies of the reading mapping's elements (each `inner` long).
+    merge: whether to cut the tensor's runs at the reading mapping's (by
+    default when the tensor has as many runs as all copies of those)."""
+    by, inner = once.mapping, once.inner
+    period = by.size * inner
+    if not period or mapping.size % period or by.starts[0] != 0:
+        return None
+    copies = mapping.size // period
+    if merge if merge is not None else copies * len(by.starts) <= len(mapping.starts):
+        starts = (np.arange(copies, dtype=np.int64)[:, None] * period + by.starts.astype(np.int64) * inner).ravel()
+        kept = _kept_on_tile(mapping, np.tile(by.tiles, copies), starts, num_tiles)
+    else:
+        # Fewer runs than the reading mapping's copies have: per run of
+        # the tensor, its elements the reading tile's copies hold, counted
+        # within each copy by the reading mapping's runs on that tile.
+        below = _below(by, inner)
+        tiles = mapping.tiles.astype(np.int64)
+        lo, hi = mapping.starts.astype(np.int64), mapping.stops.astype(np.int64)
+        c0, c1 = lo // period, (hi - 1) // period
+        whole = by.elements_per_tile(num_tiles)[tiles] * inner
+        ends = np.where(c0 == c1, hi - c0 * period, period)
+        within = below(tiles, ends) - below(tiles, lo - c0 * period)
+        across = (c1 - c0 - 1).clip(0) * whole + np.where(c0 == c1, 0, below(tiles, hi - c1 * period))
+        kept = np.bincount(tiles, weights=within + across, minlength=num_tiles)
+    return (mapping.elements_per_tile(num_tiles) - kept,
+            by.elements_per_tile(num_tiles) * (copies * inner) - kept)
 
 
 def _region_exchanges(num_tiles: int, vertices, tiles: np.ndarray, memo: dict):
@@ -240,7 +416,12 @@ def _region_exchanges(num_tiles: int, vertices, tiles: np.ndarray, memo: dict):
         tensor, intervals, offsets = region
         key = (id(tensor.mapping), id(intervals), id(offsets), id(tiles))
         if key not in memo:
-            counted = None if rows is None else _rows_exchange(num_tiles, tensor.mapping, rows, tiles)
+            if isinstance(rows, ReadOnce):
+                counted = _once_exchange(num_tiles, tensor.mapping, rows)
+            elif isinstance(rows, SharedRows):
+                counted = _shared_rows_exchange(num_tiles, tensor.mapping, rows, tiles)
+            else:
+                counted = None if rows is None else _rows_exchange(num_tiles, tensor.mapping, rows, tiles)
             if counted is None:
                 _, grouped, of, readers, groups = vertices.grouped(region)
                 counted = _read_exchange(num_tiles, tensor.mapping, grouped, of, tiles[readers], groups)

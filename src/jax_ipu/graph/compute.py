@@ -100,6 +100,32 @@ class Rows:
         return np.stack([base, base + np.repeat(self.width, self.count)], axis=1), np.repeat(self.vertex, self.count)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class SharedRows:
+    """Rows of a read whose vertices share regions (offsets [v, 2]):
+    rows.vertex names the region (not a vertex), region[v] the one vertex v
+    reads; the region's intervals are its rows (a convolution's input
+    regions: a run of channels per batch and field position, read by the
+    vertices of every output-channel block)."""
+    rows: Rows
+    region: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ReadOnce:
+    """A read, told the cost pass, that takes each element of its tensor
+    exactly once, element q on the tile holding element
+    (q // inner) % mapping.size of `mapping`: an element-wise step's input
+    read where its output lies, or a reduction's partials read where
+    their outputs lie (each tile reads the partials of its own outputs).
+    Its exchange follows from the two mappings' runs alone
+    (cost._once_exchange), not from its intervals: a convolution's
+    partials are mapped in hundreds of thousands of runs, and each read
+    interval met several."""
+    mapping: object
+    inner: int = 1
+
+
 def _row_steps(count: np.ndarray, stride: np.ndarray) -> np.ndarray:
     """i * stride of each row i < count of each group, one group after another."""
     return spans(np.zeros(len(count), np.int64), count) * np.repeat(stride, count)
@@ -119,7 +145,8 @@ class VertexArray(Sequence):
     Vertex objects (validation, profiles). A compiled convolutional
     network holds millions of vertices: as Python objects they would cost
     most of its compile. read_rows: per read, its intervals as Rows (or
-    None), for the cost pass; not part of the program (not serialized)."""
+    None; or SharedRows, ReadOnce), for the cost pass; not part of the program (not
+    serialized)."""
 
     def __init__(self, codelet: str, tiles: np.ndarray, cycles: np.ndarray,
                  reads: tuple = (), writes: tuple = (), read_rows: tuple = ()):

@@ -33,7 +33,7 @@ from jax_ipu.compiler.planners.conv import ConvPlan, ConvProblem, compute_cycles
 from jax_ipu.compiler.planners.windows import attr, out_size, padding
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph.codelets_conv import ConvPartials
-from jax_ipu.graph.compute import VertexArray, compact
+from jax_ipu.graph.compute import Rows, SharedRows, VertexArray, compact
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.views import View
 
@@ -310,14 +310,14 @@ def _partials_and_sum(b: Builder, op: ir.Op, c: _Conv, plan: ConvPlan, x: View, 
     codelet = f"ConvPartial{'1x1Out' if plan.vertex == '1x1' else 'nx1'}<{x.dtype.name},{partials_dtype.name}>"
     key = ("conv", codelet, c, plan, x.tensor.mapping, tuple(lhs_axes), w.tensor.mapping, tuple(rhs_axes))
     start = b.shared_start_tile(key, _vertex_count(c, plan))
-    mapping, tiles, cycles, in_iv, in_at, w_iv, w_at, out_iv, out_at = b.pattern(
+    mapping, tiles, cycles, in_iv, in_at, w_iv, w_at, out_iv, out_at, in_rows = b.pattern(
         (*key, start), lambda: _vertices(b, c, plan, lhs_axes, rhs_axes, shape, roles, start, x.dtype,
                                          partials_dtype))
     partials = b.tensor(f"{name_of(op)}/partials", shape, partials_dtype, mapping)
     kernel = ConvPartials(x, w, partials, c.spec, plan.in_chans[0], tuple(s for s, _ in plan.window),
                           plan.batch_inner)
     vertices = VertexArray(codelet, tiles, cycles, ((x.tensor, in_iv, in_at), (w.tensor, w_iv, w_at)),
-                           ((partials, out_iv, out_at),))
+                           ((partials, out_iv, out_at),), (in_rows,))
     split = "x".join(str(s) for s, _ in (plan.groups, plan.batch, *plan.outs, plan.in_chans, plan.out_chans,
                                           *plan.window))
     b.execute(f"conv {name_of(op)} {split} tiles{' batch-inner' if plan.batch_inner else ''}", kernel, vertices)
@@ -351,20 +351,26 @@ def _vertex_count(c: _Conv, plan: ConvPlan) -> int:
     return math.prod(len(r) for r in _block_ranges(c, plan))
 
 
-def rect_intervals(sizes, lows: np.ndarray, highs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def rect_intervals(sizes, lows: np.ndarray, highs: np.ndarray, with_rows: bool = False) -> tuple:
     """The flat (C order) intervals of boxes [lows[i], highs[i]) (per axis)
     of an array of `sizes`: (intervals [k, 2], offsets [boxes + 1], box i's
     intervals[offsets[i]:offsets[i + 1]]). A box is a run per index of its
     outer axes, along the innermost axis it does not fill. Boxes of one
-    shape are worked out together (a plan's blocks take a few shapes)."""
+    shape are worked out together (a plan's blocks take a few shapes).
+    with_rows: also the same intervals as Rows whose `vertex` is the box
+    (a group per index of the axes outside the runs' next axis, which
+    steps the rows)."""
     sizes = np.asarray(sizes, np.int64)
     strides = np.cumprod(np.r_[1, sizes[::-1]])[:-1][::-1]
     lengths = highs - lows
     boxes = len(lows)
-    shapes, which = np.unique(lengths, axis=0, return_inverse=True)
+    # (Shapes as one number each, in the same order: np.unique over rows sorts them as records, slowly.)
+    keys, which = np.unique(np.ravel_multi_index(lengths.T, sizes + 1), return_inverse=True)
+    shapes = np.stack(np.unravel_index(keys, sizes + 1), axis=1) if len(sizes) else np.zeros((len(keys), 0), np.int64)
     which = which.ravel()
     counts = np.zeros(boxes, np.int64)
     made = []
+    rows = []          # (box, base, width, stride, count) per group of rows
     for s, shape in enumerate(shapes):
         members = np.flatnonzero(which == s)
         if (shape == 0).any():
@@ -374,16 +380,42 @@ def rect_intervals(sizes, lows: np.ndarray, highs: np.ndarray) -> tuple[np.ndarr
         while j >= 0 and shape[j] == sizes[j]:
             j -= 1
         if j < 0:
-            made.append((members, np.zeros((len(members), 1), np.int64), int(np.prod(sizes))))
+            whole = int(np.prod(sizes))
+            made.append((members, np.zeros((len(members), 1), np.int64), whole))
             counts[members] = 1
+            rows.append((members, np.zeros(len(members), np.int64), whole, whole, 1))
             continue
         combos = np.zeros(1, np.int64)
         for a in range(j):
+            if with_rows and a == j - 1:
+                outer = combos
             combos = (combos[:, None] + np.arange(shape[a]) * strides[a]).ravel()
         base = (lows[members, :j + 1] * strides[:j + 1]).sum(axis=1)
-        made.append((members, base[:, None] + combos[None, :], int(shape[j] * strides[j])))
+        width = int(shape[j] * strides[j])
+        made.append((members, base[:, None] + combos[None, :], width))
         counts[members] = len(combos)
+        if with_rows:
+            outer = combos if j == 0 else outer
+            step, steps = (int(strides[j - 1]), int(shape[j - 1])) if j else (width, 1)
+            rows.append((np.repeat(members, len(outer)), (base[:, None] + outer[None, :]).ravel(), width, step, steps))
     offsets = np.r_[0, np.cumsum(counts)]
+    if with_rows:
+        return (*_rect_intervals(made, offsets), _as_rows(rows))
+    return _rect_intervals(made, offsets)
+
+
+def _as_rows(parts: list) -> Rows:
+    """Rows from (boxes, bases, width, stride, count) per box shape."""
+    if not parts:
+        empty = np.zeros(0, np.int64)
+        return Rows(empty, empty, empty, empty, empty)
+    box = np.concatenate([p[0] for p in parts])
+    return Rows(box, np.concatenate([p[1] for p in parts]),
+                *(np.concatenate([np.full(len(p[0]), p[k], np.int64) for p in parts]) for k in (2, 3, 4)))
+
+
+def _rect_intervals(made: list, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """rect_intervals' intervals from the boxes' run starts per shape."""
     if len(made) == 1 and made[0][1].shape[1]:     # boxes of one shape (members in order): no scatter
         starts = made[0][1].ravel()
         return np.stack([starts, starts + made[0][2]], axis=1), offsets
@@ -424,13 +456,15 @@ def _vertices(b: Builder, c: _Conv, plan: ConvPlan, lhs_axes: list, rhs_axes: li
 
     def shared(key_axes, intervals_of):
         """Intervals of each distinct key (the vertex's blocks along
-        key_axes), and each vertex's [start, stop) among them."""
+        key_axes), each vertex's [start, stop) among them, and the same as
+        SharedRows if intervals_of gives Rows (else None)."""
         # (Keys as one number each: np.unique over rows sorts them as records, slowly.)
         keys = np.ravel_multi_index(index[:, key_axes].T, [counts[a] for a in key_axes])
         _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        intervals, offsets = intervals_of(first)
+        intervals, offsets, *rows = intervals_of(first)
         inverse = inverse.ravel()
-        return intervals, np.stack([offsets[inverse], offsets[inverse + 1]], axis=1)
+        regions = SharedRows(rows[0], inverse) if rows and rows[0] is not None else None
+        return intervals, np.stack([offsets[inverse], offsets[inverse + 1]], axis=1), regions
 
     def input_regions(rows):
         bounds = {"g": (lo[:, g_at], hi[:, g_at]), "n": (lo[:, n_at], hi[:, n_at]),
@@ -450,14 +484,14 @@ def _vertices(b: Builder, c: _Conv, plan: ConvPlan, lhs_axes: list, rhs_axes: li
                 full_lo, full_hi = np.zeros(vertices, np.int64), np.zeros(vertices, np.int64)
                 full_lo[rows], full_hi[rows] = first, first + size
                 bounds[("s", d)] = (full_lo, full_hi)
-            return rect_intervals([s for _, s in lhs_axes], *box(lhs_axes, bounds, rows))
+            return rect_intervals([s for _, s in lhs_axes], *box(lhs_axes, bounds, rows), with_rows=True)
         parts = []
         for i, v in enumerate(rows):
             sets = {r: np.arange(bounds[r][0][v], bounds[r][1][v]) for r in ("g", "n", "c")}
             sets.update({("s", d): touched[d][i] for d in range(spatial)})
             parts.append(block_intervals([s for _, s in lhs_axes], [sets.get(r, np.zeros(1, np.int64))
                                                                      for r, _ in lhs_axes]))
-        return np.concatenate(parts), np.r_[0, np.cumsum([len(p) for p in parts])]
+        return np.concatenate(parts), np.r_[0, np.cumsum([len(p) for p in parts])], None
 
     def kernel_blocks(rows):
         bounds = {"g": (lo[:, g_at], hi[:, g_at]), "c": (lo[:, ci_at], hi[:, ci_at]),
@@ -465,9 +499,9 @@ def _vertices(b: Builder, c: _Conv, plan: ConvPlan, lhs_axes: list, rhs_axes: li
                   **{("k", d): (lo[:, k_at + d], hi[:, k_at + d]) for d in range(spatial)}}
         return rect_intervals([s for _, s in rhs_axes], *box(rhs_axes, bounds, rows))
 
-    in_iv, in_at = shared([ci_at, *range(k_at, k_at + spatial), g_at, n_at, *range(o_at, o_at + spatial)],
-                          input_regions)
-    w_iv, w_at = shared([ci_at, *range(k_at, k_at + spatial), g_at, co_at], kernel_blocks)
+    in_iv, in_at, in_rows = shared([ci_at, *range(k_at, k_at + spatial), g_at, n_at, *range(o_at, o_at + spatial)],
+                                   input_regions)
+    w_iv, w_at, _ = shared([ci_at, *range(k_at, k_at + spatial), g_at, co_at], kernel_blocks)
     # Partials: chunk (input-channel block, kernel blocks), then the output block.
     chunk = index[:, ci_at] * math.prod(counts[k_at:k_at + spatial]) + (
         np.ravel_multi_index(index[:, k_at:k_at + spatial].T, counts[k_at:k_at + spatial]) if spatial else 0)
@@ -484,7 +518,7 @@ def _vertices(b: Builder, c: _Conv, plan: ConvPlan, lhs_axes: list, rhs_axes: li
                            [sizes[:, o_at + d] for d in range(spatial)], sizes[:, ci_at], sizes[:, co_at],
                            [sizes[:, k_at + d] for d in range(spatial)])
     return (mapping, tiles, np.asarray(cycles, np.int64), compact(in_iv), in_at, compact(w_iv), w_at,
-            compact(out_iv), out_at)
+            compact(out_iv), out_at, in_rows)
 
 
 def vertex_cycles(target, c: _Conv, plan: ConvPlan, in_dtype, partials_dtype, g_b, n_b, o_b, ci_b, co_b, k_b):

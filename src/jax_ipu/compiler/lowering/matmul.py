@@ -17,7 +17,7 @@ from jax_ipu.compiler.passes.fuse import Cluster
 from jax_ipu.compiler.planners.matmul import fits, plan_matmul
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
-from jax_ipu.graph.compute import VertexArray, compact
+from jax_ipu.graph.compute import ReadOnce, VertexArray, compact
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import Concat, View
@@ -279,6 +279,9 @@ def reduce_partials(b: Builder, op: ir.Op, partials: View, out: Tensor, kind: st
         return tiles, per_vertex, compact(reads), offsets * count, compact(intervals), offsets
     tiles, per_vertex, reads, read_offsets, intervals, offsets = b.pattern(
         (kind, codelet, count, size, out.mapping), pattern)
+    # (The partials view is the whole tensor reshaped, so position j * size
+    # + i is read on the tile of out's element i.)
+    once = (ReadOnce(out.mapping),) if partials.is_whole_tensor else ()
     vertices = VertexArray(codelet, tiles, per_vertex, ((partials.tensor, reads, read_offsets),),
-                           ((out, intervals, offsets),))
+                           ((out, intervals, offsets),), once)
     b.execute(f"{kind} {name_of(op)}", codelets.ReduceCombine(partials, 0, "add", None, out), vertices)

@@ -21,7 +21,7 @@ from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.compiler.planners.mapping import MIN_BYTES_PER_TILE, spread
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
-from jax_ipu.graph.compute import Rows, VertexArray
+from jax_ipu.graph.compute import ReadOnce, Rows, VertexArray
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View
@@ -283,13 +283,15 @@ def reduce(b: Builder, op: ir.Op) -> None:
     tiles, intervals, offsets, counts = b.by_tile(outs[0].mapping)
     one = b.one_element(len(tiles))
     # Each output's partials: a column of the outer [chunks, kept], else a row of [kept, chunks].
-    column = _outer_reads_by_tile(outs[0].mapping, 1, chunks, kept, with_rows=True) if outer else None
+    column = _outer_reads_by_tile(outs[0].mapping, 1, chunks, kept) if outer else None
     reads = [(p, *(column[:2] if outer else (intervals * chunks, offsets))) for p in partials]
     reads += [(i.tensor, *one) for i in init_sources if isinstance(i, View)]
     vertices = VertexArray(
         codelet, tiles,
         b.cycles_by_count(counts, lambda n: cost.reduce_cycles(b.target, n * chunks * per_element, accs[0])),
-        tuple(reads), tuple((o, intervals, offsets) for o in outs), (column[2],) if outer else ())
+        # Each partial read once, on its output's tile.
+        tuple(reads), tuple((o, intervals, offsets) for o in outs),
+        (ReadOnce(outs[0].mapping, 1 if outer else chunks),) * len(partials))
     kernel = (codelets.ReduceCombine(View(partials[0]), 0 if outer else 1, single, init_sources[0], outs[0])
               if single else
               codelets.TreeReduce(tuple(View(p) for p in partials), 1, program, results,
