@@ -105,6 +105,9 @@ class Builder:
         # (compiler/__init__.py's _emulated sums them after the cost pass).
         self.emulating: tuple[str, int] | None = None
         self.emulated: list[tuple] = []
+        # The main function's results aliased to donated inputs: result
+        # value -> the input's tensor (see lowering/elementwise.py).
+        self.donors: dict[ir.Value, Tensor] = {}
 
     # -- tensors --
     def linear_mapping(self, size: int, dtype: np.dtype) -> TileMapping:

@@ -103,7 +103,11 @@ def lower_cluster(b: Builder, cluster: Cluster, used_outside: set) -> None:
                 outputs.append((value, first_result + x, op))
     if not outputs:
         return
-    tile_mapping = b.output_mapping(size, outputs[0][0].type.dtype, views)
+    # An update of a donated input (an optimiser's, a running statistic's)
+    # mapped as that input, so that it can be written into its memory
+    # (schedule.in_place_outputs, the memory plan) rather than beside it.
+    donor = next((b.donors[v] for v, _, _ in outputs if v in b.donors), None)
+    tile_mapping = donor.mapping if donor is not None else b.output_mapping(size, outputs[0][0].type.dtype, views)
     tensors = []
     for value, reg, op in outputs:
         t = b.tensor(f"{op.name}@{op.loc}", shape, value.type.dtype, tile_mapping)
