@@ -107,9 +107,14 @@ def lower_cluster(b: Builder, cluster: Cluster, used_outside: set) -> None:
     # mapped as that input, so that it can be written into its memory
     # (schedule.in_place_outputs, the memory plan) rather than beside it.
     donor = next((b.donors[v] for v, _, _ in outputs if v in b.donors), None)
+    tile_mapping = donor.mapping if donor is not None else b.output_mapping(size, outputs[0][0].type.dtype, views)
     reused = None if donor is not None else _dying_operand(b, cluster, views, outputs, shape)
-    tile_mapping = donor.mapping if donor is not None else reused.mapping if reused is not None else \
-        b.output_mapping(size, outputs[0][0].type.dtype, views)
+    # In place only where that exchanges no more than the usual mapping:
+    # the operands mapped as the reused one hold at least as many bytes.
+    if reused is not None and _local_bytes(reused.mapping, views, size) >= _local_bytes(tile_mapping, views, size):
+        tile_mapping = reused.mapping
+    else:
+        reused = None
     tensors = []
     for value, reg, op in outputs:
         if reused is not None and reused.dtype == value.type.dtype:
@@ -149,6 +154,16 @@ def _dying_operand(b: Builder, cluster: Cluster, views: list, outputs: list, sha
         if b.writable_after(t, cluster.ops):
             return t
     return None
+
+
+def _local_bytes(m, views: list, size: int) -> int:
+    """The bytes of the whole operands mapped as m: read where they are
+    when the cluster's vertices follow m."""
+    def same(other) -> bool:
+        return other is m or (other.size == m.size and np.array_equal(other.tiles, m.tiles)
+                              and np.array_equal(other.starts, m.starts) and np.array_equal(other.stops, m.stops))
+    return sum(v.size * v.dtype.itemsize for v in views
+               if isinstance(v, View) and v.is_whole_tensor and v.size == size and same(v.tensor.mapping))
 
 
 def _charge_emulation(b: Builder, step, sources: list[ir.Op], spec: list[tuple], dtype: np.dtype, n: int) -> None:
