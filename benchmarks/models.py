@@ -15,6 +15,8 @@ default ipu2 and for XLA:CPU in the same process, one program per run:
     python benchmarks/models.py --model resnet50 --mode train --dtype f16 --params f16 --batch 20 --remat
         (16.16: float16 parameters and optimiser state, as Graphcore trained)
     (--steps 0 skips running the step; --json prints the figures as JSON;
+     --breakdown prints where the memory goes at the busiest tile's peak and,
+     summed over tiles, at the step where their sum peaks;
      --tiles T compiles for a T-tile ipu2; --image and --length shrink inputs;
      --remat recomputes each ResNet-50 bottleneck block in the backward
      pass, flax.linen.remat, as a JAX user checkpoints activations)

@@ -109,9 +109,11 @@ def lower_cluster(b: Builder, cluster: Cluster, used_outside: set) -> None:
     donor = next((b.donors[v] for v, _, _ in outputs if v in b.donors), None)
     tile_mapping = donor.mapping if donor is not None else b.output_mapping(size, outputs[0][0].type.dtype, views)
     reused = None if donor is not None else _dying_operand(b, cluster, views, outputs, shape)
-    # In place only where that exchanges no more than the usual mapping:
-    # the operands mapped as the reused one hold at least as many bytes.
-    if reused is not None and _local_bytes(reused.mapping, views, size) >= _local_bytes(tile_mapping, views, size):
+    # In place only where that exchanges no more than the usual mapping
+    # (the operands mapped as the reused one hold at least as many bytes)
+    # and puts vertices on no more tiles (each tile's vertex state).
+    if (reused is not None and len(np.unique(reused.mapping.tiles)) <= len(np.unique(tile_mapping.tiles))
+            and _local_bytes(reused.mapping, views, size) >= _local_bytes(tile_mapping, views, size)):
         tile_mapping = reused.mapping
     else:
         reused = None
