@@ -111,8 +111,9 @@ def lower_cluster(b: Builder, cluster: Cluster, used_outside: set) -> None:
     reused = None if donor is not None else _dying_operand(b, cluster, views, outputs, shape)
     # In place only where that exchanges no more than the usual mapping
     # (the operands mapped as the reused one hold at least as many bytes)
-    # and puts vertices on no more tiles (each tile's vertex state).
-    if (reused is not None and len(np.unique(reused.mapping.tiles)) <= len(np.unique(tile_mapping.tiles))
+    # and puts a vertex on no tile the usual mapping leaves out (each
+    # vertex's state is always live on its tile).
+    if (reused is not None and np.isin(reused.mapping.tiles, tile_mapping.tiles).all()
             and _local_bytes(reused.mapping, views, size) >= _local_bytes(tile_mapping, views, size)):
         tile_mapping = reused.mapping
     else:
