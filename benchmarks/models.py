@@ -15,6 +15,8 @@ default ipu2 and for XLA:CPU in the same process, one program per run:
     python benchmarks/models.py --model resnet50 --mode train --dtype f16 --params f16 --batch 20 --remat
         (16.16: float16 parameters and optimiser state, as Graphcore trained)
     (--steps 0 skips running the step; --json prints the figures as JSON;
+     --breakdown prints where the memory goes at the busiest tile's peak and,
+     summed over tiles, at the step where their sum peaks;
      --tiles T compiles for a T-tile ipu2; --image and --length shrink inputs;
      --remat recomputes each ResNet-50 bottleneck block in the backward
      pass, flax.linen.remat, as a JAX user checkpoints activations)
@@ -137,6 +139,47 @@ def step_seconds(runs, args, steps: int) -> tuple[list[float], float]:
     return [statistics.median(t) for t in times], ratio
 
 
+# The training programs' arguments (models_zoo: step(params, stats, opt_state, x, y)).
+ARGUMENT_GROUPS = {5: ("parameters", "batch statistics", "optimiser state", "inputs", "labels"),
+                   3: ("parameters", "optimiser state", "inputs")}
+
+
+def breakdown(program, host_args, top: int = 12) -> dict:
+    """memory_breakdown at the busiest tile's peak and at the all-tile
+    peak, the arguments labelled by the step's argument they belong to."""
+    from jax_ipu.profile.report import memory_breakdown
+
+    leaves = jax.tree_util.tree_flatten_with_path(host_args)[0]
+    names = ARGUMENT_GROUPS.get(len(host_args), ())
+    labels = [names[path[0].idx] if len(names) > path[0].idx else f"argument {path[0].idx}"
+              for path, _ in leaves] if len(leaves) == len(program.inputs) else ["arguments"] * len(program.inputs)
+    out = {}
+    for where, busiest in (("busiest tile", True), ("all tiles", False)):
+        b = memory_breakdown(program, busiest)
+        groups = collections.Counter()
+        for label, nbytes in zip(labels, b["arguments_by_index"], strict=True):
+            groups[label] += nbytes
+        b["arguments"] = dict(groups)
+        b["tensors"] = dict(list(b["tensors"].items())[:top])
+        del b["arguments_by_index"]
+        out[where] = b
+    return out
+
+
+def print_breakdown(r: dict) -> None:
+    for where, b in r.items():
+        fmt = (lambda x: f"{x:,} B") if where == "busiest tile" else (lambda x: f"{x / 1e6:,.1f} MB")
+        head = f"tile {b['tile']}" if b["tile"] is not None else "summed over tiles"
+        print(f"  memory at the peak, {head}: {fmt(b['total'])} at step {b['step']} of {b['steps']} "
+              f"({b['step_name'][:110]})")
+        print("    " + ", ".join(f"{k} {fmt(v)}" for k, v in b["parts"].items()))
+        print("    arguments: " + ", ".join(f"{k} {fmt(v)}" for k, v in b["arguments"].items())
+              + f" ({b['held_by_inputs']} outputs held in their donated inputs' memory)")
+        print("    tensors by pass: " + ", ".join(f"{k} {fmt(v)}" for k, v in b["kinds"].items()))
+        for source, (nbytes, count, _) in b["tensors"].items():
+            print(f"      {fmt(nbytes):>14} {count:4} x {source[:100]}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=["resnet50", "bert", "gpt2", *models_zoo.STAGES], required=True,
@@ -158,6 +201,9 @@ def main():
                         help="the partials_type compiler option (Poplar's partialsType)")
     parser.add_argument("--amp", type=float, default=None,
                         help="the available_memory_proportion compiler option (default 0.6)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="where the memory goes at the busiest tile's peak and, summed over tiles, at "
+                             "the step where their sum peaks (jax_ipu.profile.report.memory_breakdown)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.model in models_zoo.STAGES:
@@ -228,6 +274,8 @@ def main():
     r["estimated_step_s"] = step
     r["estimated_samples_per_s"] = samples / step if step else float("inf")
     r["estimated_tflops"] = program.flops / step / 1e12 if step else 0.0
+    if args.breakdown:
+        r["breakdown"] = breakdown(program, host_args)
     del program, CAPTURED["program"]
     mb = 1e6
     print(f"{label} on {target.describe()}")
@@ -273,6 +321,8 @@ def main():
         print(f"  JAX's saved residuals {saved / mb:.1f} MB + arguments {arguments / mb:.1f} MB = bound "
               f"{(saved + arguments) / mb:.1f} MB of {r['by_category']['SRAM'] / mb:.1f} MB; "
               f"{r['tokens_per_s']:,.0f} tokens/s per stage")
+    if args.breakdown:
+        print_breakdown(r["breakdown"])
     if args.steps:
         (r["wall_ipu_s"], r["wall_cpu_s"]), r["wall_ratio"] = step_seconds(
             [(compiled_ipu, ipu), (compiled_cpu, cpu)], host_args, args.steps)

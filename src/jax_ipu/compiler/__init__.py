@@ -46,7 +46,7 @@ from jax_ipu.compiler.passes.dilate_post_conv import dilate_post_conv
 from jax_ipu.compiler.passes.emulate import emulate_products
 from jax_ipu.compiler.passes.fft import expand_ffts
 from jax_ipu.compiler.passes.fold_transposes import fold_result_transposes
-from jax_ipu.compiler.passes.fuse import fuse
+from jax_ipu.compiler.passes.fuse import Cluster, fuse
 from jax_ipu.compiler.passes.legalize import FlatFunction, legalize
 from jax_ipu.compiler.passes.lower import lower
 from jax_ipu.compiler.passes.memory import check_fits, plan_memory
@@ -159,11 +159,26 @@ def _fuse(c: Compilation) -> None:
 
 def _lower(c: Compilation) -> None:
     b = c.builder = Builder(c.target, c.options)
+    c.aliases = _aliases(c.module.main, c.flat.results)
+    # Donated inputs whose updates one element-wise cluster computes (a
+    # parameter and its momentum) share a mapping, so that the cluster's
+    # results, mapped alike, can each be written into its own input's
+    # memory (lowering/elementwise.py, schedule.in_place_outputs).
+    donated = {c.flat.results[o]: i for o, i in c.aliases.items()
+               if i not in c.streaming_inputs and c.flat.results[o].type == c.flat.args[i].type}
+    mapped_as: dict[int, int] = {}
+    for node in c.nodes:
+        if isinstance(node, Cluster):
+            group = sorted({donated[r] for op in node.ops for r in op.results if r in donated})
+            for i in group[1:]:
+                mapped_as.setdefault(i, mapped_as.get(group[0], group[0]))
     for i, arg in enumerate(c.flat.args):
-        t = b.tensor(f"argument {i}", arg.type.shape, arg.type.dtype)
+        same = c.inputs[mapped_as[i]].mapping if i in mapped_as else None
+        t = b.tensor(f"argument {i}", arg.type.shape, arg.type.dtype, same)
         t.streaming = i in c.streaming_inputs
         c.inputs.append(t)
         b.values[arg] = View(t)
+    b.donors = {r: c.inputs[i] for r, i in donated.items()}
     lower(b, c.flat, c.nodes)
     c.outputs = [b.view(v, f"result {i}") for i, v in enumerate(c.flat.results)]
 
@@ -191,7 +206,6 @@ def _emulated(charges: list[tuple]) -> list[dict]:
 
 def _schedule(c: Compilation) -> None:
     b = c.builder
-    c.aliases = _aliases(c.module.main, c.flat.results)
     b.steps[:], c.received = hoist_updates(b.steps, c.received, c.inputs, c.outputs, c.aliases)
     c.body, c.host_cycles = schedule(c.target, b.steps, c.inputs, c.outputs)
 

@@ -105,6 +105,9 @@ class Builder:
         # (compiler/__init__.py's _emulated sums them after the cost pass).
         self.emulating: tuple[str, int] | None = None
         self.emulated: list[tuple] = []
+        # The main function's results aliased to donated inputs: result
+        # value -> the input's tensor (see lowering/elementwise.py).
+        self.donors: dict[ir.Value, Tensor] = {}
 
     # -- tensors --
     def linear_mapping(self, size: int, dtype: np.dtype) -> TileMapping:
@@ -238,10 +241,16 @@ class Builder:
         tensor belongs to the block being lowered (not an input, constant or
         value from outside, which a loop would read again), and nothing
         lowered to a view of it is read after `op`."""
-        t = x.tensor
+        return self.writable_after(x.tensor, [op])
+
+    def writable_after(self, t: Tensor, ops: list) -> bool:
+        """Whether t may be overwritten by `ops` (being lowered): it belongs
+        to the block being lowered, and no value lowered to a view of it is
+        read other than by them."""
         if t.constant is not None or not (t.id >= self.block_tensors_from or t.id in self.block_carried):
             return False
-        mine = collections.Counter(v for v in op.operands if v in self.values and t in _tensors_of(self.values[v]))
+        mine = collections.Counter(v for op in ops for v in op.operands
+                                   if v in self.values and t in _tensors_of(self.values[v]))
         return all(count <= mine[v] for v, count in self.pending_reads.items()
                    if count and v in self.values and t in _tensors_of(self.values[v]))
 

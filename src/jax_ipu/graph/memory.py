@@ -26,6 +26,23 @@ class MemoryReport:
     liveness_on_max_tile: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     live_at_peak: tuple = ()
     streaming_bytes: int = 0             # tensors in streaming memory, outside the tiles
+    # Where the memory goes (benchmarks' --breakdown): the part of `code`
+    # that is vertex state; the outputs held by their donated inputs'
+    # bytes (in always_live, not counted again); the step where the
+    # all-tile sum peaks (index into `liveness`) and each live tensor's
+    # bytes there, summed over tiles (aligned with live_at_peak); the step
+    # where the busiest tile peaks, the tensors live on it there and their
+    # bytes on it; the busiest tile's exchange buffers at each step. At
+    # either peak the tensors' bytes plus the exchange buffers are the
+    # step's live bytes (liveness[peak_step], liveness_on_max_tile[max_tile_step]).
+    vertex_state: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    held_by_inputs: tuple = ()
+    peak_step: int = -1
+    live_at_peak_bytes: tuple = ()
+    max_tile_step: int = -1
+    live_on_max_tile: tuple = ()
+    live_on_max_tile_bytes: tuple = ()
+    exchange_on_max_tile: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def peak(self) -> np.ndarray:

@@ -60,7 +60,8 @@ from jax_ipu.graph.views import _SHAPE, Concat, View
 from jax_ipu.utils import gc_pause
 
 MAGIC = b"JAXIPUPG"
-FORMAT_VERSION = 5   # 3: StreamingCopy steps, argument and result layouts; 4: control steps' costs; 5: emulated ops
+FORMAT_VERSION = 6   # 3: StreamingCopy steps, argument and result layouts; 4: control steps' costs; 5: emulated ops;
+#                       6: the memory report's breakdown
 _MARK = struct.Struct("<8sI")
 PREFIX = struct.Struct("<8sIQQQQ32s")
 _ALIGN = 64
@@ -418,7 +419,10 @@ _SCHEMA: dict[type, dict[str, str]] = {
     MemoryReport: {"bytes_per_tile": "int", "always_live": "array", "not_always_live_peak": "array",
                    "code": "array", "argument_bytes": "int", "output_bytes": "int", "aliased_bytes": "int",
                    "temporary_bytes": "int", "liveness": "array", "liveness_exchange": "array",
-                   "liveness_on_max_tile": "array", "live_at_peak": "*int", "streaming_bytes": "int"},
+                   "liveness_on_max_tile": "array", "live_at_peak": "*int", "streaming_bytes": "int",
+                   "vertex_state": "array", "held_by_inputs": "*int", "peak_step": "int",
+                   "live_at_peak_bytes": "*int", "max_tile_step": "int", "live_on_max_tile": "*int",
+                   "live_on_max_tile_bytes": "*int", "exchange_on_max_tile": "array"},
     ir.TensorType: {"shape": "*int", "dtype": "dtype"},
     codelets.Instruction: {"op": "str", "args": "*int", "dtype": "dtype", "attrs": "any"},
     # Every kernel as its record declares it (graph/records.py).

@@ -179,6 +179,75 @@ def liveness(program) -> dict:
     }
 
 
+def _source(name: str) -> str:
+    """A tensor's producing op and source line (`multiply@file.py:92:20
+    (jit(step)/...)` -> `multiply@file.py:92`)."""
+    op = name.split(" (")[0]
+    if "@" in op and op.count(":") >= 2:
+        op = op.rsplit(":", 1)[0]
+    return op
+
+
+def memory_breakdown(program, busiest: bool = True) -> dict:
+    """Where a program's memory goes at its peak: with `busiest`, on the
+    busiest tile at the step where it peaks; else summed over all tiles at
+    the step where their sum peaks. `parts` adds up to `total` (the
+    busiest tile's bytes, or the sum over tiles at that step):
+    arguments (each input's bytes, `arguments_by_index`, with the outputs
+    written into their donated input's memory), constants, code, vertex
+    state, exchange buffers, and the live tensors, each under its
+    producing op and source line in `tensors` ({source: [bytes, count,
+    example name]}, largest first) and under `kinds`: the pass that made
+    it by its name (JAX's name stack: `transpose(` marks the backward pass,
+    and JAX's recomputation of a checkpointed function in it names
+    `rematted_computation`), else `forward pass`."""
+    m = program.memory
+    tiles = program.num_tiles
+    if busiest:
+        tile = m.max_tile
+        step, ids, sizes = m.max_tile_step, m.live_on_max_tile, m.live_on_max_tile_bytes
+        exchange = int(m.exchange_on_max_tile[step]) if step >= 0 else 0
+
+        def on(values):
+            return int(values[tile])
+        live = int(m.liveness_on_max_tile[step]) if step >= 0 else 0
+    else:
+        tile = None
+        step, ids, sizes = m.peak_step, m.live_at_peak, m.live_at_peak_bytes
+        exchange = int(m.liveness_exchange[step]) if step >= 0 else 0
+
+        def on(values):
+            return int(np.sum(values))
+        live = int(m.liveness[step]) if step >= 0 else 0
+    arguments = [on(t.mapping.elements_per_tile(tiles) * t.dtype.itemsize) if not t.streaming else 0
+                 for t in program.inputs]
+    constants = on(_per_tile([t for t in program.tensors if t.constant is not None], tiles))
+    vertex_state = on(m.vertex_state) if len(m.vertex_state) else 0
+    code = on(m.code) - vertex_state
+    tensors: dict = {}
+    kinds = collections.Counter()
+    for i, nbytes in zip(ids, sizes, strict=True):
+        t = program.tensors[i]
+        source = _source(t.name)
+        row = tensors.setdefault(source, [0, 0, t.name])
+        row[0] += nbytes
+        row[1] += 1
+        stack = t.name.split(" (", 1)[-1] if " (" in t.name else ""
+        kinds["backward pass: recomputed forward" if "rematted_computation" in stack else
+              "backward pass" if "transpose(" in stack else "forward pass"] += nbytes
+    parts = {"arguments": sum(arguments), "constants": constants, "code": code, "vertex state": vertex_state,
+             "exchange buffers": exchange, "tensors": sum(sizes)}
+    body = program.body.steps
+    top = body[len(program.inputs):len(body) - len(program.outputs)]
+    return {
+        "tile": tile, "step": step, "steps": len(m.liveness),
+        "step_name": _name(top[step]) if 0 <= step < len(top) and len(top) == len(m.liveness) else str(step),
+        "total": sum(parts.values()), "live": live, "parts": parts, "arguments_by_index": arguments,
+        "held_by_inputs": len(m.held_by_inputs), "kinds": dict(kinds.most_common()),
+        "tensors": dict(sorted(tensors.items(), key=lambda kv: -kv[1][0])),
+    }
+
+
 def program_tree(program) -> dict:
     """The program tree (Sequence, Repeat, If... down to Execute and Copy)
     with each node's static cycles: a Repeat counts its body times its

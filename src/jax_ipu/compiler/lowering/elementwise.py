@@ -103,10 +103,27 @@ def lower_cluster(b: Builder, cluster: Cluster, used_outside: set) -> None:
                 outputs.append((value, first_result + x, op))
     if not outputs:
         return
-    tile_mapping = b.output_mapping(size, outputs[0][0].type.dtype, views)
+    # An update of a donated input (an optimiser's, a running statistic's)
+    # mapped as that input, so that it can be written into its memory
+    # (schedule.in_place_outputs, the memory plan) rather than beside it.
+    donor = next((b.donors[v] for v, _, _ in outputs if v in b.donors), None)
+    tile_mapping = donor.mapping if donor is not None else b.output_mapping(size, outputs[0][0].type.dtype, views)
+    reused = None if donor is not None else _dying_operand(b, cluster, views, outputs, shape)
+    # In place only where that exchanges no more than the usual mapping
+    # (the operands mapped as the reused one hold at least as many bytes)
+    # and puts a vertex on no tile the usual mapping leaves out (each
+    # vertex's state is always live on its tile).
+    if (reused is not None and np.isin(reused.mapping.tiles, tile_mapping.tiles).all()
+            and _local_bytes(reused.mapping, views, size) >= _local_bytes(tile_mapping, views, size)):
+        tile_mapping = reused.mapping
+    else:
+        reused = None
     tensors = []
     for value, reg, op in outputs:
-        t = b.tensor(f"{op.name}@{op.loc}", shape, value.type.dtype, tile_mapping)
+        if reused is not None and reused.dtype == value.type.dtype:
+            t, reused = reused, None
+        else:
+            t = b.tensor(f"{op.name}@{op.loc}", shape, value.type.dtype, tile_mapping)
         b.values[value] = View(t)
         tensors.append((reg, t))
     names = [i.op for i in program]
@@ -121,6 +138,35 @@ def lower_cluster(b: Builder, cluster: Cluster, used_outside: set) -> None:
     b.transcendentals += size * sum(name in ops.TRANSCENDENTAL for name in names)
     step = b.execute(f"fused {'+'.join(dict.fromkeys(names))} @{cluster.ops[-1].loc}", kernel, vertices)
     _charge_emulation(b, step, sources, spec, dtype, int(tile_mapping.elements_per_tile(b.target.num_tiles).max()))
+
+
+def _dying_operand(b: Builder, cluster: Cluster, views: list, outputs: list, shape: tuple):
+    """An operand tensor the cluster may write one of its results into, as
+    popops' in-place element-wise ops and XLA's buffer assignment reuse an
+    operand's buffer: of a result's shape and type, made in the block being
+    lowered, read by the cluster only whole and in its own element order
+    (each element then read and written by the one vertex that holds it),
+    and read by nothing after the cluster. None if there is none."""
+    types = {value.type.dtype for value, _, _ in outputs}
+    for v in views:
+        if not isinstance(v, View) or not v.ops == () or v.tensor.shape != shape or v.tensor.dtype not in types:
+            continue
+        t = v.tensor
+        if any(isinstance(w, View) and w.tensor is t and w.ops for w in views):
+            continue             # also read in another order or shape
+        if b.writable_after(t, cluster.ops):
+            return t
+    return None
+
+
+def _local_bytes(m, views: list, size: int) -> int:
+    """The bytes of the whole operands mapped as m: read where they are
+    when the cluster's vertices follow m."""
+    def same(other) -> bool:
+        return other is m or (other.size == m.size and np.array_equal(other.tiles, m.tiles)
+                              and np.array_equal(other.starts, m.starts) and np.array_equal(other.stops, m.stops))
+    return sum(v.size * v.dtype.itemsize for v in views
+               if isinstance(v, View) and v.is_whole_tensor and v.size == size and same(v.tensor.mapping))
 
 
 def _charge_emulation(b: Builder, step, sources: list[ir.Op], spec: list[tuple], dtype: np.dtype, n: int) -> None:

@@ -15,7 +15,8 @@ from jax_ipu.graph.tensors import Tensor
 from jax_ipu.targets import Target
 
 
-def _code_bytes(target: Target, steps: list) -> np.ndarray:
+def _code_bytes(target: Target, steps: list) -> tuple[np.ndarray, np.ndarray]:
+    """([tiles] code, [tiles] vertex state)."""
     vertices = np.zeros(target.num_tiles, dtype=np.int64)
     on_tiles: dict = {}        # codelet kind -> [tiles] of its vertices
     for step in (leaf for top in steps for leaf in leaves(top)):   # loop bodies too
@@ -32,7 +33,7 @@ def _code_bytes(target: Target, steps: list) -> np.ndarray:
     code = np.zeros(target.num_tiles, dtype=np.int64)
     for parts in on_tiles.values():
         code[np.unique(np.concatenate(parts))] += target.code_bytes_per_codelet
-    return code + vertices * target.vertex_state_bytes
+    return code, vertices * target.vertex_state_bytes
 
 
 def _inner_spans(step, i: int, first: np.ndarray, last: np.ndarray, returned: set) -> tuple[dict, int]:
@@ -90,7 +91,8 @@ def plan_memory(target: Target, tensors: list[Tensor], steps: list, inputs: list
     held_by_input = {outputs[o].tensor.id for o, i in (in_place or {}).items()
                      if not outputs[o].tensor.streaming and not inputs[i].streaming
                      and np.array_equal(per_tile[outputs[o].tensor.id], per_tile[inputs[i].id])}
-    code = _code_bytes(target, steps)
+    code, vertex_state = _code_bytes(target, steps)
+    code = code + vertex_state
     always_live = code + sum((per_tile[i] for i in always), np.zeros(tiles, dtype=np.int64))
     returned = {v.tensor.id for v in outputs}
     n = len(steps)
@@ -108,8 +110,9 @@ def plan_memory(target: Target, tensors: list[Tensor], steps: list, inputs: list
         end = n - 1 if t.id in returned else max(last[t.id], first[t.id])
         delta[first[t.id]] += per_tile[t.id]
         delta[end + 1] -= per_tile[t.id]
-        spans.append((t, first[t.id], end))
+        spans.append((t.id, first[t.id], end))
     live = np.cumsum(delta[:n], axis=0)
+    within_steps = {}      # control step -> ({tensor: span}, [tiles] its inner step at each tile's peak)
     for i, (found, length) in inner.items():
         found = {t: span for t, span in found.items() if t not in always and t not in held_by_input}
         if not found:
@@ -119,15 +122,17 @@ def plan_memory(target: Target, tensors: list[Tensor], steps: list, inputs: list
             within[start] += per_tile[t]
             within[end + 1] -= per_tile[t]
         at = np.cumsum(within[:length], axis=0)
-        peak_at = int(np.argmax(at.sum(axis=1)))
         live[i] += at.max(axis=0)
-        spans += [(tensors[t], i, i) for t, (start, end) in found.items() if start <= peak_at <= end]
+        within_steps[i] = (found, np.argmax(at, axis=0))
     exchange = np.stack(received) if n else np.zeros((0, tiles), dtype=np.int64)
     live += exchange
     peak = live.max(axis=0) if n else np.zeros(tiles, dtype=np.int64)
     liveness = live.sum(axis=1)
     at = int(np.argmax(liveness)) if n else -1
     max_tile = int(np.argmax(always_live + peak)) if tiles else 0
+    max_tile_step = int(np.argmax(live[:, max_tile])) if n else -1
+    on_max_tile = _live_at(max_tile_step, spans, within_steps, per_tile, max_tile)
+    at_peak = _live_at(at, spans, within_steps, per_tile, None)
     return MemoryReport(
         bytes_per_tile=target.bytes_per_tile, always_live=always_live, not_always_live_peak=peak,
         code=code, argument_bytes=sum(t.nbytes for t in inputs if not t.streaming),
@@ -135,9 +140,30 @@ def plan_memory(target: Target, tensors: list[Tensor], steps: list, inputs: list
         aliased_bytes=aliased_bytes, temporary_bytes=int(peak.sum()), liveness=liveness,
         liveness_exchange=exchange.sum(axis=1),
         liveness_on_max_tile=live[:, max_tile] if tiles else np.zeros(n, dtype=np.int64),
-        live_at_peak=tuple(t.id for t, start, end in sorted(spans, key=lambda s: -s[0].nbytes)
-                           if start <= at <= end),
-        streaming_bytes=sum(t.nbytes for t in tensors if t.streaming))
+        live_at_peak=tuple(t for t, _ in at_peak), live_at_peak_bytes=tuple(b for _, b in at_peak),
+        streaming_bytes=sum(t.nbytes for t in tensors if t.streaming),
+        vertex_state=vertex_state, held_by_inputs=tuple(sorted(held_by_input)), peak_step=at,
+        max_tile_step=max_tile_step, live_on_max_tile=tuple(t for t, _ in on_max_tile),
+        live_on_max_tile_bytes=tuple(b for _, b in on_max_tile),
+        exchange_on_max_tile=exchange[:, max_tile] if tiles else np.zeros(n, dtype=np.int64))
+
+
+def _live_at(step: int, spans: list, within_steps: dict, per_tile: list, tile: int | None) -> list:
+    """[(tensor id, bytes)] of the not-always-live tensors live at `step`,
+    on `tile` or summed over all tiles, largest first; with the step's
+    exchange buffers they add up to the step's live bytes there. Inside a
+    control step, each tile's own inner peak counts (as the plan does)."""
+    if step < 0:
+        return []
+    found = {}
+    for t, start, end in spans:
+        if start <= step <= end:
+            found[t] = int(per_tile[t][tile] if tile is not None else per_tile[t].sum())
+    inner, at = within_steps.get(step, ({}, None))
+    for t, (start, end) in inner.items():
+        live = (start <= at) & (at <= end)
+        found[t] = int(per_tile[t][tile] * live[tile] if tile is not None else (per_tile[t] * live).sum())
+    return sorted(((t, b) for t, b in found.items() if b), key=lambda x: -x[1])
 
 
 def check_fits(report: MemoryReport, tensors: list[Tensor], target: Target, program=None) -> None:
