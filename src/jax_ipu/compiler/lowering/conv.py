@@ -287,23 +287,46 @@ def _planned(b: Builder, op: ir.Op, c: _Conv) -> None:
 
 def _serial_steps(b: Builder, op: ir.Op, c: _Conv, plan: ConvPlan, x: View, lhs_axes: list, w: View,
                   rhs_axes: list, partials_dtype: np.dtype, out_dtype: np.dtype) -> View:
-    """A serially split plan: one convolution step after another, each over
-    a slice of the output channels on the same tiles (its partials, input
-    regions and kernel blocks dead before the next step makes its own),
-    then the steps' results copied into the output, as poplin's serial
-    loop updates a slice of its output each iteration."""
+    """A serially split plan: the same compute sets run once per slice of
+    the output channels, on the same tiles and into the same partials, as
+    poplin's serial loop does: before each step the slice of the kernel is
+    copied into the step's kernel tensor, after it the step's result into a
+    tensor of its own; the steps' results are then copied into the output.
+    A last, smaller slice (when the channels do not divide) has compute
+    sets of its own."""
     block = -(-c.out_chans // plan.serial)
     spatial = len(c.outs)
+    kernel_roles = ["g", *(("k", d) for d in range(spatial)), "c", "o"]
     start = b.shared_start_tile(("conv serial", c, plan, x.tensor.mapping, tuple(lhs_axes)),
-                                _vertex_count(dataclasses.replace(c, out_chans=min(block, c.out_chans)), plan))
-    parts = []
+                                _vertex_count(dataclasses.replace(c, out_chans=block), plan))
+
+    def kernel_slice(lo, hi):
+        return w.then("slice", (0,) * (spatial + 2) + (lo,), (*w.shape[:-1], hi), (1,) * (spatial + 3))
+    step_kernel = b.tensor(f"{name_of(op)}/kernel slice", (*w.shape[:-1], block), w.dtype)
+    step_axes = list(zip(kernel_roles, step_kernel.shape, strict=True))
+    parts, made = [], None
     for i, lo in enumerate(range(0, c.out_chans, block)):
         hi = min(lo + block, c.out_chans)
-        step = dataclasses.replace(c, out_chans=hi - lo)
-        sliced = w.then("slice", (0,) * (spatial + 2) + (lo,), (*w.shape[:-1], hi), (1,) * (spatial + 3))
-        parts.append(_partials_and_sum(b, op, step, plan, x, lhs_axes, sliced, rhs_axes, partials_dtype,
-                                       out_dtype, out_chans_at=lo, start=start,
-                                       serial=f" serial step {i + 1} of {plan.serial}", spread=False))
+        label = f" serial step {i + 1} of {plan.serial}"
+        if hi - lo < block:
+            # The last, smaller slice: read in place, its own compute sets.
+            parts.append(_partials_and_sum(b, op, dataclasses.replace(c, out_chans=hi - lo), plan, x, lhs_axes,
+                                           kernel_slice(lo, hi), rhs_axes, partials_dtype, out_dtype,
+                                           out_chans_at=lo, start=start, serial=label, spread=False))
+            continue
+        b.copy(kernel_slice(lo, hi), step_kernel)
+        if made is None:
+            before = len(b.steps)
+            result = _partials_and_sum(b, op, dataclasses.replace(c, out_chans=block), plan, x, lhs_axes,
+                                       View(step_kernel), step_axes, partials_dtype, out_dtype, start=start,
+                                       serial=f" serial steps of {plan.serial}", spread=False)
+            made = [step.compute_set for step in b.steps[before:]]
+        else:
+            for compute_set in made:
+                b.rerun(compute_set)
+        kept = b.tensor(f"{name_of(op)}/step {i + 1}", result.tensor.shape, out_dtype, result.tensor.mapping)
+        b.copy(View(result.tensor), kept)
+        parts.append(View(kept).then("reshape", result.shape))
     shape = (*parts[0].shape[:-1], c.out_chans)
     out = b.tensor(f"{name_of(op)}/steps", shape, out_dtype)
     b.copy(Concat(tuple(parts), len(shape) - 1), out)
