@@ -86,16 +86,21 @@ def test_the_fastest_fitting_split_is_chosen():
 def test_serial_steps_add_their_exchange_and_syncs(serial):
     """A serial plan costs each step's own exchange, sync, vertices and
     reduction (poplin multiplies its per-step estimate by the split,
-    ConvModel.cpp), plus one copy of the steps' results into the output:
-    an exchange of the output's share of a tile and its sync."""
+    ConvModel.cpp) and its copies of the kernel slice in and its result
+    out, plus one copy of the steps' results into the output: an exchange
+    of the output's share of a tile and its sync."""
     problem, proportion = _problem(), 0.05
     plan = planner.serial_plan(IPU2, problem, proportion, serial)
     block = -(-problem.out_chans // serial)
     step = planner._plan_parallel(IPU2, dataclasses.replace(problem, out_chans=block), proportion, spread=False)
     copy = (IPU2.exchange_fixed_cycles + IPU2.sync_cycles
             + planner.serial_output_bytes(IPU2, problem) / IPU2.exchange_bytes_per_cycle)
+    per_step = planner.serial_step_copy_cycles(IPU2, problem, block)
     assert plan.serial == serial
-    assert plan.cycles == pytest.approx(serial * step.cycles + copy)
+    assert plan.cycles == pytest.approx(serial * (step.cycles + per_step) + copy)
+    # Each step's copies: the kernel slice in (an exchange and a sync), the
+    # result out (a sync).
+    assert per_step > IPU2.exchange_fixed_cycles + 2 * IPU2.sync_cycles
     # Each step pays at least an exchange and a sync of its own.
     assert step.cycles > IPU2.exchange_fixed_cycles + IPU2.sync_cycles
     assert plan.temporary_bytes == step.temporary_bytes + planner.serial_output_bytes(IPU2, problem)

@@ -222,8 +222,22 @@ def serial_plan(target: Target, problem: ConvProblem, proportion: float, serial:
     step = _plan_parallel(target, dataclasses.replace(p, out_chans=block), proportion, spread=False)
     out_bytes = serial_output_bytes(target, p)
     copy = target.exchange_fixed_cycles + target.sync_cycles + out_bytes / target.exchange_bytes_per_cycle
-    return dataclasses.replace(step, cycles=steps * step.cycles + copy,
+    return dataclasses.replace(step, cycles=steps * (step.cycles + serial_step_copy_cycles(target, p, block)) + copy,
                                temporary_bytes=step.temporary_bytes + out_bytes, serial=steps)
+
+
+def serial_step_copy_cycles(target: Target, problem: ConvProblem, block: int) -> float:
+    """A serial step's copies (compiler/lowering/conv.py): the slice of the
+    kernel into the step's kernel tensor (an exchange, as poplin's dynamic
+    slice of the weights in each iteration) and the step's result into a
+    tensor of its own (on the tiles that hold it, as poplin's dynamic
+    update of its output slice), each with its sync."""
+    p = problem
+    item = np.dtype(p.in_dtype).itemsize
+    kernel = -(-p.groups * math.prod(p.window) * p.in_chans * block * item // target.num_tiles)
+    result = -(-p.groups * p.batch * math.prod(p.outs) * block // target.num_tiles) * np.dtype(p.out_dtype).itemsize
+    return (target.exchange_fixed_cycles + target.sync_cycles + kernel / target.exchange_bytes_per_cycle
+            + target.sync_cycles + result / target.sram_write_bytes_per_cycle)
 
 
 def _plan_parallel(target: Target, problem: ConvProblem, proportion: float, spread: bool = True) -> ConvPlan:
