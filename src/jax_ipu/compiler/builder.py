@@ -266,6 +266,14 @@ class Builder:
         self._charge(step)
         return step
 
+    def rerun(self, compute_set: ComputeSet) -> Execute:
+        """An Execute of a compute set run before (a serial loop's body):
+        its vertices, and their state, are the earlier run's."""
+        step = Execute(compute_set)
+        self.steps.append(step)
+        self._charge(step)
+        return step
+
     def copy(self, src: View | Concat, dst: Tensor) -> None:
         step = Copy(src, dst)
         self.steps.append(step)

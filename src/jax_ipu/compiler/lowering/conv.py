@@ -35,7 +35,7 @@ from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph.codelets_conv import ConvPartials
 from jax_ipu.graph.compute import Rows, SharedRows, VertexArray, compact
 from jax_ipu.graph.mapping import TileMapping
-from jax_ipu.graph.views import View
+from jax_ipu.graph.views import Concat, View
 
 log = logging.getLogger(__name__)
 
@@ -278,8 +278,59 @@ def _planned(b: Builder, op: ir.Op, c: _Conv) -> None:
         rhs_view, rhs_axes = View(t), list(zip(kernel_roles, t.shape, strict=True))
     w = _view_as(rhs_view, rhs_axes, kernel_roles)                          # [G, *window, Ci, Co]
 
-    lowered = _partials_and_sum(b, op, c, plan, x, lhs_axes, w, rhs_axes, partials_dtype, out_t.dtype)
+    if plan.serial == 1:
+        lowered = _partials_and_sum(b, op, c, plan, x, lhs_axes, w, rhs_axes, partials_dtype, out_t.dtype)
+    else:
+        lowered = _serial_steps(b, op, c, plan, x, lhs_axes, w, rhs_axes, partials_dtype, out_t.dtype)
     b.values[op.results[0]] = _as_output(b, op, c, plan, lowered)
+
+
+def _serial_steps(b: Builder, op: ir.Op, c: _Conv, plan: ConvPlan, x: View, lhs_axes: list, w: View,
+                  rhs_axes: list, partials_dtype: np.dtype, out_dtype: np.dtype) -> View:
+    """A serially split plan: the same compute sets run once per slice of
+    the output channels, on the same tiles and into the same partials, as
+    poplin's serial loop does: before each step the slice of the kernel is
+    copied into the step's kernel tensor, after it the step's result into a
+    tensor of its own; the steps' results are then copied into the output.
+    A last, smaller slice (when the channels do not divide) has compute
+    sets of its own."""
+    block = -(-c.out_chans // plan.serial)
+    spatial = len(c.outs)
+    kernel_roles = ["g", *(("k", d) for d in range(spatial)), "c", "o"]
+    start = b.shared_start_tile(("conv serial", c, plan, x.tensor.mapping, tuple(lhs_axes)),
+                                _vertex_count(dataclasses.replace(c, out_chans=block), plan))
+
+    def kernel_slice(lo, hi):
+        return w.then("slice", (0,) * (spatial + 2) + (lo,), (*w.shape[:-1], hi), (1,) * (spatial + 3))
+    step_kernel = b.tensor(f"{name_of(op)}/kernel slice", (*w.shape[:-1], block), w.dtype)
+    step_axes = list(zip(kernel_roles, step_kernel.shape, strict=True))
+    parts, made = [], None
+    for i, lo in enumerate(range(0, c.out_chans, block)):
+        hi = min(lo + block, c.out_chans)
+        label = f" serial step {i + 1} of {plan.serial}"
+        if hi - lo < block:
+            # The last, smaller slice: read in place, its own compute sets.
+            parts.append(_partials_and_sum(b, op, dataclasses.replace(c, out_chans=hi - lo), plan, x, lhs_axes,
+                                           kernel_slice(lo, hi), rhs_axes, partials_dtype, out_dtype,
+                                           out_chans_at=lo, start=start, serial=label, spread=False))
+            continue
+        b.copy(kernel_slice(lo, hi), step_kernel)
+        if made is None:
+            before = len(b.steps)
+            result = _partials_and_sum(b, op, dataclasses.replace(c, out_chans=block), plan, x, lhs_axes,
+                                       View(step_kernel), step_axes, partials_dtype, out_dtype, start=start,
+                                       serial=f" serial steps of {plan.serial}", spread=False)
+            made = [step.compute_set for step in b.steps[before:]]
+        else:
+            for compute_set in made:
+                b.rerun(compute_set)
+        kept = b.tensor(f"{name_of(op)}/step {i + 1}", result.tensor.shape, out_dtype, result.tensor.mapping)
+        b.copy(View(result.tensor), kept)
+        parts.append(View(kept).then("reshape", result.shape))
+    shape = (*parts[0].shape[:-1], c.out_chans)
+    out = b.tensor(f"{name_of(op)}/steps", shape, out_dtype)
+    b.copy(Concat(tuple(parts), len(shape) - 1), out)
+    return View(out)
 
 
 def _kernel_canonical(op: ir.Op, rhs_view: View, c: _Conv) -> View:
@@ -298,21 +349,28 @@ def _output_roles(spatial: int, batch_inner: bool) -> list:
 
 
 def _partials_and_sum(b: Builder, op: ir.Op, c: _Conv, plan: ConvPlan, x: View, lhs_axes: list, w: View,
-                      rhs_axes: list, partials_dtype: np.dtype, out_dtype: np.dtype) -> View:
+                      rhs_axes: list, partials_dtype: np.dtype, out_dtype: np.dtype, out_chans_at: int = 0,
+                      start: int | None = None, serial: str = "", spread: bool = True) -> View:
     """The ConvPartials compute set, then the sum of its chunks (and the
     cast to the output's type) where there is one: the convolution's
-    result [G, N, *outs, Co] ([G, *outs, N, Co] batch inner)."""
+    result [G, N, *outs, Co] ([G, *outs, N, Co] batch inner). A serial
+    step's `w` is a slice of the kernel's output channels, from
+    `out_chans_at` of the kernel tensor (laid out as `rhs_axes`), on the
+    tiles from `start`, `serial` naming it in the compute sets, and its
+    result left where its vertices put it unless `spread`."""
     spatial = len(c.outs)
     chunks = plan.chunks
     roles = _output_roles(spatial, plan.batch_inner)
     sizes = {"g": c.groups, "n": c.batch, "o": c.out_chans, **{("s", d): c.outs[d] for d in range(spatial)}}
     shape = (chunks, *(sizes[r] for r in roles))
     codelet = f"ConvPartial{'1x1Out' if plan.vertex == '1x1' else 'nx1'}<{x.dtype.name},{partials_dtype.name}>"
-    key = ("conv", codelet, c, plan, x.tensor.mapping, tuple(lhs_axes), w.tensor.mapping, tuple(rhs_axes))
-    start = b.shared_start_tile(key, _vertex_count(c, plan))
+    key = ("conv", codelet, c, plan, x.tensor.mapping, tuple(lhs_axes), w.tensor.mapping, tuple(rhs_axes),
+           out_chans_at)
+    if start is None:
+        start = b.shared_start_tile(key, _vertex_count(c, plan))
     mapping, tiles, cycles, in_iv, in_at, w_iv, w_at, out_iv, out_at, in_rows = b.pattern(
         (*key, start), lambda: _vertices(b, c, plan, lhs_axes, rhs_axes, shape, roles, start, x.dtype,
-                                         partials_dtype))
+                                         partials_dtype, out_chans_at))
     partials = b.tensor(f"{name_of(op)}/partials", shape, partials_dtype, mapping)
     kernel = ConvPartials(x, w, partials, c.spec, plan.in_chans[0], tuple(s for s, _ in plan.window),
                           plan.batch_inner)
@@ -320,10 +378,19 @@ def _partials_and_sum(b: Builder, op: ir.Op, c: _Conv, plan: ConvPlan, x: View, 
                            ((partials, out_iv, out_at),), (in_rows,))
     split = "x".join(str(s) for s, _ in (plan.groups, plan.batch, *plan.outs, plan.in_chans, plan.out_chans,
                                           *plan.window))
-    b.execute(f"conv {name_of(op)} {split} tiles{' batch-inner' if plan.batch_inner else ''}", kernel, vertices)
-    if chunks == 1 and partials_dtype == out_dtype:
-        return View(partials).then("reshape", shape[1:])
+    b.execute(f"conv {name_of(op)} {split} tiles{' batch-inner' if plan.batch_inner else ''}{serial}", kernel,
+              vertices)
     size = int(np.prod(shape[1:], dtype=np.int64))
+    if chunks == 1 and partials_dtype == out_dtype:
+        if not spread or _same_mapping(partials.mapping, b.linear_mapping(size, out_dtype)):
+            return View(partials).then("reshape", shape[1:])
+        # The partials are the result, on the tiles of the vertices that
+        # wrote them (a plan on fewer tiles leaves more on each): spread
+        # once, as a reduction would have spread them, rather than have
+        # every element-wise reader (mapped linearly) receive them again.
+        out = b.tensor(name_of(op), (size,), out_dtype)
+        b.copy(View(partials).then("reshape", (size,)), out)
+        return View(out).then("reshape", shape[1:])
     out = b.tensor(name_of(op), (size,), out_dtype)
     out_float, partials_float = np.dtype(out_dtype).itemsize == 4, partials_dtype.itemsize == 4
     if partials_dtype.kind == "f":
@@ -334,6 +401,11 @@ def _partials_and_sum(b: Builder, op: ir.Op, c: _Conv, plan: ConvPlan, x: View, 
             return cost.reduce_cycles(b.target, n * count, partials_dtype)
     reduce_partials(b, op, View(partials).then("reshape", (chunks, size)), out, "conv reduce", cycles_of)
     return View(out).then("reshape", shape[1:])
+
+
+def _same_mapping(a: TileMapping, b: TileMapping) -> bool:
+    return a is b or (a.size == b.size and np.array_equal(a.tiles, b.tiles) and np.array_equal(a.starts, b.starts)
+                      and np.array_equal(a.stops, b.stops))
 
 
 def _block_ranges(c: _Conv, plan: ConvPlan) -> list:
@@ -430,7 +502,7 @@ def _rect_intervals(made: list, offsets: np.ndarray) -> tuple[np.ndarray, np.nda
 
 
 def _vertices(b: Builder, c: _Conv, plan: ConvPlan, lhs_axes: list, rhs_axes: list, shape: tuple, roles: list,
-              start: int, in_dtype: np.dtype, partials_dtype: np.dtype) -> tuple:
+              start: int, in_dtype: np.dtype, partials_dtype: np.dtype, out_chans_at: int = 0) -> tuple:
     """(the partials' mapping, and the vertices as arrays: tiles, cycles,
     input region intervals and each vertex's range of them, kernel block
     intervals and ranges, partials intervals and offsets). Vertices that
@@ -495,7 +567,7 @@ def _vertices(b: Builder, c: _Conv, plan: ConvPlan, lhs_axes: list, rhs_axes: li
 
     def kernel_blocks(rows):
         bounds = {"g": (lo[:, g_at], hi[:, g_at]), "c": (lo[:, ci_at], hi[:, ci_at]),
-                  "o": (lo[:, co_at], hi[:, co_at]),
+                  "o": (lo[:, co_at] + out_chans_at, hi[:, co_at] + out_chans_at),
                   **{("k", d): (lo[:, k_at + d], hi[:, k_at + d]) for d in range(spatial)}}
         return rect_intervals([s for _, s in rhs_axes], *box(rhs_axes, bounds, rows))
 

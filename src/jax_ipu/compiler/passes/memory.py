@@ -19,8 +19,12 @@ def _code_bytes(target: Target, steps: list) -> tuple[np.ndarray, np.ndarray]:
     """([tiles] code, [tiles] vertex state)."""
     vertices = np.zeros(target.num_tiles, dtype=np.int64)
     on_tiles: dict = {}        # codelet kind -> [tiles] of its vertices
+    seen = set()
     for step in (leaf for top in steps for leaf in leaves(top)):   # loop bodies too
-        if isinstance(step, Execute):
+        # A compute set run more than once (a serially split convolution's
+        # steps) holds one set of vertices.
+        if isinstance(step, Execute) and id(step.compute_set) not in seen:
+            seen.add(id(step.compute_set))
             vs = step.compute_set.vertices
             tiles = vertex_tiles(vs)
             vertices += np.bincount(tiles, minlength=target.num_tiles)

@@ -11,6 +11,16 @@ that region (cycles from PopLibs' estimators, compiler.cost_conv). Input
 channels and kernel positions split over tiles give partial sums, which
 a reduction across tiles adds up (ConvReduce).
 
+When no partition's temporaries fit the budget, the convolution is split
+serially over its output channels, as poplin's planner does (its
+outChanSplit.serial, lib/poplin/ConvPlan.hpp at 7eac0f26): the same tiles
+run `serial` steps one after another, each over a slice of the output
+channels with the partition chosen for that slice, so that a step's input
+regions, kernel blocks and partials are dead before the next step's are
+made. Each step costs its own exchange, syncs, vertices and reduction
+(poplin multiplies its per-step estimate by the serial split, ConvModel.cpp);
+the steps' results are then copied into the output, one more exchange.
+
 The AMP runs along one field dimension at a time (a worklist run is a
 row of output positions with a fixed input stride). Rows run along the
 innermost output dimension, or, where that is short and the batch is not
@@ -93,6 +103,7 @@ class ConvPlan:
     in_group: int                       # input channels per AMP group
     cycles: float
     temporary_bytes: int                # per tile: input region, kernel block and partials
+    serial: int = 1                     # steps over output channels, each of out_chans' tiles and block
 
     @property
     def tiles(self) -> int:
@@ -156,10 +167,84 @@ def _region(out_block, kernel_block, size, stride, lhs_dil, rhs_dil) -> np.ndarr
     return np.minimum(-(-touched // lhs_dil), size)
 
 
+# Serial splits tried: powers of two up to this many steps.
+MAX_SERIAL = 64
+# When no split fits: temporaries within 1 / SERIAL_GAIN of the least
+# count as the least.
+SERIAL_GAIN = 0.9
+
+
 @functools.lru_cache(maxsize=4096)
 def plan_conv(target: Target, problem: ConvProblem, proportion: float) -> ConvPlan:
     """The fastest partition whose temporaries fit `proportion` of a tile;
-    when none does, the one with the least."""
+    when none does, the fastest serial split over output channels whose
+    steps fit (doubling the steps up to the second that fits: a larger
+    split may let a faster partition fit); when none of those does either,
+    the plan with the least temporaries."""
+    best = _plan_parallel(target, problem, proportion)
+    if fits(best, target, proportion):
+        return best
+    plans = [best]
+    serial = 2
+    while serial <= min(MAX_SERIAL, problem.out_chans):
+        plans.append(serial_plan(target, problem, proportion, serial))
+        if fits(plans[-1], target, proportion) and len(plans) > 2 and fits(plans[-2], target, proportion):
+            break
+        serial *= 2
+    in_budget = [plan for plan in plans if fits(plan, target, proportion)]
+    if in_budget:
+        return min(in_budget, key=lambda plan: plan.cycles)
+    # None fits: the fewest steps among those within SERIAL_GAIN of the
+    # least temporaries (more steps cost their syncs for little: the
+    # output's share and the input regions do not shrink with them).
+    least = min(plan.temporary_bytes for plan in plans)
+    return next(plan for plan in plans if plan.temporary_bytes * SERIAL_GAIN <= least)
+
+
+def serial_output_bytes(target: Target, problem: ConvProblem) -> int:
+    """Per tile, the output a serially split convolution copies its steps'
+    results into (the steps' results, spread over the tiles, live beside
+    it while it is copied)."""
+    p = problem
+    elements = p.groups * p.batch * math.prod(p.outs) * p.out_chans
+    return -(-elements // target.num_tiles) * np.dtype(p.out_dtype).itemsize
+
+
+def serial_plan(target: Target, problem: ConvProblem, proportion: float, serial: int) -> ConvPlan:
+    """The plan of `serial` steps over slices of the output channels (the
+    last may be smaller): each step's partition planned for its slice; the
+    cycles those of every step plus the copy of their results into the
+    output (an exchange of the output's share of a tile, and its sync); the
+    temporaries a step's plus the output's share of a tile."""
+    p = problem
+    block = -(-p.out_chans // serial)
+    steps = -(-p.out_chans // block)
+    step = _plan_parallel(target, dataclasses.replace(p, out_chans=block), proportion, spread=False)
+    out_bytes = serial_output_bytes(target, p)
+    copy = target.exchange_fixed_cycles + target.sync_cycles + out_bytes / target.exchange_bytes_per_cycle
+    return dataclasses.replace(step, cycles=steps * (step.cycles + serial_step_copy_cycles(target, p, block)) + copy,
+                               temporary_bytes=step.temporary_bytes + out_bytes, serial=steps)
+
+
+def serial_step_copy_cycles(target: Target, problem: ConvProblem, block: int) -> float:
+    """A serial step's copies (compiler/lowering/conv.py): the slice of the
+    kernel into the step's kernel tensor (an exchange, as poplin's dynamic
+    slice of the weights in each iteration) and the step's result into a
+    tensor of its own (on the tiles that hold it, as poplin's dynamic
+    update of its output slice), each with its sync."""
+    p = problem
+    item = np.dtype(p.in_dtype).itemsize
+    kernel = -(-p.groups * math.prod(p.window) * p.in_chans * block * item // target.num_tiles)
+    result = -(-p.groups * p.batch * math.prod(p.outs) * block // target.num_tiles) * np.dtype(p.out_dtype).itemsize
+    return (target.exchange_fixed_cycles + target.sync_cycles + kernel / target.exchange_bytes_per_cycle
+            + target.sync_cycles + result / target.sram_write_bytes_per_cycle)
+
+
+def _plan_parallel(target: Target, problem: ConvProblem, proportion: float, spread: bool = True) -> ConvPlan:
+    """The fastest partition whose temporaries fit, or the one with the
+    least; spread: a result that needs no reduction is copied from its
+    vertices' tiles to the output's linear mapping (not a serial step's,
+    whose results the steps' copy spreads)."""
     tiles = target.num_tiles
     p = problem
     axes = [_powers(p.groups, tiles), _powers(p.batch, tiles)]
@@ -175,7 +260,7 @@ def plan_conv(target: Target, problem: ConvProblem, proportion: float) -> ConvPl
     k_s = flat[4 + spatial:]
     best = None
     for batch_inner in ((False, True) if p.batch > 1 or not p.batch_outer_in_place else (False,)):
-        for choice in _evaluate(target, p, proportion, g_s, n_s, o_s, ci_s, co_s, k_s, batch_inner):
+        for choice in _evaluate(target, p, proportion, g_s, n_s, o_s, ci_s, co_s, k_s, batch_inner, spread):
             if best is None or _better(choice, best, target, proportion):
                 best = choice
     return best
@@ -190,7 +275,8 @@ def _better(a: ConvPlan, b: ConvPlan, target: Target, proportion: float) -> bool
     return a.cycles < b.cycles
 
 
-def _evaluate(target: Target, p: ConvProblem, proportion: float, g_s, n_s, o_s, ci_s, co_s, k_s, batch_inner: bool):
+def _evaluate(target: Target, p: ConvProblem, proportion: float, g_s, n_s, o_s, ci_s, co_s, k_s, batch_inner: bool,
+              spread: bool = True):
     """The best candidate of each input-channel grouping (one for integer
     convolutions), as ConvPlans."""
     item = np.dtype(p.in_dtype).itemsize
@@ -216,8 +302,12 @@ def _evaluate(target: Target, p: ConvProblem, proportion: float, g_s, n_s, o_s, 
     partials_float = acc == 4
     needs_reduce = (chunks > 1) | (np.dtype(p.partials_dtype) != np.dtype(p.out_dtype))
     reduce_compute = cost_conv.reduce_cycles(target, per_tile_out, chunks, out_float, partials_float)
+    # Without a reduction, the partials are the result: copied from the
+    # vertices' tiles to the output's (compiler/lowering/conv.py).
+    spreading = (target.exchange_fixed_cycles + target.sync_cycles
+                 + per_tile_out * np.dtype(p.out_dtype).itemsize / target.exchange_bytes_per_cycle) if spread else 0
     reduction = np.where(needs_reduce, target.exchange_fixed_cycles + target.sync_cycles
-                         + per_tile_out * chunks * acc / target.exchange_bytes_per_cycle + reduce_compute, 0)
+                         + per_tile_out * chunks * acc / target.exchange_bytes_per_cycle + reduce_compute, spreading)
     layout_copy = 0.0
     if (batch_inner and not p.batch_inner_in_place) or (not batch_inner and not p.batch_outer_in_place):
         in_size = p.groups * p.batch * math.prod(p.in_sizes) * p.in_chans * item
