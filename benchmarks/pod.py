@@ -62,6 +62,8 @@ def parse(argv=None):
     parser.add_argument("--accumulate", type=int, default=None, help="micro-batches accumulated per update (6)")
     parser.add_argument("--replicas", type=int, default=None, help="IPUs, one replica each (16; --small: 4)")
     parser.add_argument("--dtype", choices=["f16", "f32"], default="f16")
+    parser.add_argument("--params", choices=["f32", "f16"], default="f32",
+                        help="parameters and optimiser state: f32 (master weights) or f16 (Graphcore's 16.16)")
     parser.add_argument("--no-remat", dest="remat", action="store_false",
                         help="keep every activation (no nn.remat per bottleneck block)")
     parser.add_argument("--image", type=int, default=None)
@@ -89,17 +91,22 @@ def dtype_of(args):
     return {"f16": jnp.float16, "f32": jnp.float32}[args.dtype]
 
 
+def params_dtype_of(args):
+    import jax.numpy as jnp
+    return {"f16": jnp.float16, "f32": jnp.float32}[args.params]
+
+
 def parts_of(args):
     import models_zoo
     return models_zoo.resnet50_parts(args.batch, dtype_of(args), args.image, args.classes, args.remat,
-                                     args.stages, args.width)
+                                     args.stages, args.width, params_dtype_of(args))
 
 
 def one_ipu_step(args):
     """(jitted step, host arguments): models.py's training step."""
     import models_zoo
     return models_zoo.resnet50_train(args.batch, dtype_of(args), args.image, args.classes, args.remat,
-                                     args.stages, args.width)
+                                     args.stages, args.width, params_dtype_of(args))
 
 
 def accumulate_step(args):
@@ -211,7 +218,7 @@ def main(argv=None) -> dict:
         raise SystemExit(f"{len(ipus)} IPUs: set JAX_IPU_DEVICE_COUNT to at least {args.replicas}")
     label = (f"ResNet-50 (stages {','.join(map(str, args.stages))} from width {args.width}, "
              f"{args.image}x{args.image}, {args.classes} classes) training, {args.dtype}"
-             f"{' / f32 master' if args.dtype == 'f16' else ''}{', nn.remat' if args.remat else ''}, "
+             f"{(' / f32 master' if args.params == 'f32' else ' / f16 parameters (16.16)') if args.dtype == 'f16' else ''}{', nn.remat' if args.remat else ''}, "
              f"micro-batch {args.batch}{', float16 partials' if args.partials == 'half' else ''}")
 
     # One IPU: models.py's step (forward, backward, update) on a micro-batch.
