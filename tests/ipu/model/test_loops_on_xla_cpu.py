@@ -147,13 +147,22 @@ def loop_programs(draw):
         for name in steps:
             c = _body_step(name, i, c)
         return c
+    return _loop_program(outer, count, body), (v, h, k, buf, ints, limit), steps, outer != "repeat" or count > 0
 
+
+def _loop_program(outer: str, count: int, body):
+    """The program running `body` (i, carry) in a loop of kind `outer`:
+    a repeat of `count` trips, a fori_loop to the `limit` argument, a
+    while loop whose trips the data also decide, or (nested) a repeat of
+    2 of the fori_loop."""
     def f(v, h, k, buf, ints, limit):
         c = {"v": v, "h": h, "k": k, "buf": buf, "ints": ints}
         if outer == "repeat":
             c = lax.fori_loop(0, count, body, c)
         elif outer == "fori_dynamic":
             c = lax.fori_loop(0, limit, body, c)
+        elif outer == "nested":
+            c = lax.fori_loop(0, 2, lambda j, c: lax.fori_loop(0, limit, body, c), c)
         else:
             def cond(d):
                 return (d[0] < limit) & (jnp.max(jnp.abs(d[1]["v"])) < 5e3)
@@ -162,7 +171,7 @@ def loop_programs(draw):
                 return d[0] + 1, body(d[0], d[1])
             _, c = lax.while_loop(cond, step, (jnp.int32(0), c))
         return c["v"], c["h"], c["k"], c["buf"], c["ints"]
-    return f, (v, h, k, buf, ints, limit), steps, outer != "repeat" or count > 0
+    return f
 
 
 def _random_loop_both_ways(case, calls: list | None = None):
@@ -376,20 +385,7 @@ def callback_loop_programs(draw):
         for name in steps:
             c = (_callback_step if name in CALLBACK_STEPS else _body_step)(name, i, c)
         return c
-
-    def g(v, h, k, buf, ints, limit):
-        c = {"v": v, "h": h, "k": k, "buf": buf, "ints": ints}
-        if outer == "repeat":
-            c = lax.fori_loop(0, count, body, c)
-        elif outer == "fori_dynamic":
-            c = lax.fori_loop(0, limit, body, c)
-        elif outer == "nested":
-            c = lax.fori_loop(0, 2, lambda j, c: lax.fori_loop(0, limit, body, c), c)
-        else:
-            def cond(d):
-                return (d[0] < limit) & (jnp.max(jnp.abs(d[1]["v"])) < 5e3)
-            c = lax.while_loop(cond, lambda d: (d[0] + 1, body(d[0], d[1])), (jnp.int32(0), c))[1]
-        return c["v"], c["h"], c["k"], c["buf"], c["ints"]
+    g = _loop_program(outer, count, body)
     return g, tuple(jax.device_put(a, ipu) for a in args), steps, outer != "repeat" or count > 0
 
 
