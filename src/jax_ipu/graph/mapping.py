@@ -35,6 +35,13 @@ class TileMapping:
         self._by_tile = None
         self._per_tile = None
 
+    def same_runs(self, other: TileMapping) -> bool:
+        """Whether other lists the same runs on the same tiles (not merely
+        the same tile for every element)."""
+        return other is self or (other.size == self.size and np.array_equal(other.tiles, self.tiles)
+                                 and np.array_equal(other.starts, self.starts)
+                                 and np.array_equal(other.stops, self.stops))
+
     @classmethod
     def linear(cls, size: int, num_tiles: int, grain: int = 1, min_elements_per_tile: int = 1,
                first_tile: int = 0) -> TileMapping:

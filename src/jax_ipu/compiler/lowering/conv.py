@@ -382,7 +382,7 @@ def _partials_and_sum(b: Builder, op: ir.Op, c: _Conv, plan: ConvPlan, x: View, 
               vertices)
     size = int(np.prod(shape[1:], dtype=np.int64))
     if chunks == 1 and partials_dtype == out_dtype:
-        if not spread or _same_mapping(partials.mapping, b.linear_mapping(size, out_dtype)):
+        if not spread or partials.mapping.same_runs(b.linear_mapping(size, out_dtype)):
             return View(partials).then("reshape", shape[1:])
         # The partials are the result, on the tiles of the vertices that
         # wrote them (a plan on fewer tiles leaves more on each): spread
@@ -402,10 +402,6 @@ def _partials_and_sum(b: Builder, op: ir.Op, c: _Conv, plan: ConvPlan, x: View, 
     reduce_partials(b, op, View(partials).then("reshape", (chunks, size)), out, "conv reduce", cycles_of)
     return View(out).then("reshape", shape[1:])
 
-
-def _same_mapping(a: TileMapping, b: TileMapping) -> bool:
-    return a is b or (a.size == b.size and np.array_equal(a.tiles, b.tiles) and np.array_equal(a.starts, b.starts)
-                      and np.array_equal(a.stops, b.stops))
 
 
 def _block_ranges(c: _Conv, plan: ConvPlan) -> list:

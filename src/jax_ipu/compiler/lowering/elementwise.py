@@ -162,11 +162,8 @@ def _dying_operand(b: Builder, cluster: Cluster, views: list, outputs: list, sha
 def _local_bytes(m, views: list, size: int) -> int:
     """The bytes of the whole operands mapped as m: read where they are
     when the cluster's vertices follow m."""
-    def same(other) -> bool:
-        return other is m or (other.size == m.size and np.array_equal(other.tiles, m.tiles)
-                              and np.array_equal(other.starts, m.starts) and np.array_equal(other.stops, m.stops))
     return sum(v.size * v.dtype.itemsize for v in views
-               if isinstance(v, View) and v.is_whole_tensor and v.size == size and same(v.tensor.mapping))
+               if isinstance(v, View) and v.is_whole_tensor and v.size == size and m.same_runs(v.tensor.mapping))
 
 
 def _charge_emulation(b: Builder, step, sources: list[ir.Op], spec: list[tuple], dtype: np.dtype, n: int) -> None:
