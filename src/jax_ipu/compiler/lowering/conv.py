@@ -32,6 +32,7 @@ from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.compiler.planners.conv import ConvPlan, ConvProblem, compute_cycles, plan_conv
 from jax_ipu.compiler.planners.windows import attr, out_size, padding
 from jax_ipu.errors import IpuUnimplementedError
+from jax_ipu.graph import codelets
 from jax_ipu.graph.codelets_conv import ConvPartials
 from jax_ipu.graph.compute import Rows, SharedRows, VertexArray, compact
 from jax_ipu.graph.mapping import TileMapping
@@ -257,10 +258,11 @@ def _planned(b: Builder, op: ir.Op, c: _Conv) -> None:
     b.flops += 2.0 * c.groups * c.batch * math.prod(c.outs) * c.out_chans * c.in_chans * math.prod(c.window)
 
     # The input, in a layout the AMP reads (channels innermost), copied
-    # into one when it lies otherwise (as Poplar rearranges it).
+    # into one when it lies otherwise (as Poplar rearranges it); input-
+    # channel serial steps copy their slices into that layout themselves.
     roles = ["g", "n", "c", *(("s", d) for d in range(spatial))]
     in_place = problem.batch_inner_in_place if plan.batch_inner else problem.batch_outer_in_place
-    if not in_place:
+    if not in_place and plan.in_serial == 1:
         wanted = _input_roles(spatial, plan.batch_inner)
         sizes = dict(_with_unit_roles(lhs_axes, roles))
         t = b.tensor(f"{name}/input", tuple(sizes[r] for r in wanted), lhs_t.dtype)
@@ -278,7 +280,9 @@ def _planned(b: Builder, op: ir.Op, c: _Conv) -> None:
         rhs_view, rhs_axes = View(t), list(zip(kernel_roles, t.shape, strict=True))
     w = _view_as(rhs_view, rhs_axes, kernel_roles)                          # [G, *window, Ci, Co]
 
-    if plan.serial == 1:
+    if plan.in_serial > 1:
+        lowered = _in_serial_steps(b, op, c, plan, lhs_view, lhs_axes, w, partials_dtype, out_t.dtype)
+    elif plan.serial == 1:
         lowered = _partials_and_sum(b, op, c, plan, x, lhs_axes, w, rhs_axes, partials_dtype, out_t.dtype)
     else:
         lowered = _serial_steps(b, op, c, plan, x, lhs_axes, w, rhs_axes, partials_dtype, out_t.dtype)
@@ -331,6 +335,116 @@ def _serial_steps(b: Builder, op: ir.Op, c: _Conv, plan: ConvPlan, x: View, lhs_
     out = b.tensor(f"{name_of(op)}/steps", shape, out_dtype)
     b.copy(Concat(tuple(parts), len(shape) - 1), out)
     return View(out)
+
+
+def _in_serial_steps(b: Builder, op: ir.Op, c: _Conv, plan: ConvPlan, lhs_view: View, lhs_axes: list, w: View,
+                     partials_dtype: np.dtype, out_dtype: np.dtype) -> View:
+    """An input-channel serially split plan, as poplin's loop over
+    inChanSplit.serial runs it: before each step the step's slice of the
+    input channels is copied into a tensor in the AMP's layout and the
+    kernel's into the step's kernel tensor; the step's compute sets (run
+    once, rerun after) make the sum of its partials in the partials' type,
+    which the first step copies into the accumulator and every later step
+    adds into it (a compute set of its own, rerun); after the last, the
+    accumulator is cast to the output's type. A last, smaller slice (when
+    the channels do not divide) has compute sets of its own, its
+    input-channel tiles the most that divide its channels."""
+    block = -(-c.in_chans // plan.in_serial)
+    spatial = len(c.outs)
+    wanted = _input_roles(spatial, plan.batch_inner)
+    sizes = dict(lhs_axes)
+    source = _view_as(lhs_view, lhs_axes, wanted)                       # [.., Ci] in the AMP's layout
+    kernel_roles = ["g", *(("k", d) for d in range(spatial)), "c", "o"]
+    step_c = dataclasses.replace(c, in_chans=block)
+    start = b.shared_start_tile(("conv in-serial", c, plan, lhs_view.tensor.mapping, tuple(lhs_axes)),
+                                _vertex_count(step_c, plan))
+    name = name_of(op)
+
+    def sliced(view: View, axis: int, lo: int, hi: int) -> View:
+        shape = view.shape
+        return view.then("slice", tuple(lo if a == axis else 0 for a in range(len(shape))),
+                         tuple(hi if a == axis else n for a, n in enumerate(shape)), (1,) * len(shape))
+
+    def step_tensors(width: int, label: str):
+        x_t = b.tensor(f"{name}/input slice{label}", (*source.shape[:-1], width), source.dtype)
+        w_t = b.tensor(f"{name}/kernel slice{label}", (*w.shape[:-2], width, w.shape[-1]), w.dtype)
+        x_axes = [(r, width if r == "c" else sizes.get(r, 1)) for r in wanted]
+        return x_t, w_t, x_axes, list(zip(kernel_roles, w_t.shape, strict=True))
+
+    def accumulate(result: View, kept: dict) -> None:
+        if "acc" not in kept:
+            kept["acc"] = b.tensor(f"{name}/accumulated", result.tensor.shape, partials_dtype,
+                                   result.tensor.mapping)
+            b.copy(View(result.tensor), kept["acc"])
+            return
+        acc = kept["acc"]
+        if kept.get("add_of") is result.tensor:
+            b.rerun(kept["add"])
+            return
+        # (A last, smaller slice's sum may have another shape: [chunks, ...] or flat.)
+        step = View(result.tensor) if result.tensor.shape == acc.shape else \
+            View(result.tensor).then("reshape", acc.shape)
+        kernel = codelets.ElementwiseChain((View(acc), step), (codelets.Instruction("add", (0, 1), partials_dtype),),
+                                           ((2, acc),), acc.shape)
+        vertices = b.vertices_over(f"ElementwiseChain<{partials_dtype.name}>[add]", [acc], [View(acc), step],
+                                   lambda n: cost.elementwise_cycles(b.target, n, partials_dtype, ["add"]))
+        step = b.execute(f"conv serial accumulate {name}", kernel, vertices)
+        kept.update(add=step.compute_set, add_of=result.tensor)
+
+    kept, made, result = {}, None, None
+    x_t = w_t = None
+    for i, lo in enumerate(range(0, c.in_chans, block)):
+        hi = min(lo + block, c.in_chans)
+        label = f" serial step {i + 1} of {plan.in_serial} over input channels"
+        if hi - lo < block:
+            # The last, smaller slice: its own tensors and compute sets.
+            tiles = max(d for d in range(1, plan.in_chans[0] + 1) if (hi - lo) % d == 0)
+            last = dataclasses.replace(plan, in_chans=(tiles, (hi - lo) // tiles))
+            lx, lw, lx_axes, lw_axes = step_tensors(hi - lo, " (last)")
+            b.copy(sliced(source, len(wanted) - 1, lo, hi), lx)
+            b.copy(sliced(w, spatial + 1, lo, hi), lw)
+            x = _view_as(View(lx), lx_axes, ["g", "n", "c", *(("s", d) for d in range(spatial))])
+            last_result = _partials_and_sum(b, op, dataclasses.replace(c, in_chans=hi - lo), last, x, lx_axes,
+                                            View(lw), lw_axes, partials_dtype, partials_dtype, start=start,
+                                            serial=label, spread=False)
+            accumulate(last_result, kept)
+            continue
+        if x_t is None:
+            x_t, w_t, x_axes, w_axes = step_tensors(block, "")
+        b.copy(sliced(source, len(wanted) - 1, lo, hi), x_t)
+        b.copy(sliced(w, spatial + 1, lo, hi), w_t)
+        if made is None:
+            before = len(b.steps)
+            x = _view_as(View(x_t), x_axes, ["g", "n", "c", *(("s", d) for d in range(spatial))])
+            result = _partials_and_sum(b, op, step_c, plan, x, x_axes, View(w_t), w_axes, partials_dtype,
+                                       partials_dtype, start=start,
+                                       serial=f" serial steps of {plan.in_serial} over input channels", spread=False)
+            made = [step.compute_set for step in b.steps[before:]]
+        else:
+            for compute_set in made:
+                b.rerun(compute_set)
+        accumulate(result, kept)
+    acc = kept["acc"]
+    shape = result.shape
+    size = acc.size
+    if partials_dtype == out_dtype and acc.mapping.same_runs(b.linear_mapping(size, out_dtype)):
+        return View(acc).then("reshape", shape)
+    out = b.tensor(name, (size,), out_dtype)
+    if partials_dtype == out_dtype:
+        b.copy(View(acc).then("reshape", (size,)), out)
+    else:
+        reduce_partials(b, op, View(acc).then("reshape", (1, size)), out, "conv cast",
+                        _reduce_cycles(b, partials_dtype, out_dtype))
+    return View(out).then("reshape", shape)
+
+
+def _reduce_cycles(b: Builder, partials_dtype: np.dtype, out_dtype: np.dtype):
+    """cycles(elements, partials each) of a tile's sum of a convolution's
+    partials into its output's type."""
+    out_float, partials_float = np.dtype(out_dtype).itemsize == 4, partials_dtype.itemsize == 4
+    if partials_dtype.kind == "f":
+        return lambda n, count: cost_conv.reduce_cycles(b.target, n, count, out_float, partials_float)
+    return lambda n, count: cost.reduce_cycles(b.target, n * count, partials_dtype)
 
 
 def _kernel_canonical(op: ir.Op, rhs_view: View, c: _Conv) -> View:
@@ -392,14 +506,8 @@ def _partials_and_sum(b: Builder, op: ir.Op, c: _Conv, plan: ConvPlan, x: View, 
         b.copy(View(partials).then("reshape", (size,)), out)
         return View(out).then("reshape", shape[1:])
     out = b.tensor(name_of(op), (size,), out_dtype)
-    out_float, partials_float = np.dtype(out_dtype).itemsize == 4, partials_dtype.itemsize == 4
-    if partials_dtype.kind == "f":
-        def cycles_of(n, count):
-            return cost_conv.reduce_cycles(b.target, n, count, out_float, partials_float)
-    else:
-        def cycles_of(n, count):
-            return cost.reduce_cycles(b.target, n * count, partials_dtype)
-    reduce_partials(b, op, View(partials).then("reshape", (chunks, size)), out, "conv reduce", cycles_of)
+    reduce_partials(b, op, View(partials).then("reshape", (chunks, size)), out, "conv reduce",
+                    _reduce_cycles(b, partials_dtype, out_dtype))
     return View(out).then("reshape", shape[1:])
 
 

@@ -35,7 +35,7 @@ import math
 
 import numpy as np
 
-from jax_ipu.compiler import cost_conv
+from jax_ipu.compiler import cost, cost_conv
 from jax_ipu.targets import Target
 
 
@@ -104,6 +104,7 @@ class ConvPlan:
     cycles: float
     temporary_bytes: int                # per tile: input region, kernel block and partials
     serial: int = 1                     # steps over output channels, each of out_chans' tiles and block
+    in_serial: int = 1                  # steps over input channels, each of in_chans' tiles and block
 
     @property
     def tiles(self) -> int:
@@ -177,20 +178,23 @@ SERIAL_GAIN = 0.9
 @functools.lru_cache(maxsize=4096)
 def plan_conv(target: Target, problem: ConvProblem, proportion: float) -> ConvPlan:
     """The fastest partition whose temporaries fit `proportion` of a tile;
-    when none does, the fastest serial split over output channels whose
-    steps fit (doubling the steps up to the second that fits: a larger
-    split may let a faster partition fit); when none of those does either,
-    the plan with the least temporaries."""
+    when none does, the fastest serial split, over output channels or over
+    input channels, whose steps fit (of each kind, doubling the steps up to
+    the second that fits: a larger split may let a faster partition fit);
+    when none of those does either, the plan with the least temporaries."""
     best = _plan_parallel(target, problem, proportion)
     if fits(best, target, proportion):
         return best
     plans = [best]
-    serial = 2
-    while serial <= min(MAX_SERIAL, problem.out_chans):
-        plans.append(serial_plan(target, problem, proportion, serial))
-        if fits(plans[-1], target, proportion) and len(plans) > 2 and fits(plans[-2], target, proportion):
-            break
-        serial *= 2
+    for make, extent in ((serial_plan, problem.out_chans), (in_serial_plan, problem.in_chans)):
+        tried = []
+        serial = 2
+        while serial <= min(MAX_SERIAL, extent):
+            tried.append(make(target, problem, proportion, serial))
+            if len(tried) > 1 and fits(tried[-1], target, proportion) and fits(tried[-2], target, proportion):
+                break
+            serial *= 2
+        plans += tried
     in_budget = [plan for plan in plans if fits(plan, target, proportion)]
     if in_budget:
         return min(in_budget, key=lambda plan: plan.cycles)
@@ -198,7 +202,8 @@ def plan_conv(target: Target, problem: ConvProblem, proportion: float) -> ConvPl
     # least temporaries (more steps cost their syncs for little: the
     # output's share and the input regions do not shrink with them).
     least = min(plan.temporary_bytes for plan in plans)
-    return next(plan for plan in plans if plan.temporary_bytes * SERIAL_GAIN <= least)
+    return min((plan for plan in plans if plan.temporary_bytes * SERIAL_GAIN <= least),
+               key=lambda plan: plan.serial * plan.in_serial)
 
 
 def serial_output_bytes(target: Target, problem: ConvProblem) -> int:
@@ -238,6 +243,75 @@ def serial_step_copy_cycles(target: Target, problem: ConvProblem, block: int) ->
     result = -(-p.groups * p.batch * math.prod(p.outs) * block // target.num_tiles) * np.dtype(p.out_dtype).itemsize
     return (target.exchange_fixed_cycles + target.sync_cycles + kernel / target.exchange_bytes_per_cycle
             + target.sync_cycles + result / target.sram_write_bytes_per_cycle)
+
+
+def in_serial_step(problem: ConvProblem, block: int) -> ConvProblem:
+    """An input-channel serial step's convolution: `block` input channels,
+    its result in the partials' type (the accumulator's: poplin casts only
+    after the last step), read from a slice copied into the layout its
+    partition wants (so never a layout Copy of its own)."""
+    return dataclasses.replace(problem, in_chans=block, out_dtype=problem.partials_dtype,
+                               batch_outer_in_place=True, batch_inner_in_place=True)
+
+
+def in_serial_slice_bytes(target: Target, problem: ConvProblem, block: int) -> tuple[int, int]:
+    """Per tile, the step's slices of the input and of the kernel (each a
+    tensor of its own, spread over the tiles, live for all the steps)."""
+    p = problem
+    item = np.dtype(p.in_dtype).itemsize
+    inputs = p.groups * p.batch * math.prod(p.in_sizes) * block * item
+    kernel = p.groups * math.prod(p.window) * block * p.out_chans * item
+    return -(-inputs // target.num_tiles), -(-kernel // target.num_tiles)
+
+
+def in_serial_accumulator_bytes(target: Target, problem: ConvProblem) -> int:
+    """Per tile, the accumulator of an input-channel serial split: the
+    output's share of a tile in the partials' type (poplin's
+    addInPlaceTempBytes, ConvModel.cpp)."""
+    p = problem
+    elements = p.groups * p.batch * math.prod(p.outs) * p.out_chans
+    return -(-elements // target.num_tiles) * np.dtype(p.partials_dtype).itemsize
+
+
+def in_serial_step_cycles(target: Target, problem: ConvProblem, block: int) -> float:
+    """An input-channel serial step's work besides its convolution
+    (compiler/lowering/conv.py): the input's and the kernel's slices
+    copied in (two exchanges, each with its sync: poplin's dynamic slices
+    of inputs and weights in each iteration), and the step's sum added into
+    the accumulator (a compute set of the output's share of a tile:
+    poplin's addInPlace, which it counts in every step)."""
+    inputs, kernel = in_serial_slice_bytes(target, problem, block)
+    per_tile_out = in_serial_accumulator_bytes(target, problem) // np.dtype(problem.partials_dtype).itemsize
+    return (2 * (target.exchange_fixed_cycles + target.sync_cycles) + (inputs + kernel) / target.exchange_bytes_per_cycle
+            + target.sync_cycles + cost.elementwise_cycles(target, per_tile_out, problem.partials_dtype, ["add"]))
+
+
+def in_serial_final_cycles(target: Target, problem: ConvProblem) -> float:
+    """After the last input-channel step: the accumulator cast to the
+    output's type and spread to its linear mapping (an exchange of the
+    accumulator's share of a tile, a sync and the cast: poplin's
+    outputCastCycles, estimateCastCycles as cost_conv.reduce_cycles has it)."""
+    p = problem
+    acc = in_serial_accumulator_bytes(target, p)
+    per_tile_out = acc // np.dtype(p.partials_dtype).itemsize
+    cast = cost_conv.reduce_cycles(target, per_tile_out, 1, np.dtype(p.out_dtype).itemsize == 4,
+                                   np.dtype(p.partials_dtype).itemsize == 4)
+    return target.exchange_fixed_cycles + target.sync_cycles + acc / target.exchange_bytes_per_cycle + float(cast)
+
+
+def in_serial_plan(target: Target, problem: ConvProblem, proportion: float, serial: int) -> ConvPlan:
+    """The plan of `serial` steps over slices of the input channels (the
+    last may be smaller): each step's partition planned for its slice
+    (in_serial_step); the cycles those of every step and its slices and
+    accumulation, plus the final cast; the temporaries a step's, the
+    slices' and the accumulator's."""
+    p = problem
+    block = -(-p.in_chans // serial)
+    steps = -(-p.in_chans // block)
+    step = _plan_parallel(target, in_serial_step(p, block), proportion, spread=False)
+    held = sum(in_serial_slice_bytes(target, p, block)) + in_serial_accumulator_bytes(target, p)
+    cycles = steps * (step.cycles + in_serial_step_cycles(target, p, block)) + in_serial_final_cycles(target, p)
+    return dataclasses.replace(step, cycles=cycles, temporary_bytes=step.temporary_bytes + held, in_serial=steps)
 
 
 def _plan_parallel(target: Target, problem: ConvProblem, proportion: float, spread: bool = True) -> ConvPlan:
