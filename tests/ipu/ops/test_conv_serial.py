@@ -1,12 +1,14 @@
 """Serial splits of planned convolutions (compiler/planners/conv.py, as
-poplin's outChanSplit.serial): when no partition's temporaries fit the
-available_memory_proportion budget, the same tiles run the convolution in
-steps over slices of the output channels. The planner's choice, the values
-against XLA:CPU, the peak temporaries, the cost of the extra steps, and a
-program that fits only thanks to them."""
+poplin's outChanSplit.serial and inChanSplit.serial): when no partition's
+temporaries fit the available_memory_proportion budget, the same tiles run
+the convolution in steps over slices of the output channels or of the
+input channels. The planner's choice, the values against XLA:CPU, the
+peak temporaries, the cost of the extra steps, and programs that fit only
+thanks to them."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -15,12 +17,13 @@ import pytest
 from jax import lax
 
 from helpers import SMALL, compile_fn, lower, on_cpu
-from jax_ipu.compiler import compile_module
+from jax_ipu.compiler import compile_module, cost, cost_conv
 from jax_ipu.compiler.options import CompileOptions
 from jax_ipu.compiler.planners import conv as planner
 from jax_ipu.graph import programs as p
 from jax_ipu.graph.codelets_conv import ConvPartials
 from jax_ipu.model.engine import Engine
+from jax_ipu.ops import cycles_per_vector
 from jax_ipu.targets import get_target
 
 NHWC = ("NHWC", "HWIO", "NHWC")
@@ -49,6 +52,16 @@ def without_serial_splits(monkeypatch):
     problem, so the cache is emptied on the way in and out)."""
     planner.plan_conv.cache_clear()
     monkeypatch.setattr(planner, "MAX_SERIAL", 1)
+    monkeypatch.setattr(planner, "MAX_IN_SERIAL", 1)
+    yield
+    planner.plan_conv.cache_clear()
+
+
+@pytest.fixture
+def without_in_serial_splits(monkeypatch):
+    """The planner with serial splits over output channels only."""
+    planner.plan_conv.cache_clear()
+    monkeypatch.setattr(planner, "MAX_IN_SERIAL", 1)
     yield
     planner.plan_conv.cache_clear()
 
@@ -210,3 +223,169 @@ def test_a_batch_fits_thanks_to_serial_splits(without_serial_splits, monkeypatch
     after = compile_module(module, target, options)
     assert after.memory.fits, after.memory.max_bytes
     assert _serial_names(after)
+
+
+# -- serial splits over input channels ------------------------------------
+
+def test_in_channel_split_only_where_it_is_needed():
+    """A 3x3 convolution of 512 channels into 8 over a 28x28 field: its
+    fastest partition fits 0.6 of a tile, so it runs in one step; under a
+    budget no partition meets and splitting its 8 output channels cannot
+    (every step still receives the whole input region), it runs in steps
+    over input channels, each within the budget, fewer temporaries than
+    any single step, and faster than any output-channel split that fits."""
+    problem = _problem(batch=32, chans=512, out_chans=8)
+    ample = planner.plan_conv(IPU2, problem, 0.6)
+    assert ample.serial == ample.in_serial == 1
+    proportion = 0.05
+    unsplit = planner._plan_parallel(IPU2, problem, proportion)
+    assert not planner.fits(unsplit, IPU2, proportion)
+    short = planner.plan_conv(IPU2, problem, proportion)
+    assert short.in_serial > 1 and short.serial == 1, short
+    assert planner.fits(short, IPU2, proportion)
+    assert short.temporary_bytes < unsplit.temporary_bytes
+    assert short.cycles > ample.cycles
+    for serial in (2, 4, 8):
+        other = planner.serial_plan(IPU2, problem, proportion, serial)
+        assert not planner.fits(other, IPU2, proportion) or other.cycles > short.cycles
+    # Where splitting the output channels is the faster way into the
+    # budget (a stage-2 3x3 convolution of 256 into 512 channels), it is
+    # the one taken.
+    assert planner.plan_conv(IPU2, _problem(), 0.05).in_serial == 1
+
+
+@pytest.mark.parametrize("serial", [2, 3, 4, 8])
+def test_in_channel_steps_cost_their_slices_accumulation_and_cast(serial):
+    """An input-channel serial plan costs, per step, its convolution (its
+    own exchange, sync, vertices and reduction, planned for its slice with
+    the result in the partials' type), the input's and kernel's slices
+    copied in (two exchanges and syncs) and the add into the accumulator
+    (a sync and an add over the output's share of a tile); then once the
+    accumulator cast to the output's type (an exchange, a sync and the
+    cast): poplin's per-step estimate times the split plus its output
+    cast (ConvModel.cpp). Its temporaries: a step's, the two slices' and
+    the accumulator's (poplin's addInPlaceTempBytes)."""
+    problem, proportion = _problem(batch=32, chans=512, out_chans=8), 0.05
+    plan = planner.in_serial_plan(IPU2, problem, proportion, serial)
+    block = -(-problem.in_chans // serial)
+    steps = -(-problem.in_chans // block)
+    step_problem = dataclasses.replace(problem, in_chans=block, out_dtype=np.dtype(np.float32),
+                                       batch_outer_in_place=True, batch_inner_in_place=True)
+    step = planner._plan_parallel(IPU2, step_problem, proportion, spread=False)
+    tiles = IPU2.num_tiles
+    per_tile_out = -(-32 * 28 * 28 * 8 // tiles)
+    in_slice = -(-32 * 28 * 28 * block * 2 // tiles)
+    w_slice = -(-9 * block * 8 * 2 // tiles)
+    add = IPU2.supervisor_cycles + cost.worker_cycles(IPU2, per_tile_out, cycles_per_vector(["add"]),
+                                                      IPU2.vector_width(np.float32))
+    per_step = (2 * (IPU2.exchange_fixed_cycles + IPU2.sync_cycles) + (in_slice + w_slice) / IPU2.exchange_bytes_per_cycle
+                + IPU2.sync_cycles + add)
+    cast = float(cost_conv.reduce_cycles(IPU2, per_tile_out, 1, False, True))
+    final = IPU2.exchange_fixed_cycles + IPU2.sync_cycles + 4 * per_tile_out / IPU2.exchange_bytes_per_cycle + cast
+    assert plan.in_serial == steps and plan.serial == 1
+    assert plan.cycles == pytest.approx(steps * (step.cycles + per_step) + final)
+    assert cast > 0 and add > IPU2.supervisor_cycles
+    assert plan.temporary_bytes == step.temporary_bytes + in_slice + w_slice + 4 * per_tile_out
+    # The step's convolution keeps its sums in float32 for the accumulator.
+    assert step.in_chans[0] * step.in_chans[1] == block
+
+
+@pytest.fixture
+def input_channel_steps(monkeypatch):
+    """Every planned convolution of more than one input channel split into
+    three serial steps over its input channels (the last smaller where
+    they do not divide by three), whatever the budget; the problems seen."""
+    from jax_ipu.compiler.lowering import conv as lowering
+    seen = []
+
+    def plan(target, problem, proportion):
+        seen.append(problem)
+        return planner.in_serial_plan(target, problem, proportion, min(3, problem.in_chans))
+    monkeypatch.setattr(lowering, "plan_conv", plan)
+    return seen
+
+
+def _in_serial_convs(program) -> int:
+    """How many convolutions run in input-channel steps (each has one
+    compute set its full steps rerun)."""
+    return len({id(cs) for cs in _conv_steps(program)
+                if "serial steps of" in cs.name and "over input channels" in cs.name})
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", list(CASES), ids=lambda c: f"stablehlo.convolution-in-serial-{c}")
+def test_input_channel_steps_and_their_gradients_match_cpu(case, dtype, input_channel_steps):
+    """Forward, input gradient and weight gradient (whose input channels
+    are the batch) in serial steps over input channels, uneven last slices
+    among them: the values of XLA:CPU (float32 within 1e-4, float16 within
+    2e-2 of each result's scale)."""
+    lhs, rhs, kwargs = CASES[case]
+    x, w = rand(lhs, dtype, 0), rand(rhs, dtype, 1)
+    conv = _conv(kwargs)
+
+    def loss(x, w):
+        y = conv(x, w).astype(np.float32)
+        return (y * y).sum()
+    grad = jax.grad(loss, argnums=(0, 1))
+    for f, args in ((conv, (x, w)), (grad, (x, w))):
+        input_channel_steps.clear()
+        program = compile_fn(f, *args)
+        split = [problem for problem in input_channel_steps if problem.in_chans > 1]
+        assert split and _in_serial_convs(program) == len(split), [cs.name for cs in _conv_steps(program)]
+        # A last, smaller slice of its own where the channels do not divide
+        # into steps of a third of them.
+        uneven = [problem for problem in split if problem.in_chans % -(-problem.in_chans // 3)]
+        assert len([cs for cs in _conv_steps(program) if re.search(r"serial step \d+ of \d+ over input", cs.name)]) \
+            == len(uneven)
+        got = Engine(SMALL).run(program, list(args))
+        want = on_cpu(f, *args)
+        for g, wv in zip(got, jax.tree.leaves(want), strict=True):
+            wv = np.asarray(wv, np.float32)
+            scale = max(1.0, float(np.abs(wv).max()))
+            tol = 2e-2 if dtype == np.float16 else 1e-4
+            np.testing.assert_allclose(np.asarray(g, np.float32), wv, rtol=0, atol=tol * scale)
+
+
+def test_input_channel_steps_rerun_one_compute_set(input_channel_steps):
+    """A convolution of 16 input channels in steps of 6, 6 and 4: the two
+    full steps run one convolution compute set (its vertex state held
+    once), the last its own; each later step's sum is added into the
+    accumulator by one rerun compute set, and the accumulator cast to
+    float16 once."""
+    x, w = rand((2, 10, 10, 16), np.float16, 0), rand((3, 3, 16, 40), np.float16, 1)
+    program = compile_fn(_conv(dict(window_strides=(1, 1), padding="SAME")), x, w)
+    steps = _conv_steps(program)
+    assert len(steps) == 3 and len({id(cs) for cs in steps}) == 2
+    adds = [s.compute_set for s in p.leaves(program.body)
+            if isinstance(s, p.Execute) and "serial accumulate" in s.compute_set.name]
+    assert len(adds) == 2
+    casts = [s for s in p.leaves(program.body) if isinstance(s, p.Execute) and "conv cast" in s.compute_set.name]
+    assert len(casts) == 1
+    vertex_state = [cs for cs in {id(cs): cs for cs in steps}.values()]
+    assert sum(len(cs.vertices.tiles) for cs in vertex_state) < sum(len(cs.vertices.tiles) for cs in steps)
+
+
+def test_a_batch_fits_thanks_to_input_channel_splits(without_in_serial_splits, monkeypatch):
+    """A 3x3 convolution of 512 channels into 8 over a 16x16 field and its
+    gradients, float16, batch 16 on 16 tiles, available memory proportion
+    0.2: with serial splits over output channels only (8 channels: every
+    step still receives the whole input region) the program does not fit;
+    with splits over input channels too it does, in fewer cycles (the
+    least-memory plan that did not fit was also slow)."""
+    target = get_target("ipu2", num_tiles=16)
+    x, w = np.zeros((16, 16, 16, 512), np.float16), np.zeros((3, 3, 512, 8), np.float16)
+
+    def loss(w, x):
+        z = lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=NHWC)
+        return (z.astype(jnp.float32) ** 2).sum()
+    module = lower(jax.grad(loss), w, x)
+    options = CompileOptions(available_memory_proportion=0.2, allow_out_of_memory=True)
+    before = compile_module(module, target, options)
+    assert not before.memory.fits
+    assert not _in_serial_convs(before)
+    planner.plan_conv.cache_clear()
+    monkeypatch.setattr(planner, "MAX_IN_SERIAL", 64)
+    after = compile_module(module, target, options)
+    assert after.memory.fits, after.memory.max_bytes
+    assert _in_serial_convs(after)
+    assert after.cycles < before.cycles

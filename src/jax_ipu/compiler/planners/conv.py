@@ -168,8 +168,10 @@ def _region(out_block, kernel_block, size, stride, lhs_dil, rhs_dil) -> np.ndarr
     return np.minimum(-(-touched // lhs_dil), size)
 
 
-# Serial splits tried: powers of two up to this many steps.
+# Serial splits tried: powers of two up to this many steps, over output
+# channels and over input channels.
 MAX_SERIAL = 64
+MAX_IN_SERIAL = 64
 # When no split fits: temporaries within 1 / SERIAL_GAIN of the least
 # count as the least.
 SERIAL_GAIN = 0.9
@@ -186,10 +188,11 @@ def plan_conv(target: Target, problem: ConvProblem, proportion: float) -> ConvPl
     if fits(best, target, proportion):
         return best
     plans = [best]
-    for make, extent in ((serial_plan, problem.out_chans), (in_serial_plan, problem.in_chans)):
+    for make, most in ((serial_plan, min(MAX_SERIAL, problem.out_chans)),
+                       (in_serial_plan, min(MAX_IN_SERIAL, problem.in_chans))):
         tried = []
         serial = 2
-        while serial <= min(MAX_SERIAL, extent):
+        while serial <= most:
             tried.append(make(target, problem, proportion, serial))
             if len(tried) > 1 and fits(tried[-1], target, proportion) and fits(tried[-2], target, proportion):
                 break
