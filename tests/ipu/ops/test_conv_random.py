@@ -63,7 +63,7 @@ def convolutions(draw):
     return tuple(dims[a] for a in lhs_spec), tuple(kdims[a] for a in rhs_spec), kwargs, dtype
 
 
-def _check(case, seed):
+def check(case, seed):
     lhs_shape, rhs_shape, kwargs, dtype = case
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(lhs_shape).astype(dtype)
@@ -90,7 +90,7 @@ SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @settings(max_examples=8, derandomize=True, **SETTINGS)
 @given(convolutions(), st.integers(0, 2 ** 31))
 def test_random_convolutions_and_gradients(case, seed):
-    _check(case, seed)
+    check(case, seed)
 
 
 @pytest.mark.slow
@@ -98,4 +98,4 @@ def test_random_convolutions_and_gradients(case, seed):
 @settings(max_examples=150, **SETTINGS)
 @given(convolutions(), st.integers(0, 2 ** 31))
 def test_many_random_convolutions_and_gradients(case, seed):
-    _check(case, seed)
+    check(case, seed)

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import test_conv_random as conv_random
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax import lax
 
 from helpers import SMALL, compile_fn, lower, on_cpu
@@ -344,6 +348,33 @@ def test_input_channel_steps_and_their_gradients_match_cpu(case, dtype, input_ch
             scale = max(1.0, float(np.abs(wv).max()))
             tol = 2e-2 if dtype == np.float16 else 1e-4
             np.testing.assert_allclose(np.asarray(g, np.float32), wv, rtol=0, atol=tol * scale)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int8], ids=lambda d: np.dtype(d).name)
+def test_integer_convolution_in_input_channel_steps(dtype, input_channel_steps):
+    """An integer convolution (int32 sums, no AMP) in steps of 4, 4 and 3
+    of its 11 input channels, strided: exactly XLA:CPU's values."""
+    rng = np.random.default_rng(0)
+    x, w = rng.integers(-3, 4, (2, 9, 9, 11)).astype(dtype), rng.integers(-3, 4, (3, 3, 11, 5)).astype(dtype)
+
+    def conv(x, w):
+        return lax.conv_general_dilated(x, w, (2, 1), "SAME", dimension_numbers=NHWC,
+                                        preferred_element_type=np.int32)
+    program = compile_fn(conv, x, w)
+    assert _in_serial_convs(program) == 1
+    np.testing.assert_array_equal(np.asarray(Engine(SMALL).run(program, [x, w])[0]), np.asarray(on_cpu(conv, x, w)))
+
+
+@settings(max_examples=6, derandomize=True, **conv_random.SETTINGS)
+@given(conv_random.convolutions(), st.integers(0, 2 ** 31), st.integers(2, 4))
+def test_random_convolutions_in_input_channel_steps(case, seed, steps):
+    """Random convolutions over every attribute (test_conv_random's), with
+    their gradients, each convolution of more than one input channel in
+    2 to 4 serial steps over them: XLA:CPU's values."""
+    from jax_ipu.compiler.lowering import conv as lowering
+    with mock.patch.object(lowering, "plan_conv", lambda target, problem, proportion: planner.in_serial_plan(
+            target, problem, proportion, min(steps, problem.in_chans))):
+        conv_random.check(case, seed)
 
 
 def test_input_channel_steps_rerun_one_compute_set(input_channel_steps):
