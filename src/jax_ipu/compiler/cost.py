@@ -3,6 +3,8 @@ overhead), exchanges (busiest tile's bytes over the exchange rate plus a
 fixed cost) and syncs. A compute set takes as long as its slowest tile."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from jax_ipu import ops_complex
@@ -19,7 +21,7 @@ from jax_ipu.graph.compute import (
     vertex_tiles,
 )
 from jax_ipu.graph.programs import CONTROL, Copy, Execute, HostCall, leaves
-from jax_ipu.graph.views import Concat, source_tiles
+from jax_ipu.graph.views import Concat, View, apply_ops, source_tiles, window_outputs
 from jax_ipu.ops import cycles_per_vector, emulates
 from jax_ipu.targets import BFLOAT16, Target
 
@@ -548,6 +550,175 @@ def _kept_permuted(dst, src, parts: tuple, tiles: int) -> np.ndarray:
     return kept
 
 
+# Consecutive elements a Copy's view reads contiguously from its tensor (a
+# segment) below which _copy_segments leaves the view to be counted per element.
+MIN_SEGMENT = 4
+# Atoms (the largest first) _copy_segments tries.
+SEGMENT_TRIES = 16
+
+
+def _atom_ops(shape: tuple, ops: tuple, atom: int) -> tuple | None:
+    """The view ops `ops` of a tensor of `shape` restated over the tensor's
+    blocks of `atom` consecutive elements along its last axis (an atom),
+    when every op keeps each atom whole, in order and aligned along one
+    axis: then the view's elements along that axis, `atom` at a time from
+    the first, are one atom or all padding, and the restated ops on an
+    array of each atom's first element give those. (ops, the gcd of the
+    sizes the atom had to divide, the view's elements after the atom's
+    axis: the view's stride along it.) None otherwise (an op splitting,
+    strided over or reversing the atom's axis; a gather)."""
+    if not shape or shape[-1] % atom:
+        return None
+    shape, axis, out = list(shape), len(shape) - 1, []
+    sizes = [shape[-1]]    # what the atom must divide (see _copy_segments)
+
+    def coarse(s, at):
+        s = list(s)
+        s[at] //= atom
+        return tuple(s)
+    for op in ops:
+        kind = op[0]
+        if kind == "reshape":
+            new, inner = list(op[1]), int(np.prod(shape[axis + 1:], dtype=np.int64))
+            fits = [j for j in range(len(new)) if int(np.prod(new[j + 1:], dtype=np.int64)) == inner
+                    and new[j] % atom == 0]
+            if not fits:
+                return None
+            at = max(fits, key=lambda j: new[j])    # (not a size-1 axis beside it)
+            sizes.append(new[at])
+            out.append(("reshape", coarse(new, at)))
+            shape, axis = new, at
+        elif kind == "transpose":
+            perm = tuple(op[1])
+            out.append(op)
+            shape, axis = [shape[j] for j in perm], perm.index(axis)
+        elif kind == "slice":
+            starts, limits, strides = op[1:]
+            if strides[axis] != 1 or starts[axis] % atom or limits[axis] % atom:
+                return None
+            sizes.extend((starts[axis], limits[axis]))
+            s0, l0 = list(starts), list(limits)
+            s0[axis], l0[axis] = starts[axis] // atom, limits[axis] // atom
+            out.append(("slice", tuple(s0), tuple(l0), tuple(strides)))
+            shape = [len(range(a, b, c)) for a, b, c in zip(starts, limits, strides, strict=True)]
+        elif kind == "broadcast":
+            new, dims = op[1], tuple(op[2])
+            at = dims[axis]
+            if new[at] != shape[axis]:
+                return None
+            out.append(("broadcast", coarse(new, at), dims))
+            shape, axis = list(new), at
+        elif kind == "windows":
+            spec, fill = op[1], op[2]
+            lead = len(shape) - len(spec)
+            moved = axis
+            if axis >= lead:
+                i = axis - lead
+                window, stride, lo, hi, base, dilation, reverse = spec[i]
+                if base != 1 or reverse or lo % atom or hi % atom:
+                    return None
+                if window == 1 and stride == 1:          # the atom stays on the output axis
+                    coarse_spec = (1, 1, lo // atom, hi // atom, 1, 1, 0)
+                    sizes.extend((lo, hi))
+                elif window % atom == 0 and dilation == 1:    # it moves to the window axis
+                    single = shape[axis] + lo + hi == window      # (one window: any stride)
+                    if stride % atom and not single:
+                        return None
+                    coarse_spec = (window // atom, 1 if single else stride // atom, lo // atom, hi // atom, 1, 1, 0)
+                    moved = len(shape) + i
+                    sizes.extend((lo, hi, window, 0 if single else stride))
+                else:
+                    return None
+                spec = tuple(sp if j != i else coarse_spec for j, sp in enumerate(spec))
+            out.append(("windows", spec, fill))
+            shape, axis = [*shape[:lead], *window_outputs(shape[lead:], op[1]), *(w for w, *_ in op[1])], moved
+        else:
+            return None
+    return tuple(out), math.gcd(*sizes), int(np.prod(shape[axis + 1:], dtype=np.int64))
+
+
+def _copy_segments(view: View, dst) -> tuple[int, int, np.ndarray, np.ndarray] | None:
+    """The view read as segments of `atom` elements, each contiguous in its
+    tensor (or all padding) and `stride` apart in the view: (atom, stride,
+    the tensor's flat element of each segment's first, -1 for padding,
+    the view's flat element of each segment's first), for a copy into
+    mapping `dst`. The atom is one _atom_ops can restate the view's ops
+    over, at least MIN_SEGMENT, chosen for the least work: a segment each,
+    and an element each of those crossing a run's end (_kept_by_segments).
+    None when there is none, or it would be no less work than counting
+    every element."""
+    shape, src = view.tensor.shape, view.tensor.mapping
+    if not view.tensor.size or not shape or not view.size:
+        return None
+    # With atom 1 every op keeps it; the sizes it passed bound the others.
+    whole = _atom_ops(shape, view.ops, 1)
+    if whole is None or whole[1] < MIN_SEGMENT:
+        return None
+    _, bound, stride = whole
+    small = [d for d in range(1, math.isqrt(bound) + 1) if bound % d == 0]
+    # Runs' ends the segments may cross: the destination's (each met by
+    # `stride` segments interleaved there), and the source's as often as
+    # the view reads each element.
+    ends = len(dst.starts) * stride + len(src.starts) * -(-view.size // view.tensor.size)
+
+    def work(d):
+        return view.size / d + ends * d
+    divisors = sorted((d for d in {*small, *(bound // d for d in small)}
+                       if d >= MIN_SEGMENT and work(d) < view.size / 2), key=work)
+    for atom in divisors[:SEGMENT_TRIES]:
+        segments = _segments(view, atom)
+        if segments is not None:
+            return segments
+    return None
+
+
+def _segments(view: View, atom: int) -> tuple[int, int, np.ndarray, np.ndarray] | None:
+    """_copy_segments with this atom, or None when _atom_ops cannot
+    restate the view's ops over it."""
+    shape = view.tensor.shape
+    made = _atom_ops(shape, view.ops, atom)
+    if made is None:
+        return None
+    ops, _, stride = made
+    ops = tuple((*op[:-1], np.int64(-1)) if op[0] == "windows" else op for op in ops)
+    first = np.arange(0, view.tensor.size, atom, dtype=np.int64).reshape(*shape[:-1], shape[-1] // atom)
+    first = np.ascontiguousarray(apply_ops(first, ops)).ravel()
+    at = np.arange(len(first), dtype=np.int64)
+    return atom, stride, first, at // stride * (atom * stride) + at % stride
+
+
+def _kept_by_segments(dst, src, atom: int, stride: int, first: np.ndarray, at: np.ndarray,
+                      tiles: int) -> tuple[np.ndarray, np.ndarray]:
+    """A Copy's (elements each tile keeps, elements each tile's part of
+    the source is read) from its view's segments (_copy_segments): of
+    mappings `dst` and `src`, a segment within one run of each is counted
+    whole, the few crossing a run's end element by element. Padding is
+    charged as a read of the tensor's last element (as source_tiles does)."""
+    pad = first < 0
+    last_tile = src.tiles[-1]
+    s_run = np.minimum(np.searchsorted(src.stops, np.where(pad, 0, first), side="right"), len(src.stops) - 1)
+    d_run = np.searchsorted(dst.stops, at, side="right")
+    whole = (pad | (src.stops[s_run] >= first + atom)) & (dst.stops[d_run] > at + (atom - 1) * stride)
+    s_tile = np.where(pad, last_tile, src.tiles[s_run])
+    d_tile = dst.tiles[d_run]
+    w = np.flatnonzero(whole)
+    read = np.bincount(s_tile[w], minlength=tiles).astype(np.int64) * atom
+    same = w[s_tile[w] == d_tile[w]]
+    local = np.bincount(d_tile[same], minlength=tiles).astype(np.int64) * atom
+    cut = np.flatnonzero(~whole)
+    if len(cut):     # element by element
+        j = np.arange(atom, dtype=np.int64)
+        s = (first[cut, None] + j).ravel()
+        e = (at[cut, None] + j * stride).ravel()
+        o = np.where(np.repeat(pad[cut], atom), last_tile,
+                     src.tiles[np.minimum(np.searchsorted(src.stops, np.maximum(s, 0), side="right"),
+                                          len(src.tiles) - 1)])
+        r = dst.tiles[np.searchsorted(dst.stops, e, side="right")]
+        read += np.bincount(o, minlength=tiles)
+        local += np.bincount(r[o == r], minlength=tiles)
+    return local, read
+
+
 def _cost_copy(target: Target, step: Copy) -> np.ndarray:
     itemsize = step.dst.dtype.itemsize
     tiles = target.num_tiles
@@ -562,6 +733,8 @@ def _cost_copy(target: Target, step: Copy) -> np.ndarray:
         local = _kept_permuted(step.dst, step.src, parts, tiles)
     if local is not None:
         read = sum(part.tensor.mapping.elements_per_tile(tiles) for part in parts)
+    elif isinstance(step.src, View) and (segments := _copy_segments(step.src, step.dst.mapping)) is not None:
+        local, read = _kept_by_segments(step.dst.mapping, step.src.tensor.mapping, *segments, tiles)
     else:
         readers = step.dst.mapping.element_tiles()
         owners = source_tiles(step.src)
