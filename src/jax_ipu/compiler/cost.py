@@ -405,6 +405,17 @@ def _once_exchange(num_tiles: int, mapping, once: ReadOnce, merge: bool | None =
             by.elements_per_tile(num_tiles) * (copies * inner) - kept)
 
 
+def _once_exchange_memo(num_tiles: int, mapping, once: ReadOnce, memo: dict):
+    """_once_exchange, once per tensor mapping and reading mapping (the
+    same tensor read by several compute sets, or tensors sharing a
+    mapping, over other vertex arrays of one mapping)."""
+    key = ("once", id(mapping), id(once.mapping), once.inner)
+    if key not in memo:
+        # The mappings are kept with the result, so their ids stay theirs.
+        memo[key] = (mapping, once.mapping), _once_exchange(num_tiles, mapping, once)
+    return memo[key][1]
+
+
 def _region_exchanges(num_tiles: int, vertices, tiles: np.ndarray, memo: dict):
     """(tensor, elements sent, elements received) per read region. A region
     whose mapping, intervals, offsets and vertex tiles were counted before
@@ -419,7 +430,7 @@ def _region_exchanges(num_tiles: int, vertices, tiles: np.ndarray, memo: dict):
         key = (id(tensor.mapping), id(intervals), id(offsets), id(tiles))
         if key not in memo:
             if isinstance(rows, ReadOnce):
-                counted = _once_exchange(num_tiles, tensor.mapping, rows)
+                counted = _once_exchange_memo(num_tiles, tensor.mapping, rows, memo)
             elif isinstance(rows, SharedRows):
                 counted = _shared_rows_exchange(num_tiles, tensor.mapping, rows, tiles)
             else:
