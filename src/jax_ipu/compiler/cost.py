@@ -120,18 +120,19 @@ def exchange_cycles(target: Target, sent: np.ndarray, received: np.ndarray) -> i
     return target.exchange_fixed_cycles + -(-busiest // target.exchange_bytes_per_cycle)
 
 
-def _owners(mapping, intervals: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+def _owners(mapping, intervals: np.ndarray, ascending: bool = False) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
     """Splits read intervals by the tiles that hold them: (the read
     interval of each piece, or None when each lies within one run and is
     its own piece; then per piece the owning tile and element count).
     Pieces come in no particular order: the intervals within one run
     first (nearly all of a convolution's or a reduction's rows), then the
     pieces of those across runs, split apart (splitting every interval
-    took most of a large program's costing)."""
+    took most of a large program's costing). ascending: the intervals'
+    starts ascend (then no search per interval)."""
     lo, hi = intervals[:, 0], intervals[:, 1]
     if not len(mapping.starts):     # an empty tensor: its reads are empty too
         return None, np.zeros(len(lo), mapping.tiles.dtype), hi - lo
-    first = np.searchsorted(mapping.stops, lo, side="right")
+    first = _run_index(mapping.stops, lo) if ascending else np.searchsorted(mapping.stops, lo, side="right")
     # Within run `first` alone when it starts before hi and stops at or
     # after it (the runs touch: the next starts there); a second search
     # only for the others.
@@ -519,6 +520,11 @@ def _kept_in_order(dst, parts: tuple, axis: int, tiles: int) -> np.ndarray | Non
     contiguous in the destination, so its runs, cut at chunk ends, are
     intervals of the destination split by owner. None when the chunks are
     too short for that to pay (per element then)."""
+    if len(parts) == 1:      # one tensor in its own order: element i lands at i
+        m = parts[0].tensor.mapping
+        if not len(m.tiles):
+            return np.zeros(tiles, np.int64)
+        return _kept_on_tile(m, dst.mapping.tiles, dst.mapping.starts, tiles).astype(np.int64)
     runs = sum(len(part.tensor.mapping.tiles) for part in parts)
     inner = [int(np.prod(part.shape[axis:], dtype=np.int64)) for part in parts]
     if runs + sum(part.size // max(c, 1) for part, c in zip(parts, inner, strict=True)) > dst.size // 8:
@@ -536,7 +542,7 @@ def _kept_in_order(dst, parts: tuple, axis: int, tiles: int) -> np.ndarray | Non
         lo = np.maximum(m.starts[run], piece * chunk)
         hi = np.minimum(m.stops[run], (piece + 1) * chunk)
         at = piece * row + offset - piece * chunk         # destination of part position 0 of the chunk
-        index, owners, lengths = _owners(dst.mapping, np.stack([lo + at, hi + at], axis=1))
+        index, owners, lengths = _owners(dst.mapping, np.stack([lo + at, hi + at], axis=1), ascending=True)
         holder = m.tiles[run] if index is None else m.tiles[run][index]
         same = holder == owners
         kept += np.bincount(owners[same], weights=lengths[same], minlength=tiles).astype(np.int64)
@@ -698,6 +704,13 @@ def _segments(view: View, atom: int) -> tuple[int, int, np.ndarray, np.ndarray] 
     return atom, stride, first, at // stride * (atom * stride) + at % stride
 
 
+def _run_index(stops: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """np.searchsorted(stops, keys, side="right") for ascending keys, from
+    how many keys precede each stop (a search per stop, not per key)."""
+    before = np.searchsorted(keys, stops, side="left")
+    return np.repeat(np.arange(len(stops) + 1), np.diff(np.r_[0, before, len(keys)]))
+
+
 def _kept_by_segments(dst, src, atom: int, stride: int, first: np.ndarray, at: np.ndarray,
                       tiles: int) -> tuple[np.ndarray, np.ndarray]:
     """A Copy's (elements each tile keeps, elements each tile's part of
@@ -707,10 +720,15 @@ def _kept_by_segments(dst, src, atom: int, stride: int, first: np.ndarray, at: n
     charged as a read of the tensor's last element (as source_tiles does)."""
     pad = first < 0
     last_tile = src.tiles[-1]
-    s_run = np.minimum(np.searchsorted(src.stops, np.where(pad, 0, first), side="right"), len(src.stops) - 1)
-    d_run = np.searchsorted(dst.stops, at, side="right")
-    whole = (pad | (src.stops[s_run] >= first + atom)) & (dst.stops[d_run] > at + (atom - 1) * stride)
-    s_tile = np.where(pad, last_tile, src.tiles[s_run])
+    # Per atom of the source (segments start at atoms): its tile, and
+    # whether it lies in one run; per segment its destination run (the
+    # segments' first elements ascend: no search per segment).
+    atoms = np.arange(0, src.size, atom, dtype=np.int64)
+    a_run = _run_index(src.stops, atoms)
+    k = np.where(pad, 0, first // atom)
+    s_tile = np.where(pad, last_tile, src.tiles[a_run][k])
+    d_run = _run_index(dst.stops, at)
+    whole = (pad | (src.stops[a_run] >= atoms + atom)[k]) & (dst.stops[d_run] > at + (atom - 1) * stride)
     d_tile = dst.tiles[d_run]
     w = np.flatnonzero(whole)
     read = np.bincount(s_tile[w], minlength=tiles).astype(np.int64) * atom
