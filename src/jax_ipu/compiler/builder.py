@@ -79,7 +79,7 @@ class Builder:
         self.options = options
         self.tensors: list[Tensor] = []
         self.steps: list = []
-        self.values: dict[ir.Value, Lowered] = {}
+        self.values: dict[ir.Value, Lowered] = _Values()
         self.flops = 0.0
         self.transcendentals = 0.0
         self._mappings: dict = {}
@@ -249,10 +249,12 @@ class Builder:
         read other than by them."""
         if t.constant is not None or not (t.id >= self.block_tensors_from or t.id in self.block_carried):
             return False
-        mine = collections.Counter(v for op in ops for v in op.operands
-                                   if v in self.values and t in _tensors_of(self.values[v]))
-        return all(count <= mine[v] for v, count in self.pending_reads.items()
-                   if count and v in self.values and t in _tensors_of(self.values[v]))
+        over = self.values.over(t)
+        if not over:
+            return True
+        mine = collections.Counter(v for op in ops for v in op.operands if v in over)
+        pending = self.pending_reads
+        return all(pending.get(v, 0) <= mine[v] for v in over)
 
     # -- steps --
     def fill(self, t: Tensor, value: np.ndarray) -> None:
@@ -315,6 +317,17 @@ class Builder:
         """Each vertex's read of element 0 (a scalar input): (intervals, offsets)."""
         return np.tile(np.array([[0, 1]], dtype=np.int64), (vertices, 1)), np.arange(vertices + 1)
 
+    def _broadcast_reads(self, m: TileMapping, view: View, intervals, offsets):
+        """broadcast_reads of the view at m's intervals by tile, once per
+        mapping and view ops over a tensor of that shape (a bias or a
+        normalisation's statistics broadcast over each layer's outputs)."""
+        key = ("broadcast reads", m, view.tensor.shape, view.ops)
+        try:
+            hash(key)
+        except TypeError:    # (ops holding arrays)
+            return broadcast_reads(view, intervals, offsets)
+        return self.pattern(key, lambda: broadcast_reads(view, intervals, offsets))
+
     def vertices_over(self, codelet: str, outs: list[Tensor], inputs: list[View], cycles) -> VertexArray:
         """One vertex per tile of the outputs' (shared) mapping, writing that
         tile's part of each output and reading the same elements of each
@@ -324,7 +337,8 @@ class Builder:
         # Shared by every compute set over this mapping (see pattern).
         tiles, intervals, offsets, counts = self.pattern(("by tile", m), lambda: self._compact_by_tile(m))
         one = self.pattern(("one element", len(tiles)), lambda: self.one_element(len(tiles)))
-        reads = tuple((v.tensor, *broadcast_reads(v, intervals, offsets)) if v.ops and v.ops[-1][0] == "broadcast"
+        reads = tuple((v.tensor, *self._broadcast_reads(m, v, intervals, offsets))
+                      if v.ops and v.ops[-1][0] == "broadcast"
                       else (v.tensor, intervals, offsets) if v.size == m.size else (v.tensor, *one) for v in inputs)
         writes = tuple((out, intervals, offsets) for out in outs)
         # (A whole input of the outputs' size: each element read once, where its output lies.)
@@ -396,6 +410,33 @@ def broadcast_reads(view: View, intervals: np.ndarray, offsets: np.ndarray) -> t
     ranges[single, 0] = group.ravel()
     ranges[single, 1] = group.ravel() + 1
     return np.concatenate([shared, out]), ranges
+
+
+class _Values(dict):
+    """Builder.values: the lowered value of each ir.Value, indexed by the
+    tensors each is a view of (writable_after asks which values read a
+    tensor; scanning every pending value for each ask took seconds of a
+    large program's lowering)."""
+
+    def __init__(self):
+        super().__init__()
+        self._over: dict[Tensor, set] = {}
+
+    def __setitem__(self, value, lowered) -> None:
+        old = self.get(value)
+        if old is not None:
+            for t in _tensors_of(old):
+                self._over[t].discard(value)
+        super().__setitem__(value, lowered)
+        for t in _tensors_of(lowered):
+            self._over.setdefault(t, set()).add(value)
+
+    def over(self, t: Tensor) -> set:
+        """The values lowered to a view of t (not to be changed)."""
+        return self._over.get(t, _NONE)
+
+
+_NONE: frozenset = frozenset()
 
 
 def _tensors_of(lowered) -> tuple:

@@ -3,6 +3,8 @@ overhead), exchanges (busiest tile's bytes over the exchange rate plus a
 fixed cost) and syncs. A compute set takes as long as its slowest tile."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from jax_ipu import ops_complex
@@ -19,7 +21,7 @@ from jax_ipu.graph.compute import (
     vertex_tiles,
 )
 from jax_ipu.graph.programs import CONTROL, Copy, Execute, HostCall, leaves
-from jax_ipu.graph.views import Concat, source_tiles
+from jax_ipu.graph.views import Concat, View, apply_ops, source_tiles, window_outputs
 from jax_ipu.ops import cycles_per_vector, emulates
 from jax_ipu.targets import BFLOAT16, Target
 
@@ -118,18 +120,19 @@ def exchange_cycles(target: Target, sent: np.ndarray, received: np.ndarray) -> i
     return target.exchange_fixed_cycles + -(-busiest // target.exchange_bytes_per_cycle)
 
 
-def _owners(mapping, intervals: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+def _owners(mapping, intervals: np.ndarray, ascending: bool = False) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
     """Splits read intervals by the tiles that hold them: (the read
     interval of each piece, or None when each lies within one run and is
     its own piece; then per piece the owning tile and element count).
     Pieces come in no particular order: the intervals within one run
     first (nearly all of a convolution's or a reduction's rows), then the
     pieces of those across runs, split apart (splitting every interval
-    took most of a large program's costing)."""
+    took most of a large program's costing). ascending: the intervals'
+    starts ascend (then no search per interval)."""
     lo, hi = intervals[:, 0], intervals[:, 1]
     if not len(mapping.starts):     # an empty tensor: its reads are empty too
         return None, np.zeros(len(lo), mapping.tiles.dtype), hi - lo
-    first = np.searchsorted(mapping.stops, lo, side="right")
+    first = _run_index(mapping.stops, lo) if ascending else np.searchsorted(mapping.stops, lo, side="right")
     # Within run `first` alone when it starts before hi and stops at or
     # after it (the runs touch: the next starts there); a second search
     # only for the others.
@@ -403,6 +406,17 @@ def _once_exchange(num_tiles: int, mapping, once: ReadOnce, merge: bool | None =
             by.elements_per_tile(num_tiles) * (copies * inner) - kept)
 
 
+def _once_exchange_memo(num_tiles: int, mapping, once: ReadOnce, memo: dict):
+    """_once_exchange, once per tensor mapping and reading mapping (the
+    same tensor read by several compute sets, or tensors sharing a
+    mapping, over other vertex arrays of one mapping)."""
+    key = ("once", id(mapping), id(once.mapping), once.inner)
+    if key not in memo:
+        # The mappings are kept with the result, so their ids stay theirs.
+        memo[key] = (mapping, once.mapping), _once_exchange(num_tiles, mapping, once)
+    return memo[key][1]
+
+
 def _region_exchanges(num_tiles: int, vertices, tiles: np.ndarray, memo: dict):
     """(tensor, elements sent, elements received) per read region. A region
     whose mapping, intervals, offsets and vertex tiles were counted before
@@ -417,7 +431,7 @@ def _region_exchanges(num_tiles: int, vertices, tiles: np.ndarray, memo: dict):
         key = (id(tensor.mapping), id(intervals), id(offsets), id(tiles))
         if key not in memo:
             if isinstance(rows, ReadOnce):
-                counted = _once_exchange(num_tiles, tensor.mapping, rows)
+                counted = _once_exchange_memo(num_tiles, tensor.mapping, rows, memo)
             elif isinstance(rows, SharedRows):
                 counted = _shared_rows_exchange(num_tiles, tensor.mapping, rows, tiles)
             else:
@@ -506,6 +520,11 @@ def _kept_in_order(dst, parts: tuple, axis: int, tiles: int) -> np.ndarray | Non
     contiguous in the destination, so its runs, cut at chunk ends, are
     intervals of the destination split by owner. None when the chunks are
     too short for that to pay (per element then)."""
+    if len(parts) == 1:      # one tensor in its own order: element i lands at i
+        m = parts[0].tensor.mapping
+        if not len(m.tiles):
+            return np.zeros(tiles, np.int64)
+        return _kept_on_tile(m, dst.mapping.tiles, dst.mapping.starts, tiles).astype(np.int64)
     runs = sum(len(part.tensor.mapping.tiles) for part in parts)
     inner = [int(np.prod(part.shape[axis:], dtype=np.int64)) for part in parts]
     if runs + sum(part.size // max(c, 1) for part, c in zip(parts, inner, strict=True)) > dst.size // 8:
@@ -523,7 +542,7 @@ def _kept_in_order(dst, parts: tuple, axis: int, tiles: int) -> np.ndarray | Non
         lo = np.maximum(m.starts[run], piece * chunk)
         hi = np.minimum(m.stops[run], (piece + 1) * chunk)
         at = piece * row + offset - piece * chunk         # destination of part position 0 of the chunk
-        index, owners, lengths = _owners(dst.mapping, np.stack([lo + at, hi + at], axis=1))
+        index, owners, lengths = _owners(dst.mapping, np.stack([lo + at, hi + at], axis=1), ascending=True)
         holder = m.tiles[run] if index is None else m.tiles[run][index]
         same = holder == owners
         kept += np.bincount(owners[same], weights=lengths[same], minlength=tiles).astype(np.int64)
@@ -548,6 +567,187 @@ def _kept_permuted(dst, src, parts: tuple, tiles: int) -> np.ndarray:
     return kept
 
 
+# Consecutive elements a Copy's view reads contiguously from its tensor (a
+# segment) below which _copy_segments leaves the view to be counted per element.
+MIN_SEGMENT = 4
+# Atoms (the largest first) _copy_segments tries.
+SEGMENT_TRIES = 16
+
+
+def _atom_ops(shape: tuple, ops: tuple, atom: int) -> tuple | None:
+    """The view ops `ops` of a tensor of `shape` restated over the tensor's
+    blocks of `atom` consecutive elements along its last axis (an atom),
+    when every op keeps each atom whole, in order and aligned along one
+    axis: then the view's elements along that axis, `atom` at a time from
+    the first, are one atom or all padding, and the restated ops on an
+    array of each atom's first element give those. (ops, the gcd of the
+    sizes the atom had to divide, the view's elements after the atom's
+    axis: the view's stride along it.) None otherwise (an op splitting,
+    strided over or reversing the atom's axis; a gather)."""
+    if not shape or shape[-1] % atom:
+        return None
+    shape, axis, out = list(shape), len(shape) - 1, []
+    sizes = [shape[-1]]    # what the atom must divide (see _copy_segments)
+
+    def coarse(s, at):
+        s = list(s)
+        s[at] //= atom
+        return tuple(s)
+    for op in ops:
+        kind = op[0]
+        if kind == "reshape":
+            new, inner = list(op[1]), int(np.prod(shape[axis + 1:], dtype=np.int64))
+            fits = [j for j in range(len(new)) if int(np.prod(new[j + 1:], dtype=np.int64)) == inner
+                    and new[j] % atom == 0]
+            if not fits:
+                return None
+            at = max(fits, key=lambda j: new[j])    # (not a size-1 axis beside it)
+            sizes.append(new[at])
+            out.append(("reshape", coarse(new, at)))
+            shape, axis = new, at
+        elif kind == "transpose":
+            perm = tuple(op[1])
+            out.append(op)
+            shape, axis = [shape[j] for j in perm], perm.index(axis)
+        elif kind == "slice":
+            starts, limits, strides = op[1:]
+            if strides[axis] != 1 or starts[axis] % atom or limits[axis] % atom:
+                return None
+            sizes.extend((starts[axis], limits[axis]))
+            s0, l0 = list(starts), list(limits)
+            s0[axis], l0[axis] = starts[axis] // atom, limits[axis] // atom
+            out.append(("slice", tuple(s0), tuple(l0), tuple(strides)))
+            shape = [len(range(a, b, c)) for a, b, c in zip(starts, limits, strides, strict=True)]
+        elif kind == "broadcast":
+            new, dims = op[1], tuple(op[2])
+            at = dims[axis]
+            if new[at] != shape[axis]:
+                return None
+            out.append(("broadcast", coarse(new, at), dims))
+            shape, axis = list(new), at
+        elif kind == "windows":
+            spec, fill = op[1], op[2]
+            lead = len(shape) - len(spec)
+            moved = axis
+            if axis >= lead:
+                i = axis - lead
+                window, stride, lo, hi, base, dilation, reverse = spec[i]
+                if base != 1 or reverse or lo % atom or hi % atom:
+                    return None
+                if window == 1 and stride == 1:          # the atom stays on the output axis
+                    coarse_spec = (1, 1, lo // atom, hi // atom, 1, 1, 0)
+                    sizes.extend((lo, hi))
+                elif window % atom == 0 and dilation == 1:    # it moves to the window axis
+                    single = shape[axis] + lo + hi == window      # (one window: any stride)
+                    if stride % atom and not single:
+                        return None
+                    coarse_spec = (window // atom, 1 if single else stride // atom, lo // atom, hi // atom, 1, 1, 0)
+                    moved = len(shape) + i
+                    sizes.extend((lo, hi, window, 0 if single else stride))
+                else:
+                    return None
+                spec = tuple(sp if j != i else coarse_spec for j, sp in enumerate(spec))
+            out.append(("windows", spec, fill))
+            shape, axis = [*shape[:lead], *window_outputs(shape[lead:], op[1]), *(w for w, *_ in op[1])], moved
+        else:
+            return None
+    return tuple(out), math.gcd(*sizes), int(np.prod(shape[axis + 1:], dtype=np.int64))
+
+
+def _copy_segments(view: View, dst) -> tuple[int, int, np.ndarray, np.ndarray] | None:
+    """The view read as segments of `atom` elements, each contiguous in its
+    tensor (or all padding) and `stride` apart in the view: (atom, stride,
+    the tensor's flat element of each segment's first, -1 for padding,
+    the view's flat element of each segment's first), for a copy into
+    mapping `dst`. The atom is one _atom_ops can restate the view's ops
+    over, at least MIN_SEGMENT, chosen for the least work: a segment each,
+    and an element each of those crossing a run's end (_kept_by_segments).
+    None when there is none, or it would be no less work than counting
+    every element."""
+    shape, src = view.tensor.shape, view.tensor.mapping
+    if not view.tensor.size or not shape or not view.size:
+        return None
+    # With atom 1 every op keeps it; the sizes it passed bound the others.
+    whole = _atom_ops(shape, view.ops, 1)
+    if whole is None or whole[1] < MIN_SEGMENT:
+        return None
+    _, bound, stride = whole
+    small = [d for d in range(1, math.isqrt(bound) + 1) if bound % d == 0]
+    # Runs' ends the segments may cross: the destination's (each met by
+    # `stride` segments interleaved there), and the source's as often as
+    # the view reads each element.
+    ends = len(dst.starts) * stride + len(src.starts) * -(-view.size // view.tensor.size)
+
+    def work(d):
+        return view.size / d + ends * d
+    divisors = sorted((d for d in {*small, *(bound // d for d in small)}
+                       if d >= MIN_SEGMENT and work(d) < view.size / 2), key=work)
+    for atom in divisors[:SEGMENT_TRIES]:
+        segments = _segments(view, atom)
+        if segments is not None:
+            return segments
+    return None
+
+
+def _segments(view: View, atom: int) -> tuple[int, int, np.ndarray, np.ndarray] | None:
+    """_copy_segments with this atom, or None when _atom_ops cannot
+    restate the view's ops over it."""
+    shape = view.tensor.shape
+    made = _atom_ops(shape, view.ops, atom)
+    if made is None:
+        return None
+    ops, _, stride = made
+    ops = tuple((*op[:-1], np.int64(-1)) if op[0] == "windows" else op for op in ops)
+    first = np.arange(0, view.tensor.size, atom, dtype=np.int64).reshape(*shape[:-1], shape[-1] // atom)
+    first = np.ascontiguousarray(apply_ops(first, ops)).ravel()
+    at = np.arange(len(first), dtype=np.int64)
+    return atom, stride, first, at // stride * (atom * stride) + at % stride
+
+
+def _run_index(stops: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """np.searchsorted(stops, keys, side="right") for ascending keys, from
+    how many keys precede each stop (a search per stop, not per key)."""
+    before = np.searchsorted(keys, stops, side="left")
+    return np.repeat(np.arange(len(stops) + 1), np.diff(np.r_[0, before, len(keys)]))
+
+
+def _kept_by_segments(dst, src, atom: int, stride: int, first: np.ndarray, at: np.ndarray,
+                      tiles: int) -> tuple[np.ndarray, np.ndarray]:
+    """A Copy's (elements each tile keeps, elements each tile's part of
+    the source is read) from its view's segments (_copy_segments): of
+    mappings `dst` and `src`, a segment within one run of each is counted
+    whole, the few crossing a run's end element by element. Padding is
+    charged as a read of the tensor's last element (as source_tiles does)."""
+    pad = first < 0
+    last_tile = src.tiles[-1]
+    # Per atom of the source (segments start at atoms): its tile, and
+    # whether it lies in one run; per segment its destination run (the
+    # segments' first elements ascend: no search per segment).
+    atoms = np.arange(0, src.size, atom, dtype=np.int64)
+    a_run = _run_index(src.stops, atoms)
+    k = np.where(pad, 0, first // atom)
+    s_tile = np.where(pad, last_tile, src.tiles[a_run][k])
+    d_run = _run_index(dst.stops, at)
+    whole = (pad | (src.stops[a_run] >= atoms + atom)[k]) & (dst.stops[d_run] > at + (atom - 1) * stride)
+    d_tile = dst.tiles[d_run]
+    w = np.flatnonzero(whole)
+    read = np.bincount(s_tile[w], minlength=tiles).astype(np.int64) * atom
+    same = w[s_tile[w] == d_tile[w]]
+    local = np.bincount(d_tile[same], minlength=tiles).astype(np.int64) * atom
+    cut = np.flatnonzero(~whole)
+    if len(cut):     # element by element
+        j = np.arange(atom, dtype=np.int64)
+        s = (first[cut, None] + j).ravel()
+        e = (at[cut, None] + j * stride).ravel()
+        o = np.where(np.repeat(pad[cut], atom), last_tile,
+                     src.tiles[np.minimum(np.searchsorted(src.stops, np.maximum(s, 0), side="right"),
+                                          len(src.tiles) - 1)])
+        r = dst.tiles[np.searchsorted(dst.stops, e, side="right")]
+        read += np.bincount(o, minlength=tiles)
+        local += np.bincount(r[o == r], minlength=tiles)
+    return local, read
+
+
 def _cost_copy(target: Target, step: Copy) -> np.ndarray:
     itemsize = step.dst.dtype.itemsize
     tiles = target.num_tiles
@@ -562,6 +762,8 @@ def _cost_copy(target: Target, step: Copy) -> np.ndarray:
         local = _kept_permuted(step.dst, step.src, parts, tiles)
     if local is not None:
         read = sum(part.tensor.mapping.elements_per_tile(tiles) for part in parts)
+    elif isinstance(step.src, View) and (segments := _copy_segments(step.src, step.dst.mapping)) is not None:
+        local, read = _kept_by_segments(step.dst.mapping, step.src.tensor.mapping, *segments, tiles)
     else:
         readers = step.dst.mapping.element_tiles()
         owners = source_tiles(step.src)

@@ -575,9 +575,11 @@ def rect_intervals(sizes, lows: np.ndarray, highs: np.ndarray, with_rows: bool =
             step, steps = (int(strides[j - 1]), int(shape[j - 1])) if j else (width, 1)
             rows.append((np.repeat(members, len(outer)), (base[:, None] + outer[None, :]).ravel(), width, step, steps))
     offsets = np.r_[0, np.cumsum(counts)]
+    # int32 where every position fits, as compact() would make them.
+    dtype = np.int32 if int(np.prod(sizes)) < 2 ** 31 else np.int64
     if with_rows:
-        return (*_rect_intervals(made, offsets), _as_rows(rows))
-    return _rect_intervals(made, offsets)
+        return (*_rect_intervals(made, offsets, dtype), _as_rows(rows))
+    return _rect_intervals(made, offsets, dtype)
 
 
 def _as_rows(parts: list) -> Rows:
@@ -590,12 +592,14 @@ def _as_rows(parts: list) -> Rows:
                 *(np.concatenate([np.full(len(p[0]), p[k], np.int64) for p in parts]) for k in (2, 3, 4)))
 
 
-def _rect_intervals(made: list, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """rect_intervals' intervals from the boxes' run starts per shape."""
+def _rect_intervals(made: list, offsets: np.ndarray, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """rect_intervals' intervals from the boxes' run starts per shape,
+    written in place (a convolution's partials have millions of runs)."""
+    intervals = np.zeros((int(offsets[-1]), 2), dtype)
     if len(made) == 1 and made[0][1].shape[1]:     # boxes of one shape (members in order): no scatter
-        starts = made[0][1].ravel()
-        return np.stack([starts, starts + made[0][2]], axis=1), offsets
-    intervals = np.zeros((int(offsets[-1]), 2), np.int64)
+        np.copyto(intervals[:, 0], made[0][1].ravel(), casting="unsafe")
+        np.add(intervals[:, 0], made[0][2], out=intervals[:, 1], casting="unsafe")
+        return intervals, offsets
     for members, starts, length in made:
         if starts.shape[1] == 0:
             continue

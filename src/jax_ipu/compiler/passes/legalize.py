@@ -58,9 +58,16 @@ def legalize(module: ir.Module, emulate_types: bool = True) -> FlatFunction:
     allowed = IPU_DTYPES | EMULATED_DTYPES if emulate_types else IPU_DTYPES
     results = _inline(module, main.body, {a: a for a in main.body.args}, ops, depth=0, site=None, allowed=allowed,
                      layouts=layouts)
+    # Each argument's first reader, found in one pass (a search of every op
+    # per argument took seconds of a large model's compile).
+    arguments = set(main.body.args)
+    reader: dict = {}
+    for op in ops:
+        for v in op.operands:
+            if v in arguments and v not in reader:
+                reader[v] = op
     for value in main.body.args:
-        _check_type(value.type, next((op for op in ops if value in op.operands), None),
-                    "an argument of the program", allowed)
+        _check_type(value.type, reader.get(value), "an argument of the program", allowed)
     for value in results:   # a constant returned as it is has no reader checking it
         _check_type(value.type, None, "a result of the program", allowed)
     return FlatFunction(list(main.body.args), ops, results, layouts)
