@@ -192,6 +192,15 @@ class RowIntervals:
         return Rows(vertex, starts, self.stops.astype(np.int64) - starts, self.stride[vertex], self.count[vertex])
 
 
+def csr_part(intervals: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(intervals, offsets [v + 1]) of a part with shared ranges (offsets
+    [v, 2]) listed once per vertex that names them; a CSR part as it is."""
+    if offsets.ndim == 2:
+        intervals = intervals[spans(offsets[:, 0], offsets[:, 1])]
+        offsets = np.r_[0, np.cumsum(offsets[:, 1] - offsets[:, 0])]
+    return intervals, offsets
+
+
 def interval_array(intervals) -> np.ndarray:
     """A VertexArray part's intervals as a [k, 2] array (RowIntervals listed)."""
     return intervals.listed() if isinstance(intervals, RowIntervals) else intervals
@@ -277,13 +286,8 @@ class VertexArray(Sequence):
     def listed(self, field: str) -> tuple:
         """The reads or writes with CSR offsets [v + 1]: shared ranges
         listed once per vertex that names them (as Vertex objects hold them)."""
-        out = []
-        for tensor, intervals, offsets in getattr(self, field):
-            if offsets.ndim == 2:
-                intervals = intervals[spans(offsets[:, 0], offsets[:, 1])]
-                offsets = np.r_[0, np.cumsum(offsets[:, 1] - offsets[:, 0])]
-            out.append((tensor, interval_array(intervals), offsets))
-        return tuple(out)
+        return tuple((tensor, *csr_part(interval_array(intervals), offsets))
+                     for tensor, intervals, offsets in getattr(self, field))
 
     def region_arrays(self, field: str):
         """(tensor, intervals [k, 2], vertex index [k]) per region."""
