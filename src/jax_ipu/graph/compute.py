@@ -126,8 +126,7 @@ class RowIntervals:
         self.starts = compact(np.asarray(starts, np.int64))
         self.stops = compact(np.asarray(stops, np.int64))
         self.runs = np.asarray(runs, np.int64)
-        self.count = np.asarray(count, np.int64)
-        self.stride = np.asarray(stride, np.int64)
+        self.count, self.stride = _lean(count), _lean(stride)
         self._dtype = None
 
     @property
@@ -201,6 +200,15 @@ def csr_part(intervals: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np
     return intervals, offsets
 
 
+def _lean(values) -> np.ndarray:
+    """An int64 array, one value broadcast (no memory per element) when
+    all are equal (a reduction's row count and stride, on every tile)."""
+    values = np.asarray(values, np.int64)
+    if values.ndim == 1 and len(values) > 1 and values.strides[0] and (values == values[0]).all():
+        return np.broadcast_to(values[0], values.shape)
+    return values
+
+
 def interval_array(intervals) -> np.ndarray:
     """A VertexArray part's intervals as a [k, 2] array (RowIntervals listed)."""
     return intervals.listed() if isinstance(intervals, RowIntervals) else intervals
@@ -264,9 +272,14 @@ class VertexArray(Sequence):
         # (with offsets [v + 1], those it lists)
         self.reads = tuple((t, compact(iv), off) for t, iv, off in reads)
         self.writes = tuple((t, compact(iv), off) for t, iv, off in writes)
-        read_rows = tuple(read_rows) + (None,) * (len(self.reads) - len(read_rows))
-        self.read_rows = tuple(iv.rows() if rows is None and isinstance(iv, RowIntervals) else rows
-                               for (_, iv, _), rows in zip(self.reads, read_rows, strict=True))
+        self._read_rows = tuple(read_rows) + (None,) * (len(self.reads) - len(read_rows))
+
+    @property
+    def read_rows(self) -> tuple:
+        """Per read, its Rows, SharedRows or ReadOnce (or None): a
+        RowIntervals read's Rows made when asked (the cost pass asks once)."""
+        return tuple(iv.rows() if rows is None and isinstance(iv, RowIntervals) else rows
+                     for (_, iv, _), rows in zip(self.reads, self._read_rows, strict=True))
 
     def __len__(self) -> int:
         return len(self.tiles)
