@@ -96,6 +96,12 @@ class Rows:
     stride: np.ndarray
     count: np.ndarray
 
+    def __post_init__(self):
+        # Widths, strides and counts are mostly one value over all groups
+        # (a convolution's input rows of one box shape): held once.
+        for name in ("width", "stride", "count"):
+            object.__setattr__(self, name, _lean(getattr(self, name)))
+
     def intervals(self) -> tuple[np.ndarray, np.ndarray]:
         """(intervals [k, 2], the vertex of each): the rows listed."""
         base = np.repeat(self.base, self.count) + _row_steps(self.count, self.stride)
@@ -126,7 +132,7 @@ class RowIntervals:
         self.starts = compact(np.asarray(starts, np.int64))
         self.stops = compact(np.asarray(stops, np.int64))
         self.runs = np.asarray(runs, np.int64)
-        self.count, self.stride = _lean(count), _lean(stride)
+        self.count, self.stride = _lean(np.asarray(count, np.int64)), _lean(np.asarray(stride, np.int64))
         self._dtype = None
 
     @property
@@ -201,9 +207,9 @@ def csr_part(intervals: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np
 
 
 def _lean(values) -> np.ndarray:
-    """An int64 array, one value broadcast (no memory per element) when
+    """The array, or its one value broadcast (no memory per element) when
     all are equal (a reduction's row count and stride, on every tile)."""
-    values = np.asarray(values, np.int64)
+    values = np.asarray(values)
     if values.ndim == 1 and len(values) > 1 and values.strides[0] and (values == values[0]).all():
         return np.broadcast_to(values[0], values.shape)
     return values
