@@ -73,6 +73,8 @@ class _Compact:
         self.done: dict = {}
 
     def __call__(self, intervals) -> np.ndarray:
+        if isinstance(intervals, RowIntervals):
+            return intervals
         key = id(intervals)
         if key not in self.done:
             self.done[key] = (intervals, compact(intervals))
@@ -94,10 +96,128 @@ class Rows:
     stride: np.ndarray
     count: np.ndarray
 
+    def __post_init__(self):
+        # Widths, strides and counts are mostly one value over all groups
+        # (a convolution's input rows of one box shape): held once.
+        for name in ("width", "stride", "count"):
+            object.__setattr__(self, name, _lean(getattr(self, name)))
+
     def intervals(self) -> tuple[np.ndarray, np.ndarray]:
         """(intervals [k, 2], the vertex of each): the rows listed."""
         base = np.repeat(self.base, self.count) + _row_steps(self.count, self.stride)
         return np.stack([base, base + np.repeat(self.width, self.count)], axis=1), np.repeat(self.vertex, self.count)
+
+
+INT32_MAX = 2 ** 31 - 1
+
+
+class RowIntervals:
+    """A read's intervals held as the rows they repeat, where a VertexArray
+    read would list them ([k, 2]): vertex v's intervals are, for each row
+    i < count[v] in turn, its runs [starts[r], stops[r]) (r in
+    runs[v]:runs[v + 1], ascending) shifted by i * stride[v]. An outer
+    reduction's vertices read the same runs of columns in every reduced
+    row (a BatchNorm statistic's tile: its channels in each batch and
+    field position): listed, tens of millions of intervals, most of a
+    convolutional network's compiled program on the host. They are listed
+    only where a list is needed (checks, profiles), one vertex or one read
+    at a time; the cost pass reads them as Rows, the serializer as rows.
+
+    listed() gives what the list would be: int32 when every stop fits it,
+    else int64 (as compact() gives them)."""
+
+    __slots__ = ("starts", "stops", "runs", "count", "stride", "_dtype")
+
+    def __init__(self, starts, stops, runs, count, stride):
+        self.starts = compact(np.asarray(starts, np.int64))
+        self.stops = compact(np.asarray(stops, np.int64))
+        self.runs = np.asarray(runs, np.int64)
+        self.count, self.stride = _lean(np.asarray(count, np.int64)), _lean(np.asarray(stride, np.int64))
+        self._dtype = None
+
+    @property
+    def num_vertices(self) -> int:
+        return len(self.count)
+
+    def _per_vertex(self) -> np.ndarray:
+        return self.runs[1:] - self.runs[:-1]
+
+    def offsets(self) -> np.ndarray:
+        """CSR offsets [v + 1] of the listed intervals."""
+        return np.r_[0, np.cumsum(self.count * self._per_vertex())].astype(np.int64)
+
+    def __len__(self) -> int:
+        return int((self.count * self._per_vertex()).sum())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.starts, self.stops, self.runs, self.count, self.stride))
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The listed intervals' type: int32 when the last row's stops fit it."""
+        if self._dtype is None:
+            n = self._per_vertex()
+            last = np.zeros(0, np.int64)
+            if len(self.stops):
+                vertex = np.repeat(np.arange(len(n)), n)
+                last = self.stops.astype(np.int64) + (self.count[vertex] - 1).clip(0) * self.stride[vertex]
+                last = last[self.count[vertex] > 0]
+            self._dtype = np.dtype(np.int32 if int(last.max(initial=0)) <= INT32_MAX else np.int64)
+        return self._dtype
+
+    def listed(self) -> np.ndarray:
+        """All the intervals [k, 2], vertex after vertex."""
+        n = self._per_vertex()
+        rows = np.repeat(np.arange(len(n)), self.count)                 # the vertex of each row
+        shift = spans(np.zeros(len(n), np.int64), self.count) * self.stride[rows]
+        per_row = n[rows]
+        run = spans(self.runs[:-1][rows], self.runs[1:][rows])           # the run of each interval
+        shift = np.repeat(shift, per_row)
+        out = np.empty((len(run), 2), self.dtype)
+        out[:, 0] = self.starts[run] + shift
+        out[:, 1] = self.stops[run] + shift
+        return out
+
+    def of_vertex(self, v: int) -> np.ndarray:
+        """Vertex v's intervals [count[v] x runs, 2]."""
+        r0, r1 = int(self.runs[v]), int(self.runs[v + 1])
+        shift = np.arange(int(self.count[v]), dtype=np.int64)[:, None] * int(self.stride[v])
+        out = np.empty((int(self.count[v]) * (r1 - r0), 2), self.dtype)
+        out[:, 0] = (self.starts[r0:r1].astype(np.int64) + shift).ravel()
+        out[:, 1] = (self.stops[r0:r1].astype(np.int64) + shift).ravel()
+        return out
+
+    def rows(self) -> Rows:
+        """The same intervals as Rows (a group per vertex and run), for the
+        cost pass."""
+        n = self._per_vertex()
+        vertex = np.repeat(np.arange(len(n)), n)
+        starts = self.starts.astype(np.int64)
+        return Rows(vertex, starts, self.stops.astype(np.int64) - starts, self.stride[vertex], self.count[vertex])
+
+
+def csr_part(intervals: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(intervals, offsets [v + 1]) of a part with shared ranges (offsets
+    [v, 2]) listed once per vertex that names them; a CSR part as it is."""
+    if offsets.ndim == 2:
+        intervals = intervals[spans(offsets[:, 0], offsets[:, 1])]
+        offsets = np.r_[0, np.cumsum(offsets[:, 1] - offsets[:, 0])]
+    return intervals, offsets
+
+
+def _lean(values) -> np.ndarray:
+    """The array, or its one value broadcast (no memory per element) when
+    all are equal (a reduction's row count and stride, on every tile)."""
+    values = np.asarray(values)
+    if values.ndim == 1 and len(values) > 1 and values.strides[0] and (values == values[0]).all():
+        return np.broadcast_to(values[0], values.shape)
+    return values
+
+
+def interval_array(intervals) -> np.ndarray:
+    """A VertexArray part's intervals as a [k, 2] array (RowIntervals listed)."""
+    return intervals.listed() if isinstance(intervals, RowIntervals) else intervals
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -154,9 +274,18 @@ class VertexArray(Sequence):
         self.tiles = np.asarray(tiles, dtype=np.int64)
         self.cycles = np.asarray(cycles, dtype=np.int64)
         compact = _Compact()
-        self.reads = tuple((t, compact(iv), off) for t, iv, off in reads)   # offsets [v + 1] or [v, 2]
+        # offsets [v + 1] or [v, 2]; intervals [k, 2], or RowIntervals
+        # (with offsets [v + 1], those it lists)
+        self.reads = tuple((t, compact(iv), off) for t, iv, off in reads)
         self.writes = tuple((t, compact(iv), off) for t, iv, off in writes)
-        self.read_rows = tuple(read_rows) + (None,) * (len(self.reads) - len(read_rows))
+        self._read_rows = tuple(read_rows) + (None,) * (len(self.reads) - len(read_rows))
+
+    @property
+    def read_rows(self) -> tuple:
+        """Per read, its Rows, SharedRows or ReadOnce (or None): a
+        RowIntervals read's Rows made when asked (the cost pass asks once)."""
+        return tuple(iv.rows() if rows is None and isinstance(iv, RowIntervals) else rows
+                     for (_, iv, _), rows in zip(self.reads, self._read_rows, strict=True))
 
     def __len__(self) -> int:
         return len(self.tiles)
@@ -167,7 +296,8 @@ class VertexArray(Sequence):
         i = range(len(self))[i]
 
         def regions(parts):
-            return tuple(Region(t, iv[slice(*off[i])] if off.ndim == 2 else iv[off[i]:off[i + 1]])
+            return tuple(Region(t, iv.of_vertex(i) if isinstance(iv, RowIntervals) else
+                                iv[slice(*off[i])] if off.ndim == 2 else iv[off[i]:off[i + 1]])
                          for t, iv, off in parts)
         return Vertex(self.codelet, int(self.tiles[i]), regions(self.reads), regions(self.writes),
                       int(self.cycles[i]))
@@ -175,19 +305,14 @@ class VertexArray(Sequence):
     def listed(self, field: str) -> tuple:
         """The reads or writes with CSR offsets [v + 1]: shared ranges
         listed once per vertex that names them (as Vertex objects hold them)."""
-        out = []
-        for tensor, intervals, offsets in getattr(self, field):
-            if offsets.ndim == 2:
-                intervals = intervals[spans(offsets[:, 0], offsets[:, 1])]
-                offsets = np.r_[0, np.cumsum(offsets[:, 1] - offsets[:, 0])]
-            out.append((tensor, intervals, offsets))
-        return tuple(out)
+        return tuple((tensor, *csr_part(interval_array(intervals), offsets))
+                     for tensor, intervals, offsets in getattr(self, field))
 
     def region_arrays(self, field: str):
         """(tensor, intervals [k, 2], vertex index [k]) per region."""
         for tensor, intervals, offsets in getattr(self, field):
             if offsets.ndim == 1:
-                yield tensor, intervals, range_index(offsets[:-1], offsets[1:])
+                yield tensor, interval_array(intervals), range_index(offsets[:-1], offsets[1:])
             else:
                 yield tensor, intervals[spans(offsets[:, 0], offsets[:, 1])], range_index(offsets[:, 0], offsets[:, 1])
 
@@ -204,7 +329,7 @@ class VertexArray(Sequence):
         tensor, intervals, offsets = region
         vertices = np.arange(len(self.tiles))
         if offsets.ndim == 1:
-            return tensor, intervals, range_index(offsets[:-1], offsets[1:]), vertices, vertices
+            return tensor, interval_array(intervals), range_index(offsets[:-1], offsets[1:]), vertices, vertices
         keys, group = np.unique(offsets[:, 0] * (len(intervals) + 1) + offsets[:, 1], return_inverse=True)
         begins, stops = np.divmod(keys, len(intervals) + 1)
         return tensor, intervals[spans(begins, stops)], range_index(begins, stops), vertices, group.ravel()

@@ -27,8 +27,11 @@ that array is first read.
 Sizes grow with the program, not with tiles x elements: tile mappings are
 stored as runs, the vertices of all compute sets as one table of arrays
 (codelet, tile, cycles, regions), interval arrays that vertices share are
-stored once, and integer arrays whose differences repeat (gather indices,
-interval starts) as runs of equal differences; im2col patches and pooling
+stored once, a block of intervals that repeats over rows (an outer
+reduction's columns in each reduced row, graph.compute.RowIntervals) as
+its first row, a row count and a stride, and integer arrays whose
+differences repeat (gather indices, interval starts) as runs of equal
+differences; im2col patches and pooling
 windows are "windows" view ops: a few integers each.
 """
 from __future__ import annotations
@@ -50,7 +53,15 @@ from jax_ipu import ir
 # The kernel classes register their records (graph.records.RECORDS) when imported.
 from jax_ipu.graph import codelets, codelets_collectives, codelets_conv, codelets_indexing, codelets_linalg  # noqa: F401
 from jax_ipu.graph import programs as p
-from jax_ipu.graph.compute import ComputeSet, DataDependentExchange, Region, Vertex, VertexArray
+from jax_ipu.graph.compute import (
+    ComputeSet,
+    DataDependentExchange,
+    Region,
+    RowIntervals,
+    Vertex,
+    VertexArray,
+    csr_part,
+)
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.memory import MemoryReport
 from jax_ipu.graph.program import Program
@@ -60,8 +71,8 @@ from jax_ipu.graph.views import _SHAPE, Concat, View
 from jax_ipu.utils import gc_pause
 
 MAGIC = b"JAXIPUPG"
-FORMAT_VERSION = 6   # 3: StreamingCopy steps, argument and result layouts; 4: control steps' costs; 5: emulated ops;
-#                       6: the memory report's breakdown
+FORMAT_VERSION = 7   # 3: StreamingCopy steps, argument and result layouts; 4: control steps' costs; 5: emulated ops;
+#                       6: the memory report's breakdown; 7: interval blocks repeated as rows
 _MARK = struct.Struct("<8sI")
 PREFIX = struct.Struct("<8sIQQQQ32s")
 _ALIGN = 64
@@ -463,7 +474,11 @@ class _Encoder:
         self.vertices = {k: [] for k in ("codelet", "tile", "cycles", "reads", "writes")}
         self.regions = {"tensor": [], "block": []}
         self.blocks: dict[int, int] = {}       # id(intervals array) -> block number
+        # Block b: its block_lengths[b] intervals, repeated block_rows[b]
+        # times, each time block_strides[b] further (a list: rows 1, stride 0).
         self.block_lengths: list[np.ndarray] = []
+        self.block_rows: list[np.ndarray] = []
+        self.block_strides: list[np.ndarray] = []
         self.block_intervals: list[np.ndarray] = []    # [k, 2] each
         self.num_blocks = 0
         self.num_vertices = 0
@@ -543,17 +558,26 @@ class _Encoder:
         self.regions["tensor"].append(np.asarray(tensor_ids, np.int64))
         self.regions["block"].append(np.asarray(block_ids, np.int64))
         self.block_lengths.append(np.asarray(lengths, np.int64))
+        self.block_rows.append(np.ones(len(lengths), np.int64))
+        self.block_strides.append(np.zeros(len(lengths), np.int64))
         self.num_vertices += len(vertices)
 
     def add_vertex_array(self, vertices: VertexArray) -> None:
         """The columns the loop over its Vertex objects would give, from
         its arrays: each vertex's regions are its reads' then its writes'
         parts, each interval slice a block of its own (a large program has
-        millions of such vertices: one at a time, saving took seconds)."""
+        millions of such vertices: one at a time, saving took seconds), a
+        RowIntervals part's slice as its runs repeated over its rows."""
         count = len(vertices)
-        parts = vertices.listed("reads") + vertices.listed("writes")
-        for tensor, _, _ in parts:
+        parts = []            # (tensor, intervals, offsets [v + 1], rows [v], strides [v])
+        for tensor, intervals, offsets in vertices.reads + vertices.writes:
             self.check_tensor(tensor)
+            if isinstance(intervals, RowIntervals):
+                parts.append((tensor, np.stack([intervals.starts, intervals.stops], axis=1), intervals.runs,
+                              intervals.count, intervals.stride))
+            else:
+                parts.append((tensor, *csr_part(intervals, offsets), np.ones(count, np.int64),
+                              np.zeros(count, np.int64)))
         if not count:        # (its codelet is not named, as the loop would not name it)
             return
         code = self.codelets.setdefault(vertices.codelet, len(self.codelets))
@@ -563,22 +587,27 @@ class _Encoder:
         table["cycles"].append(np.asarray(vertices.cycles, np.int64))
         table["reads"].append(np.full(count, len(vertices.reads), np.int64))
         table["writes"].append(np.full(count, len(vertices.writes), np.int64))
-        self.regions["tensor"].append(np.tile(np.asarray([t.id for t, _, _ in parts], np.int64), count))
+        self.regions["tensor"].append(np.tile(np.asarray([part[0].id for part in parts], np.int64), count))
         self.regions["block"].append(self.num_blocks + np.arange(count * len(parts), dtype=np.int64))
         self.num_blocks += count * len(parts)
-        offsets = [np.asarray(off, np.int64) for _, _, off in parts]
-        lengths = np.stack([np.diff(off) for off in offsets], axis=1) if parts else np.zeros((count, 0), np.int64)
+        offsets = [np.asarray(part[2], np.int64) for part in parts]
+
+        def by_vertex(columns: list) -> np.ndarray:
+            """Per vertex, per part (the blocks' order)."""
+            return (np.stack(columns, axis=1) if parts else np.zeros((count, 0), np.int64)).reshape(-1)
+        lengths = by_vertex([np.diff(off) for off in offsets]).reshape(count, len(parts))
         self.block_lengths.append(lengths.reshape(-1))
+        self.block_rows.append(by_vertex([np.asarray(part[3], np.int64) for part in parts]))
+        self.block_strides.append(by_vertex([np.asarray(part[4], np.int64) for part in parts]))
         if len(parts) == 1:
-            (_, intervals, _), = parts
-            off = offsets[0]
+            (_, intervals, off, _, _), = parts
             self.block_intervals.append(np.asarray(intervals[off[0]:off[-1]], np.int64).reshape(-1, 2))
         elif parts:
             # Vertex by vertex, part by part: where each part's run of
             # intervals for a vertex goes among all of them.
             firsts = (np.cumsum(lengths.reshape(-1)) - lengths.reshape(-1)).reshape(count, len(parts))
             out = np.empty((int(lengths.sum()), 2), np.int64)
-            for j, ((_, intervals, _), off) in enumerate(zip(parts, offsets, strict=True)):
+            for j, ((_, intervals, _, _, _), off) in enumerate(zip(parts, offsets, strict=True)):
                 owner = np.repeat(np.arange(count), lengths[:, j])
                 places = firsts[owner, j] + np.arange(len(owner)) - (off[owner] - off[0])
                 out[places] = np.asarray(intervals[off[0]:off[-1]], np.int64).reshape(-1, 2)
@@ -624,6 +653,7 @@ class _Encoder:
                 "region_tensor": add(joined(self.regions["tensor"])),
                 "region_block": add(joined(self.regions["block"])),
                 "block_lengths": add(joined(self.block_lengths)),
+                "block_rows": add(joined(self.block_rows)), "block_strides": add(joined(self.block_strides)),
                 "block_starts": add(flat[:, 0].copy()), "block_stops": add(flat[:, 1].copy())}
 
 
@@ -1004,7 +1034,7 @@ def _vertex_builder(header, arrays, tensors, where="vertices"):
     if type(header) is not dict:
         _fail(f"{where}: not a table")
     keys = ("codelet", "tile", "cycles", "reads", "writes", "region_tensor", "region_block", "block_lengths",
-            "block_starts", "block_stops")
+            "block_rows", "block_strides", "block_starts", "block_stops")
     if set(header) != set(keys) | {"codelets"}:
         _fail(f"{where}: fields {sorted(header)}")
     names = header["codelets"]
@@ -1020,7 +1050,8 @@ def _vertex_builder(header, arrays, tensors, where="vertices"):
     n = len(tile)
     if any(len(cols[k]) != n for k in ("codelet", "cycles", "reads", "writes")) \
             or len(cols["region_tensor"]) != len(cols["region_block"]) \
-            or len(cols["block_starts"]) != len(cols["block_stops"]):
+            or len(cols["block_starts"]) != len(cols["block_stops"]) \
+            or not len(cols["block_lengths"]) == len(cols["block_rows"]) == len(cols["block_strides"]):
         _fail(f"{where}: columns of different lengths")
     if n and int(tile.min()) < 0:
         _fail(f"{where}: a vertex on a negative tile")
@@ -1049,6 +1080,7 @@ def _vertex_builder(header, arrays, tensors, where="vertices"):
                 _fail(f"{where}: a region refers to no tensor or interval block")
             c["region_starts"] = np.concatenate(([0], region_ends))
             c["block_cuts"] = np.concatenate(([0], block_ends))
+            _check_blocks(c, tensor, block, tensors, where)
             table.update(c)
         return table
     blocks: dict = {}
@@ -1060,7 +1092,11 @@ def _vertex_builder(header, arrays, tensors, where="vertices"):
             if not pairs:
                 pairs.append(np.stack([table["block_starts"], table["block_stops"]], axis=1).astype(np.int64))
             cuts = table["block_cuts"]
-            found = blocks[b] = pairs[0][int(cuts[b]):int(cuts[b + 1])]
+            found = pairs[0][int(cuts[b]):int(cuts[b + 1])]
+            rows, stride = int(table["block_rows"][b]), int(table["block_strides"][b])
+            if rows != 1:       # (checked: within the tensors of the regions naming it)
+                found = (found[None] + (np.arange(rows, dtype=np.int64) * stride)[:, None, None]).reshape(-1, 2)
+            blocks[b] = found
         return found
 
     def build(first: int, count: int) -> list:
@@ -1081,6 +1117,39 @@ def _vertex_builder(header, arrays, tensors, where="vertices"):
             out.append(Vertex(codelet_names[v], tiles[v], regions[:reads[v]], regions[reads[v]:], cycles[v]))
         return out
     return {"count": n, "build": build, "tile": tile}
+
+
+def _check_blocks(c: dict, region_tensor: np.ndarray, region_block: np.ndarray, tensors: list, where: str) -> None:
+    """Each interval block, its rows listed, lies within the tensor of every
+    region naming it: starts >= 0, stops >= starts, rows >= 1, strides >= 0,
+    the last row's stops <= the tensor's size; and a block of several rows
+    has no empty interval and rows that do not overlap (its stride at least
+    its span), so that listing it gives at most its tensor's elements."""
+    starts, stops = c["block_starts"].astype(np.int64), c["block_stops"].astype(np.int64)
+    rows, strides, lengths = c["block_rows"], c["block_strides"], c["block_lengths"].astype(np.int64)
+    if len(starts) and (int(starts.min()) < 0 or bool((stops < starts).any())):
+        _fail(f"{where}: an interval that starts below 0 or ends before it starts")
+    if len(rows) and (int(rows.min()) < 1 or int(strides.min()) < 0):
+        _fail(f"{where}: an interval block of fewer than one row or a negative stride")
+    if not len(region_block):
+        return
+    top = np.zeros(len(lengths), np.float64)           # each block's largest stop, its rows listed
+    filled = np.flatnonzero(lengths)
+    if len(filled):
+        firsts = c["block_cuts"][:-1][filled]
+        top[filled] = np.maximum.reduceat(stops, firsts)
+        several = rows[filled] > 1
+        span = top[filled] - np.minimum.reduceat(starts, firsts)
+        empty = np.add.reduceat((stops == starts).astype(np.int64), firsts)
+        if bool((several & ((empty > 0) | (strides[filled] < span))).any()):
+            _fail(f"{where}: an interval block of several rows with an empty interval or overlapping rows")
+    top += (rows.astype(np.float64) - 1) * strides.astype(np.float64)
+    sizes = np.array([float(t.size) for t in tensors], np.float64)
+    beyond = np.flatnonzero(top[region_block] > sizes[region_tensor])
+    if len(beyond):
+        j = int(beyond[0])
+        _fail(f"{where}: interval block {int(region_block[j])} reaches beyond the "
+              f"{int(sizes[region_tensor[j]])} elements of tensor {int(region_tensor[j])}")
 
 
 class _MappingColumns:

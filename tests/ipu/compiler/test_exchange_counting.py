@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from helpers import compile_fn
 from jax_ipu.compiler import cost
 from jax_ipu.compiler.lowering.conv import rect_intervals
-from jax_ipu.graph.compute import ReadOnce, Rows, SharedRows, VertexArray
+from jax_ipu.graph.compute import ReadOnce, Rows, SharedRows, VertexArray, interval_array
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.programs import leaves
 
@@ -162,6 +162,7 @@ def _rows_match_intervals(program) -> int:
         for (tensor, intervals, offsets), rows in zip(vertices.reads, vertices.read_rows, strict=True):
             if rows is None:
                 continue
+            intervals = interval_array(intervals)     # (RowIntervals listed)
             if isinstance(rows, ReadOnce):
                 # Each element read once, on the tile of its reading mapping's element.
                 elements = np.zeros(tensor.size, np.int64)

@@ -184,6 +184,9 @@ def test_truncated_or_corrupted_bytes_are_refused(saved):
     _load_fails(saved[:serialize.PREFIX.size + packed_size + 4], "checksum")
     # An entry of the format before the deferred section (format 1) is another format.
     _load_fails(saved[:8] + struct.pack("<I", 1) + saved[12:], f"program format 1, this jax-ipu reads format {serialize.FORMAT_VERSION}")
+    older = serialize.FORMAT_VERSION - 1
+    _load_fails(saved[:8] + struct.pack("<I", older) + saved[12:],
+                f"program format {older}, this jax-ipu reads format {serialize.FORMAT_VERSION}")
 
 
 def test_another_version_is_refused(saved):

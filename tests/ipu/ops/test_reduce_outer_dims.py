@@ -111,26 +111,27 @@ def test_bias_gradient_through_the_plugin(ipu):
     np.testing.assert_allclose(np.asarray(got), np.asarray(f(b, x)), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("chunks,size,kept,seed", [(1, 5, 16, 0), (3, 4, 17, 1), (7, 2, 40, 2), (2, 9, 16, 3)])
-def test_outer_reads_by_tile_cover_exactly_the_rows_of_each_tiles_partials(chunks, size, kept, seed):
+@pytest.mark.parametrize("size,kept,seed", [(5, 16, 0), (4, 17, 1), (2, 40, 2), (9, 16, 3)])
+def test_outer_reads_by_tile_cover_exactly_the_rows_of_each_tiles_outputs(size, kept, seed):
     # Each tile's read intervals: sorted, disjoint, and exactly the input
-    # elements [j, r, o] (r < size) behind its partials [o, j].
+    # elements [r, o] (r < size) behind its outputs [o].
     from jax_ipu.compiler.lowering.reduce import _outer_reads_by_tile
     from jax_ipu.graph.mapping import TileMapping
     rng = np.random.default_rng(seed)
-    element_tiles = rng.integers(0, 5, kept * chunks)
-    element_tiles[: kept * chunks // 3] = 1          # some long runs on one tile
+    element_tiles = rng.integers(0, 5, kept)
+    element_tiles[: kept // 3] = 1          # some long runs on one tile
     mapping = TileMapping.from_element_tiles(element_tiles)
-    all_intervals, offsets = _outer_reads_by_tile(mapping, chunks, size, kept)
+    rows, offsets = _outer_reads_by_tile(mapping, size, kept)
+    all_intervals = rows.listed()
     tiles = sorted(set(element_tiles.tolist()))        # Builder.by_tile's order
     assert len(offsets) == len(tiles) + 1 and offsets[-1] == len(all_intervals)
-    for tile, lo, hi in zip(tiles, offsets[:-1], offsets[1:], strict=True):
+    for i, (tile, lo, hi) in enumerate(zip(tiles, offsets[:-1], offsets[1:], strict=True)):
         intervals = all_intervals[lo:hi]
+        np.testing.assert_array_equal(rows.of_vertex(i), intervals)
         assert (intervals[:, 0] < intervals[:, 1]).all() and (intervals[1:, 0] >= intervals[:-1, 1]).all()
         got = np.concatenate([np.arange(a, z) for a, z in intervals])
-        e = np.flatnonzero(element_tiles == tile)
-        o, j = e // chunks, e % chunks
-        want = ((j[:, None] * size + np.arange(size)) * kept + o[:, None]).ravel()
+        o = np.flatnonzero(element_tiles == tile)
+        want = (np.arange(size)[None, :] * kept + o[:, None]).ravel()
         np.testing.assert_array_equal(got, np.sort(want))
 
 

@@ -143,6 +143,9 @@ def _foreign(data: bytes) -> bytes:
     (lambda data: b"", "too few"),
     (_foreign, "saved by jax-ipu 0.0.1"),
     (lambda data: data[:8] + struct.pack("<I", 1) + data[12:], f"program format 1, this jax-ipu reads format {serialize.FORMAT_VERSION}"),
+    # The format before this one (7 saved outer reductions' intervals as rows).
+    (lambda data: data[:8] + struct.pack("<I", serialize.FORMAT_VERSION - 1) + data[12:],
+     f"program format {serialize.FORMAT_VERSION - 1}, this jax-ipu reads format {serialize.FORMAT_VERSION}"),
 ])
 def test_an_unusable_entry_is_compiled_again_with_a_warning(tmp_path, spoil, words):
     env = {"JAX_IPU_MODEL_NUM_TILES": "32"}

@@ -21,7 +21,7 @@ from jax_ipu.compiler.lowering.registry import register
 from jax_ipu.compiler.planners.mapping import MIN_BYTES_PER_TILE, spread
 from jax_ipu.errors import IpuUnimplementedError
 from jax_ipu.graph import codelets
-from jax_ipu.graph.compute import ReadOnce, Rows, VertexArray
+from jax_ipu.graph.compute import ReadOnce, RowIntervals, VertexArray
 from jax_ipu.graph.mapping import TileMapping
 from jax_ipu.graph.tensors import Tensor
 from jax_ipu.graph.views import View
@@ -140,52 +140,27 @@ OUTER_MAX_CHUNKS = 256
 # exchange, where the rows are spread over the IPU); its outputs are
 # spread so that a tile receives at most about this many bytes.
 READ_BYTES = 16 * 1024
-INT32_MAX = 2**31 - 1
-
-
-def _as_intervals(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    # int32 where it holds them: a row per chunk and output run, so these
-    # were most of a batch-normed network's compiled regions.
-    out = np.empty((len(lo), 2), np.int32 if hi.max(initial=0) <= INT32_MAX else np.int64)
-    out[:, 0], out[:, 1] = lo, hi
-    return out
-
-
-def _outer_reads_by_tile(mapping: TileMapping, chunks: int, size: int, kept: int,
-                         with_rows: bool = False) -> tuple:
-    """The intervals of the [chunks, size, kept] input behind each tile's
-    elements of the partials [kept, chunks], as a VertexArray holds them
-    (intervals in ascending tile order, offsets [tiles + 1]; the tiles of
-    Builder.by_tile(mapping)): for each chunk j and run of outputs [o0, o1)
-    on the tile, that run in each of the chunk's `size` rows, ascending.
-    All tiles at once (one call per tile, or a Vertex object per tile, took
-    seconds of a convolutional network's compile). with_rows: also the same
-    intervals as Rows (for the cost pass)."""
-    lengths = mapping.stops - mapping.starts
-    e = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths - mapping.starts, lengths)
-    tile = np.repeat(mapping.tiles, lengths)
-    o, j = e // chunks, e % chunks
-    order = np.lexsort((o, j, tile))                 # by tile, chunk, then output
-    o, j, tile = o[order], j[order], tile[order]
-    first = np.ones(len(o), bool)
-    first[1:] = (tile[1:] != tile[:-1]) | (j[1:] != j[:-1]) | (o[1:] != o[:-1] + 1)
+def _outer_reads_by_tile(mapping: TileMapping, size: int, kept: int) -> tuple[RowIntervals, np.ndarray]:
+    """The reads of the [size, kept] input behind each tile's outputs
+    [kept], as a VertexArray holds them (vertices in ascending tile order,
+    the tiles of Builder.by_tile(mapping); offsets [tiles + 1]): each run
+    of outputs [o0, o1) on the tile in each of the `size` rows, row after
+    row, the runs ascending within a row. Held as RowIntervals (a row per
+    batch and field position: listed, tens of millions of intervals in a
+    convolutional network's step)."""
+    order = np.lexsort((mapping.starts, mapping.tiles))
+    tile, starts, stops = mapping.tiles[order], mapping.starts[order], mapping.stops[order]
+    # Runs that touch on one tile are one run of outputs.
+    first = np.ones(len(tile), bool)
+    first[1:] = (tile[1:] != tile[:-1]) | (starts[1:] != stops[:-1])
     at = np.flatnonzero(first)
-    last = np.append(at[1:], len(o)) - 1
-    starts, ends, j, tile = o[at], o[last] + 1, j[at], tile[at]
-    groups = None
-    if with_rows:
-        groups = Rows(np.searchsorted(np.unique(mapping.tiles), tile), j * size * kept + starts, ends - starts,
-                      np.full(len(tile), kept, np.int64), np.full(len(tile), size, np.int64))
-    rows = (j[:, None] * size + np.arange(size)) * kept             # [runs, size]
-    lo, hi = (rows + starts[:, None]).ravel(), (rows + ends[:, None]).ravel()
-    several = len(tile) > 1 and (tile[1:] == tile[:-1]).any()       # else a tile's rows ascend already
-    tile = np.repeat(tile, size)
-    if several:
-        order = np.lexsort((lo, tile))
-        lo, hi, tile = lo[order], hi[order], tile[order]
-    cuts = np.flatnonzero(tile[1:] != tile[:-1]) + 1
-    out = _as_intervals(lo, hi), np.r_[0, cuts, len(tile)] if len(tile) else np.zeros(1, np.int64)
-    return (*out, groups) if groups is not None else out
+    last = np.append(at[1:], len(tile)) - 1
+    tile = tile[at]
+    new_tile = np.flatnonzero(np.r_[True, tile[1:] != tile[:-1]]) if len(tile) else np.zeros(0, np.int64)
+    tiles = len(new_tile)
+    rows = RowIntervals(starts[at], stops[last], np.r_[new_tile, len(tile)], np.full(tiles, size, np.int64),
+                        np.full(tiles, kept, np.int64))
+    return rows, rows.offsets()
 
 
 def _init_source(lowered) -> View | np.ndarray:
@@ -283,8 +258,8 @@ def reduce(b: Builder, op: ir.Op) -> None:
     tiles, intervals, offsets, counts = b.by_tile(outs[0].mapping)
     one = b.one_element(len(tiles))
     # Each output's partials: a column of the outer [chunks, kept], else a row of [kept, chunks].
-    column = _outer_reads_by_tile(outs[0].mapping, 1, chunks, kept) if outer else None
-    reads = [(p, *(column[:2] if outer else (intervals * chunks, offsets))) for p in partials]
+    column = _outer_reads_by_tile(outs[0].mapping, chunks, kept) if outer else None
+    reads = [(p, *(column if outer else (intervals * chunks, offsets))) for p in partials]
     reads += [(i.tensor, *one) for i in init_sources if isinstance(i, View)]
     vertices = VertexArray(
         codelet, tiles,
@@ -335,19 +310,17 @@ def _outer_partials(b: Builder, op: ir.Op, x: View, single: str, codelet: str, c
     partials = b.tensor(f"{name_of(op)}/partials", (chunks, kept), acc, TileMapping.from_runs(chunks * kept, tiles, starts))
     vertex_widths = np.tile(widths, chunks)
     writes = np.stack([starts, starts + vertex_widths], axis=1)
-    read_rows = ()
     if groups == 1:
         reads, read_offsets = np.stack([block, block + size * kept], axis=1), np.arange(chunks + 1)
     else:
-        rows = (block[:, None] + np.arange(size) * kept).ravel()           # each row's part of the block
-        reads = np.stack([rows, rows + np.repeat(vertex_widths, size)], axis=1)
-        read_offsets = np.arange(chunks * groups + 1) * size
+        # Each row's part of the block (the cost pass reads them as Rows).
         vertices = chunks * groups
-        read_rows = (Rows(np.arange(vertices), block, vertex_widths, np.full(vertices, kept, np.int64),
-                          np.full(vertices, size, np.int64)),)
+        reads = RowIntervals(block, block + vertex_widths, np.arange(vertices + 1), np.full(vertices, size, np.int64),
+                             np.full(vertices, kept, np.int64))
+        read_offsets = reads.offsets()
     cycles = b.cycles_by_count(vertex_widths, lambda n: cost.reduce_cycles(target, size * n, x.dtype))
     vertices = VertexArray(codelet, tiles, cycles, ((x.tensor, reads, read_offsets),),
-                           ((partials, writes, np.arange(chunks * groups + 1)),), read_rows)
+                           ((partials, writes, np.arange(chunks * groups + 1)),))
     b.execute(f"reduce {single} {name_of(op)} partials", codelets.ReducePartials(x, single, partials, True), vertices)
     return partials
 
@@ -363,13 +336,13 @@ def _single_stage(b: Builder, op: ir.Op, x: View, single: str, init, dtype: np.d
     out = b.tensor(name_of(op), (kept,), dtype, _spread_mapping(b, kept, size, x.dtype, dtype))
     codelet = f"Reduce<{single},{dtype.name}>"
     tiles, intervals, offsets, counts = b.by_tile(out.mapping)
-    column = _outer_reads_by_tile(out.mapping, 1, size, kept, with_rows=True) if outer else None
-    reads = [(x.tensor, *(column[:2] if outer else (intervals * size, offsets)))]
+    # (The cost pass reads an outer one's RowIntervals as Rows.)
+    reads = [(x.tensor, *(_outer_reads_by_tile(out.mapping, size, kept) if outer else (intervals * size, offsets)))]
     if isinstance(init, View):
         reads.append((init.tensor, *b.one_element(len(tiles))))
     vertices = VertexArray(codelet, tiles,
                            b.cycles_by_count(counts, lambda n: cost.reduce_cycles(b.target, n * size, dtype)),
-                           tuple(reads), ((out, intervals, offsets),), (column[2],) if outer else ())
+                           tuple(reads), ((out, intervals, offsets),))
     b.execute(f"reduce {single} {name_of(op)}", codelets.ReducePartials(x, single, out, outer, init), vertices)
     b.flops += kept * size
     b.values[op.results[0]] = View(out).then("reshape", op.results[0].type.shape)
