@@ -179,9 +179,7 @@ def test_code_and_vertex_state_of_a_convolution_step_are_poplibs_figures():
     assert codelet_memory("ConvPartial1x1Out<float16,float32>", 2, 1) == (998, 28)
     assert codelet_memory("ReduceAdd<float32,float16>", 1, 1) == (320, 12)
     assert codelet_memory("ReducePartial<add,float32>", 1, 1) == (740, 20)
-    assert codelet_memory("ElementwiseChain<float16>[multiply,add]", 3, 1) == (60 + 2 * 179, 3 * 4 + 8)
-    # Each fused expression is a codelet of its own; a tile running two
-    # holds both codes.
+    assert codelet_memory("ElementwiseChain<float16>[multiply,add]", 3, 1) == (60 + 179 + 16, 3 * 4 + 8)
     assert codelet_memory("ElementwiseChain<float32>[convert]", 1, 2) == (60 + 179, 4 + 2 * 8)
 
 
