@@ -186,3 +186,40 @@ def test_code_and_vertex_state_of_a_convolution_step_are_poplibs_figures():
 def _executes(program):
     from jax_ipu.graph.programs import Execute, leaves
     return [step for step in leaves(program.body) if isinstance(step, Execute)]
+
+
+def test_an_offloaded_optimiser_state_is_on_the_tiles_only_around_its_update():
+    """SGD-momentum with its state in streaming memory (pinned_host), moved
+    to the device for the update and back: each leaf's load, update and
+    store run together, moved up to where its gradient is ready (within the
+    backward pass), not all after it."""
+    from jax_ipu.compiler import CompileOptions, compile_module
+    from jax_ipu.compiler.passes.schedule import reads
+    from jax_ipu.graph.programs import Copy, Execute, leaves
+    from jax_ipu.stablehlo import import_module
+    optimiser = optax.sgd(0.1, momentum=0.9)
+
+    def step(params, state, x):
+        grads = jax.grad(mlp)(params, x)
+        state = jax.device_put(state, jax.memory.Space.Device)
+        updates, state = optimiser.update(grads, state, params)
+        return optax.apply_updates(params, updates), jax.device_put(state, jax.memory.Space.Host)
+
+    params, x = mlp_args(np.random.default_rng(0))
+    ipu = jax.devices("ipu")[0]
+
+    def shapes(tree, kind=None):
+        sharding = jax.sharding.SingleDeviceSharding(ipu, memory_kind=kind)
+        return jax.tree.map(lambda v: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype, sharding=sharding), tree)
+    text = jax.jit(step, donate_argnums=(0, 1)).lower(shapes(params), shapes(optimiser.init(params), "pinned_host"),
+                                                      shapes(x)).as_text()
+    steps = list(leaves(compile_module(import_module(text), SMALL, CompileOptions()).body))
+    loads = [i for i, s in enumerate(steps) if isinstance(s, Copy) and s.src.tensor.streaming and not s.dst.streaming]
+    assert len(loads) == len(jax.tree.leaves(params))
+    for i in loads:
+        update, store = steps[i + 1], steps[i + 2]
+        assert isinstance(update, Execute) and steps[i].dst.id in reads(update)
+        assert isinstance(store, Copy) and store.dst.streaming and store.src.tensor.id in {
+            t.id for _, t in update.compute_set.kernel.outputs}
+    matmuls = [i for i, s in enumerate(steps) if isinstance(s, Execute) and s.compute_set.name.startswith("matmul")]
+    assert min(loads) < max(matmuls)      # the first update runs before the backward pass ends
