@@ -119,21 +119,25 @@ def hoist_updates(steps: list, received: list, inputs: list[Tensor], outputs: li
     write_sets = [writes(s) for s in steps]
     moves = [_moves(s) for s in steps]
     stores = {}                 # tile tensor -> the steps storing it to streaming memory
-    readers: dict[int, int] = {}
+    readers: dict[int, list] = {}
     for j, (_, store) in enumerate(moves):
         if store:
             stores.setdefault(steps[j].src.tensor.id, []).append(j)
         for t in read_sets[j]:
-            readers[t] = readers.get(t, 0) + 1
+            readers.setdefault(t, []).append(j)
+    # Besides, what only one such update reads (an offloaded optimiser's
+    # step, feeding the parameter's update).
+    updates = {k for k, step in enumerate(steps) if _updates_in_place(step, donors_of, set(stores)) is not None}
+    feeding = {t for t, r in readers.items() if len(r) == 1 and r[0] in updates}
     for k, step in enumerate(steps):
-        donors = _updates_in_place(step, donors_of, set(stores))
+        donors = _updates_in_place(step, donors_of, set(stores) | feeding)
         if donors is None:
             continue
         at = order.index(k)
         needs, made = read_sets[k], write_sets[k]
         # Loads only this update reads, and the stores of what it writes, go with it.
         group = [j for j in order[:at] if moves[j][0] and write_sets[j] <= needs
-                 and all(readers.get(t, 0) == 1 for t in write_sets[j])]
+                 and all(len(readers.get(t, ())) == 1 for t in write_sets[j])]
         group += [k] + [j for t in made for j in stores.get(t, ())]
         stop = at
         while stop > 0:
