@@ -125,12 +125,13 @@ def hoist_updates(steps: list, received: list, inputs: list[Tensor], outputs: li
             stores.setdefault(steps[j].src.tensor.id, []).append(j)
         for t in read_sets[j]:
             readers.setdefault(t, []).append(j)
-    # Besides, what only one such update reads (an offloaded optimiser's
-    # step, feeding the parameter's update).
+    # An update of a loaded value may also write what only one such update
+    # reads (an offloaded optimiser's step, feeding the parameter's update).
     updates = {k for k, step in enumerate(steps) if _updates_in_place(step, donors_of, set(stores)) is not None}
     feeding = {t for t, r in readers.items() if len(r) == 1 and r[0] in updates}
+    loaded = {steps[j].dst.id for j, (load, _) in enumerate(moves) if load}
     for k, step in enumerate(steps):
-        donors = _updates_in_place(step, donors_of, set(stores) | feeding)
+        donors = _updates_in_place(step, donors_of, set(stores) | (feeding if read_sets[k] & loaded else set()))
         if donors is None:
             continue
         at = order.index(k)
