@@ -204,8 +204,14 @@ def main():
     parser.add_argument("--breakdown", action="store_true",
                         help="where the memory goes at the busiest tile's peak and, summed over tiles, at "
                              "the step where their sum peaks (jax_ipu.profile.report.memory_breakdown)")
+    parser.add_argument("--momentum-host", action="store_true",
+                        help="ResNet-50 training: the optimiser state (momentum) in the memory kind pinned_host "
+                             "(streaming memory), moved to the device for the update inside the step (with "
+                             "--steps 0; XLA:CPU compiles the step without the moves)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.momentum_host and (args.model != "resnet50" or args.mode != "train" or args.steps):
+        raise SystemExit("--momentum-host: only for --model resnet50 --mode train --steps 0")
     if args.model in models_zoo.STAGES:
         # The configuration's micro-batch, and its matmul proportion unless asked otherwise.
         args.batch = models_zoo.STAGES[args.model][5]
@@ -214,7 +220,7 @@ def main():
         os.environ["JAX_IPU_MODEL_NUM_TILES"] = str(args.tiles)
     instrument()
     f, host_args, samples = models_zoo.program(args.model, args.mode, args.dtype, args.batch, args.length,
-                                               args.image, args.remat, args.params)
+                                               args.image, args.remat, args.params, args.momentum_host)
     # On the host, so that each device_put copies (a CPU array put on the
     # CPU is itself, and donating it would delete the benchmark's input).
     host_args = jax.tree.map(np.asarray, host_args)
@@ -222,14 +228,18 @@ def main():
     label = (f"{args.model} {args.mode} {args.dtype}{' params f16' if args.params == 'f16' else ''} "
              f"batch {args.batch}{' remat' if args.remat else ''}"
              f"{' half partials' if args.partials == 'half' else ''}"
-             f"{f' available_memory_proportion {args.amp}' if args.amp is not None else ''}")
+             f"{f' available_memory_proportion {args.amp}' if args.amp is not None else ''}"
+             f"{' momentum in pinned_host' if args.momentum_host else ''}")
 
     # IPU first, so that the peak RSS it adds is its own.
     # Lowered from shapes, so that a program whose arguments do not fit the
     # IPU (GPT-2 training's Adam state) is still compiled and measured.
-    lowered = f.lower(*jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.SingleDeviceSharding(ipu)),
-        host_args))
+    def shapes(arg, memory_kind=None):
+        sharding = jax.sharding.SingleDeviceSharding(ipu, memory_kind=memory_kind)
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), arg)
+    # (--momentum-host: the step's third argument, the optimiser state, in streaming memory.)
+    lowered = f.lower(*(shapes(a, "pinned_host" if args.momentum_host and i == 2 else None)
+                        for i, a in enumerate(host_args)))
     before = resident_bytes()
     start, cpu_start = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
@@ -242,6 +252,9 @@ def main():
     host_added = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
     program = CAPTURED["program"]
 
+    if args.momentum_host:
+        f = models_zoo.program(args.model, args.mode, args.dtype, args.batch, args.length, args.image,
+                               args.remat, args.params)[0]
     lowered_cpu = f.lower(*jax.device_put(host_args, cpu))
     start, cpu_start = time.perf_counter(), time.process_time()
     compiled_cpu = lowered_cpu.compile()

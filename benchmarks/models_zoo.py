@@ -284,18 +284,27 @@ def remat_bound_per_image(batch: int, dtype, image: int = 224, classes: int = 10
 
 
 def resnet50_train(batch: int, dtype, image: int = 224, classes: int = 1000, remat: bool = False,
-                   stages: Sequence[int] = (3, 4, 6, 3), width: int = 64, param_dtype=jnp.float32):
+                   stages: Sequence[int] = (3, 4, 6, 3), width: int = 64, param_dtype=jnp.float32,
+                   momentum_host: bool = False):
     """(step, args): one SGD-momentum step of ResNet-50 on a batch, the
     parameters, batch statistics and optimiser state donated. With float16
     compute the loss is scaled and the gradients (of the parameters: float32
-    master weights, or float16 ones) unscaled. Arguments as resnet50_parts."""
+    master weights, or float16 ones) unscaled. Arguments as resnet50_parts.
+    momentum_host: the optimiser state lives in the memory kind pinned_host
+    (the caller places it there), moved to the device for the update and
+    back, as JAX's offloading idioms write it (Graphcore's frameworks kept
+    optimiser state in streaming memory so)."""
     loss_fn, tx, scale, variables, x, y = resnet50_parts(batch, dtype, image, classes, remat, stages, width,
                                                          param_dtype)
 
     def step(params, stats, opt_state, x, y):
         (_, (loss, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, stats, x, y)
         grads = jax.tree.map(lambda g: g / scale, grads)
+        if momentum_host:
+            opt_state = jax.device_put(opt_state, jax.memory.Space.Device)
         updates, opt_state = tx.update(grads, opt_state, params)
+        if momentum_host:
+            opt_state = jax.device_put(opt_state, jax.memory.Space.Host)
         return optax.apply_updates(params, updates), stats, opt_state, loss
 
     args = (variables["params"], variables["batch_stats"], tx.init(variables["params"]), x, y)
@@ -461,18 +470,20 @@ def stage_saved_bytes(name: str, **shrink) -> int:
 
 
 def program(model: str, mode: str, dtype: str, batch: int, length: int = 128, image: int = 224,
-            remat: bool = False, params: str = "f32"):
+            remat: bool = False, params: str = "f32", momentum_host: bool = False):
     """(jitted function, host arguments, samples per call). remat: ResNet-50's
     bottleneck blocks recomputed in the backward pass (nn.remat); params:
     ResNet-50's parameter and optimiser-state type ("f16" with dtype "f16":
-    16.16)."""
+    16.16); momentum_host: ResNet-50's optimiser state in pinned_host
+    (resnet50_train)."""
     dt = DTYPES[dtype]
     if params != "f32" and not (model == "resnet50" and mode == "train"):
         raise SystemExit("--params: only for --model resnet50 --mode train")
     if model == "resnet50":
         if mode != "train":
             raise SystemExit("resnet50: only --mode train")
-        f, args = resnet50_train(batch, dt, image, remat=remat, param_dtype=DTYPES[params])
+        f, args = resnet50_train(batch, dt, image, remat=remat, param_dtype=DTYPES[params],
+                                 momentum_host=momentum_host)
     elif model == "bert":
         if mode != "infer":
             raise SystemExit("bert: only --mode infer")

@@ -3,6 +3,7 @@ for sources; figures marked unverified there are parameters, not truths)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import ml_dtypes
 import numpy as np
@@ -93,8 +94,6 @@ class Target:
     # between lanes (swaps, broadcasts of one part) besides its real ops:
     # this many permute cycles per element, per complex operand.
     complex_permute_cycles: int = 1
-    vertex_state_bytes: int = 32            # per vertex, always-live
-    code_bytes_per_codelet: int = 1024      # per codelet kind on a tile
     # IPU-Links between chips (Mk2: 10 links at 32 GB/s each, 320 GB/s a chip;
     # Graphcore's IPU-M2000 / GC200 product pages). A ring collective is
     # assumed to use this many links per hop and direction (unverified).
@@ -139,6 +138,80 @@ class Target:
         if dtype.kind in "fc":
             return max(1, self.vector_bytes // dtype.itemsize)
         return self.int_elements_per_cycle
+
+
+# Always-live code and vertex state of the codelets a program runs, from
+# PopLibs' sources at 7eac0f26 (docs/ipu.md, "Code and vertex state"):
+# codelet family -> (code bytes on each tile that runs it, fixed vertex
+# state bytes), or by (family, its template arguments) where they differ.
+# Code is the IPU instructions (4 bytes each, a bundle 8) of the assembly
+# codelet's sections for one instantiation; vertex state the layout of its
+# fields, as the assembly's vertex-state offsets read them.
+_CODELET_MEMORY = {
+    # conv_partial_nx1_supervisor.S (one of the 8 instantiations in
+    # conv_partial_nx1_half_float_8_and_half_half_16.S: 926 B), its worker
+    # convPartialNx1Flattened (532 B) and convNx1ZeroOutField (68 B);
+    # state: the SUP_* offsets with DeltaNElements worklists (50 B, to 52).
+    ("ConvPartialnx1", "float16"): (926 + 532 + 68, 52),
+    ("ConvPartialnx1", "float32"): (862 + 640 + 68, 52),   # conv_partial_nx1_float_float.S
+    # conv_partial_1x1_supervisor.S (370 B an instantiation) and its worker
+    # convPartialFlattenedField (628 B; 496 B for float); state: its SUP_*
+    # offsets (28 B). A matmul's partials are a 1x1 convolution in poplin.
+    ("ConvPartial1x1Out", "float16"): (370 + 628, 28),
+    ("ConvPartial1x1Out", "float32"): (370 + 496, 28),
+    ("MatMulPartial", "float16"): (370 + 628, 28),
+    ("MatMulPartial", "float32"): (370 + 496, 28),
+    # poplin ReduceAdd.S, a section per (partials, out) type; state: its
+    # VOFF_* offsets with ONE_PTR pointers (12 B).
+    ("ReduceAdd", "float16,float16"): (400, 12),
+    ("ReduceAdd", "float16,float32"): (424, 12),
+    ("ReduceAdd", "float32,float16"): (320, 12),
+    ("ReduceAdd", "float32,float32"): (224, 12),
+    # popops' reduction vertices (ReductionSpecial01Acc.S: the Reduce entry
+    # 96 B, its largest _Reduce_load_state 452 B, process_common 108,
+    # outer_loop_setup 60, zero_and_load 24); state: ReductionsCommon.h.S's
+    # offsets with ONE_PTR and DeltaNElements fields (20 B unscaled).
+    ("ReducePartial", ""): (96 + 452 + 108 + 60 + 24, 20),
+    ("ReduceCombine", ""): (96 + 452 + 108 + 60 + 24, 20),
+    ("Reduce", ""): (96 + 452 + 108 + 60 + 24, 20),
+}
+# popops' fused element-wise expressions are a codelet each (ExpressionGenerator.cpp):
+# out a Vector<SPAN> (8 B), each input a Vector<ONE_PTR> or a scalar's
+# pointer (4 B); immediates are in the generated code. The code is C++, not
+# in the sources: charged as binaryOps2D.S's vertex, its entry (60 B) and
+# loop (178.5 B on average over its ops' loops), and per further fused op
+# the instructions that op adds to such a loop (4: it appears in the fast
+# and the slow loop and in the two remainders of the 4x16-bit loop).
+ELEMENTWISE_ENTRY_CODE_BYTES = 60 + 179
+ELEMENTWISE_OP_CODE_BYTES = 4 * 4
+ELEMENTWISE_READ_STATE_BYTES = 4
+ELEMENTWISE_WRITE_STATE_BYTES = 8
+# Any other codelet: the reductions' code (740 B, the median of the table),
+# its fields as an element-wise vertex's (4 B a read, 8 B a write).
+DEFAULT_CODE_BYTES = 740
+
+
+def codelet_code_key(codelet: str) -> str:
+    """The codelet whose code a vertex runs: each fused element-wise
+    expression its own (popops generates one per expression), any other
+    codelet by its name and template arguments."""
+    return codelet if codelet.startswith("ElementwiseChain") else codelet.split("[")[0]
+
+
+@functools.cache
+def codelet_memory(codelet: str, reads: int, writes: int) -> tuple[int, int]:
+    """(code bytes on a tile that runs `codelet`, vertex state bytes of one
+    of its vertices reading `reads` and writing `writes` tensors)."""
+    name, _, rest = codelet.partition("<")
+    args, _, ops = rest.partition(">")
+    if name == "ElementwiseChain":
+        count = len(ops.strip("[]").split(",")) if ops.strip("[]") else 1
+        return (ELEMENTWISE_ENTRY_CODE_BYTES + ELEMENTWISE_OP_CODE_BYTES * (count - 1),
+                ELEMENTWISE_READ_STATE_BYTES * reads + ELEMENTWISE_WRITE_STATE_BYTES * writes)
+    for key in ((name, args), (name, args.split(",")[0]), (name, "")):
+        if key in _CODELET_MEMORY:
+            return _CODELET_MEMORY[key]
+    return DEFAULT_CODE_BYTES, ELEMENTWISE_READ_STATE_BYTES * reads + ELEMENTWISE_WRITE_STATE_BYTES * writes
 
 
 _TARGETS = {

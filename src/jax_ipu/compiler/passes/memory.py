@@ -8,17 +8,19 @@ import numpy as np
 
 from jax_ipu.compiler.passes.schedule import reads, writes
 from jax_ipu.errors import IpuOutOfMemoryError
-from jax_ipu.graph.compute import VertexArray, vertex_tiles
+from jax_ipu.graph.compute import VertexArray
 from jax_ipu.graph.memory import MemoryReport
 from jax_ipu.graph.programs import CONTROL, Execute, children, leaves
 from jax_ipu.graph.tensors import Tensor
-from jax_ipu.targets import Target
+from jax_ipu.targets import Target, codelet_code_key, codelet_memory
 
 
 def _code_bytes(target: Target, steps: list) -> tuple[np.ndarray, np.ndarray]:
-    """([tiles] code, [tiles] vertex state)."""
-    vertices = np.zeros(target.num_tiles, dtype=np.int64)
-    on_tiles: dict = {}        # codelet kind -> [tiles] of its vertices
+    """([tiles] code, [tiles] vertex state): each codelet's code once on
+    each tile that runs it, each vertex's state (targets.codelet_memory:
+    PopLibs' figures)."""
+    state = np.zeros(target.num_tiles, dtype=np.int64)
+    on_tiles: dict = {}        # codelet whose code runs -> ([tiles] of its vertices, its code bytes)
     seen = set()
     for step in (leaf for top in steps for leaf in leaves(top)):   # loop bodies too
         # A compute set run more than once (a serially split convolution's
@@ -26,18 +28,21 @@ def _code_bytes(target: Target, steps: list) -> tuple[np.ndarray, np.ndarray]:
         if isinstance(step, Execute) and id(step.compute_set) not in seen:
             seen.add(id(step.compute_set))
             vs = step.compute_set.vertices
-            tiles = vertex_tiles(vs)
-            vertices += np.bincount(tiles, minlength=target.num_tiles)
             if isinstance(vs, VertexArray):
-                on_tiles.setdefault(vs.codelet.split("[")[0], []).append(np.unique(tiles))
+                groups = [(vs.codelet, vs.tiles, len(vs.reads), len(vs.writes))]
             else:
+                by_kind: dict = {}
                 for v in vs:
-                    on_tiles.setdefault(v.codelet.split("[")[0], []).append([v.tile])
-    # Code: each codelet kind once on each tile that runs it.
+                    by_kind.setdefault((v.codelet, len(v.reads), len(v.writes)), []).append(v.tile)
+                groups = [(c, np.array(t, dtype=np.int64), r, w) for (c, r, w), t in by_kind.items()]
+            for codelet, tiles, n_reads, n_writes in groups:
+                code, per_vertex = codelet_memory(codelet, n_reads, n_writes)
+                state += np.bincount(tiles, minlength=target.num_tiles) * per_vertex
+                on_tiles.setdefault(codelet_code_key(codelet), ([], code))[0].append(np.unique(tiles))
     code = np.zeros(target.num_tiles, dtype=np.int64)
-    for parts in on_tiles.values():
-        code[np.unique(np.concatenate(parts))] += target.code_bytes_per_codelet
-    return code, vertices * target.vertex_state_bytes
+    for parts, nbytes in on_tiles.values():
+        code[np.unique(np.concatenate(parts))] += nbytes
+    return code, state
 
 
 def _inner_spans(step, i: int, first: np.ndarray, last: np.ndarray, returned: set) -> tuple[dict, int]:

@@ -68,17 +68,26 @@ def lifetimes(steps: list, num_tensors: int) -> tuple[np.ndarray, np.ndarray]:
     return first, last
 
 
-def _updates_in_place(step, donors_of: dict[int, int]) -> set[int] | None:
+def _updates_in_place(step, donors_of: dict[int, int], stored: set[int]) -> set[int] | None:
     """The donated inputs' tensor ids a fused element-wise step overwrites,
     if it writes nothing but outputs aliased to donated inputs that it reads
-    itself (an optimiser's update of a parameter), else None."""
+    itself (an optimiser's update of a parameter) or values moved to
+    streaming memory (`stored`: an optimiser state kept there), else None."""
     if not (isinstance(step, Execute) and isinstance(step.compute_set.kernel, codelets.ElementwiseChain)):
         return None
     written = writes(step)
-    if not written or not all(t in donors_of for t in written):
+    if not written or not all(t in donors_of or t in stored for t in written):
         return None
-    donors = {donors_of[t] for t in written}
+    donors = {donors_of[t] for t in written if t in donors_of}
     return donors if donors <= reads(step) else None
+
+
+def _moves(step) -> tuple[bool, bool]:
+    """(a whole value loaded from streaming memory onto the tiles, one
+    stored from the tiles to streaming memory)."""
+    if not (isinstance(step, Copy) and isinstance(step.src, View)):
+        return False, False
+    return step.src.tensor.streaming and not step.dst.streaming, step.dst.streaming and not step.src.tensor.streaming
 
 
 def hoist_updates(steps: list, received: list, inputs: list[Tensor], outputs: list[View],
@@ -93,7 +102,10 @@ def hoist_updates(steps: list, received: list, inputs: list[Tensor], outputs: li
     schedules by liveness and runs each update once its gradient is ready;
     this does the same for these steps only. An update written in place
     into its parameter's memory (see in_place_outputs) takes no memory of
-    its own, so moving it up frees its gradient early and costs nothing."""
+    its own, so moving it up frees its gradient early and costs nothing.
+    An update of a value kept in streaming memory (the optimiser state
+    offloaded) moves up with the load it alone reads and the stores of
+    what it writes, so that the value is on the tiles only around it."""
     returned = [v.tensor.id for v in outputs]
     # The pairs in_place_outputs may accept (it also checks the order).
     donors_of = {outputs[o].tensor.id: inputs[i].id for o, i in aliases.items()
@@ -105,20 +117,40 @@ def hoist_updates(steps: list, received: list, inputs: list[Tensor], outputs: li
     order = list(range(len(steps)))
     read_sets = [reads(s) for s in steps]
     write_sets = [writes(s) for s in steps]
+    moves = [_moves(s) for s in steps]
+    stores = {}                 # tile tensor -> the steps storing it to streaming memory
+    readers: dict[int, list] = {}
+    for j, (_, store) in enumerate(moves):
+        if store:
+            stores.setdefault(steps[j].src.tensor.id, []).append(j)
+        for t in read_sets[j]:
+            readers.setdefault(t, []).append(j)
+    # An update of a loaded value may also write what only one such update
+    # reads (an offloaded optimiser's step, feeding the parameter's update).
+    updates = {k for k, step in enumerate(steps) if _updates_in_place(step, donors_of, set(stores)) is not None}
+    feeding = {t for t, r in readers.items() if len(r) == 1 and r[0] in updates}
+    loaded = {steps[j].dst.id for j, (load, _) in enumerate(moves) if load}
     for k, step in enumerate(steps):
-        donors = _updates_in_place(step, donors_of)
+        donors = _updates_in_place(step, donors_of, set(stores) | (feeding if read_sets[k] & loaded else set()))
         if donors is None:
             continue
         at = order.index(k)
         needs, made = read_sets[k], write_sets[k]
+        # Loads only this update reads, and the stores of what it writes, go with it.
+        group = [j for j in order[:at] if moves[j][0] and write_sets[j] <= needs
+                 and all(len(readers.get(t, ())) == 1 for t in write_sets[j])]
+        group += [k] + [j for t in made for j in stores.get(t, ())]
         stop = at
         while stop > 0:
             j = order[stop - 1]
-            if write_sets[j] & (needs | made) or read_sets[j] & (donors | made):
+            if j not in group and (write_sets[j] & (needs | made) or read_sets[j] & (donors | made)):
                 break
             stop -= 1
-        if stop < at:
-            order.insert(stop, order.pop(at))
+        anchor = next((j for j in order[stop:at] if j not in group), None)
+        if anchor is not None:
+            order = [j for j in order if j not in group]
+            place = order.index(anchor)
+            order[place:place] = sorted(group, key=lambda j: (not moves[j][0], moves[j][1]))
     return [steps[i] for i in order], [received[i] for i in order]
 
 
