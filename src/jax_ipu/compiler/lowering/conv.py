@@ -371,6 +371,13 @@ def _in_serial_steps(b: Builder, op: ir.Op, c: _Conv, plan: ConvPlan, lhs_view: 
         x_axes = [(r, width if r == "c" else sizes.get(r, 1)) for r in wanted]
         return x_t, w_t, x_axes, list(zip(kernel_roles, w_t.shape, strict=True))
 
+    def copy_in(lo: int, hi: int, x_t, w_t, x_axes: list) -> View:
+        """The step's slices copied into its tensors; its input as the
+        partials' lowering reads it."""
+        b.copy(sliced(source, len(wanted) - 1, lo, hi), x_t)
+        b.copy(sliced(w, spatial + 1, lo, hi), w_t)
+        return _view_as(View(x_t), x_axes, ["g", "n", "c", *(("s", d) for d in range(spatial))])
+
     def accumulate(result: View, kept: dict) -> None:
         if "acc" not in kept:
             kept["acc"] = b.tensor(f"{name}/accumulated", result.tensor.shape, partials_dtype,
@@ -401,9 +408,7 @@ def _in_serial_steps(b: Builder, op: ir.Op, c: _Conv, plan: ConvPlan, lhs_view: 
             tiles = max(d for d in range(1, plan.in_chans[0] + 1) if (hi - lo) % d == 0)
             last = dataclasses.replace(plan, in_chans=(tiles, (hi - lo) // tiles))
             lx, lw, lx_axes, lw_axes = step_tensors(hi - lo, " (last)")
-            b.copy(sliced(source, len(wanted) - 1, lo, hi), lx)
-            b.copy(sliced(w, spatial + 1, lo, hi), lw)
-            x = _view_as(View(lx), lx_axes, ["g", "n", "c", *(("s", d) for d in range(spatial))])
+            x = copy_in(lo, hi, lx, lw, lx_axes)
             last_result = _partials_and_sum(b, op, dataclasses.replace(c, in_chans=hi - lo), last, x, lx_axes,
                                             View(lw), lw_axes, partials_dtype, partials_dtype, start=start,
                                             serial=label, spread=False)
@@ -411,11 +416,9 @@ def _in_serial_steps(b: Builder, op: ir.Op, c: _Conv, plan: ConvPlan, lhs_view: 
             continue
         if x_t is None:
             x_t, w_t, x_axes, w_axes = step_tensors(block, "")
-        b.copy(sliced(source, len(wanted) - 1, lo, hi), x_t)
-        b.copy(sliced(w, spatial + 1, lo, hi), w_t)
+        x = copy_in(lo, hi, x_t, w_t, x_axes)
         if made is None:
             before = len(b.steps)
-            x = _view_as(View(x_t), x_axes, ["g", "n", "c", *(("s", d) for d in range(spatial))])
             result = _partials_and_sum(b, op, step_c, plan, x, x_axes, View(w_t), w_axes, partials_dtype,
                                        partials_dtype, start=start,
                                        serial=f" serial steps of {plan.in_serial} over input channels", spread=False)
