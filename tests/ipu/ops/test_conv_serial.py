@@ -153,20 +153,25 @@ def three_serial_steps(monkeypatch):
         target, problem, proportion, min(3, problem.out_chans)))
 
 
+def _conv_and_grad(case, dtype):
+    """CASES[case]'s convolution, the gradient of the sum of its squares
+    with respect to both operands, and random operands of `dtype`."""
+    lhs, rhs, kwargs = CASES[case]
+    conv = _conv(kwargs)
+
+    def loss(x, w):
+        y = conv(x, w).astype(np.float32)
+        return (y * y).sum()
+    return conv, jax.grad(loss, argnums=(0, 1)), rand(lhs, dtype, 0), rand(rhs, dtype, 1)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("case", list(CASES), ids=lambda c: f"stablehlo.convolution-serial-{c}")
 def test_serially_split_convolution_and_its_gradients_match_cpu(case, dtype, three_serial_steps):
     """Forward, input gradient and weight gradient in serial steps: the
     values of XLA:CPU (float32 within 1e-4, float16 within 2e-2 of each
     result's scale: float16 products summed in another order)."""
-    lhs, rhs, kwargs = CASES[case]
-    x, w = rand(lhs, dtype, 0), rand(rhs, dtype, 1)
-    conv = _conv(kwargs)
-
-    def loss(x, w):
-        y = conv(x, w).astype(np.float32)
-        return (y * y).sum()
-    grad = jax.grad(loss, argnums=(0, 1))
+    conv, grad, x, w = _conv_and_grad(case, dtype)
     tol = dict(atol=2e-2, rtol=0) if dtype == np.float16 else dict(atol=1e-4, rtol=1e-4)
     for f, args in ((conv, (x, w)), (grad, (x, w))):
         program = compile_fn(f, *args)
@@ -323,14 +328,7 @@ def test_input_channel_steps_and_their_gradients_match_cpu(case, dtype, input_ch
     are the batch) in serial steps over input channels, uneven last slices
     among them: the values of XLA:CPU (float32 within 1e-4, float16 within
     2e-2 of each result's scale)."""
-    lhs, rhs, kwargs = CASES[case]
-    x, w = rand(lhs, dtype, 0), rand(rhs, dtype, 1)
-    conv = _conv(kwargs)
-
-    def loss(x, w):
-        y = conv(x, w).astype(np.float32)
-        return (y * y).sum()
-    grad = jax.grad(loss, argnums=(0, 1))
+    conv, grad, x, w = _conv_and_grad(case, dtype)
     for f, args in ((conv, (x, w)), (grad, (x, w))):
         input_channel_steps.clear()
         program = compile_fn(f, *args)
