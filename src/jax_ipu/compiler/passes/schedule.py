@@ -127,11 +127,13 @@ def hoist_updates(steps: list, received: list, inputs: list[Tensor], outputs: li
             readers.setdefault(t, []).append(j)
     # An update of a loaded value may also write what only one such update
     # reads (an offloaded optimiser's step, feeding the parameter's update).
-    updates = {k for k, step in enumerate(steps) if _updates_in_place(step, donors_of, set(stores)) is not None}
+    stored = set(stores)
+    updates = {k for k, step in enumerate(steps) if _updates_in_place(step, donors_of, stored) is not None}
     feeding = {t for t, r in readers.items() if len(r) == 1 and r[0] in updates}
+    stored_or_feeding = stored | feeding
     loaded = {steps[j].dst.id for j, (load, _) in enumerate(moves) if load}
     for k, step in enumerate(steps):
-        donors = _updates_in_place(step, donors_of, set(stores) | (feeding if read_sets[k] & loaded else set()))
+        donors = _updates_in_place(step, donors_of, stored_or_feeding if read_sets[k] & loaded else stored)
         if donors is None:
             continue
         at = order.index(k)
